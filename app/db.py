@@ -1,0 +1,189 @@
+"""Database access: engines, sessions and the schema-at-head check.
+
+The app hands out an async engine (asyncpg) for request handlers and async jobs, and a
+sync engine (psycopg 3) for jobs that run in a worker thread. Both are derived from the
+one libpq URL in ``DATABASE_URL``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from alembic import command
+
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import Session, sessionmaker
+
+__all__ = [
+    "Database",
+    "DatabaseError",
+    "DatabaseUnreachableError",
+    "SchemaNotAtHeadError",
+    "alembic_config",
+    "asyncpg_dsn",
+    "async_url",
+    "describe_target",
+    "head_revision",
+    "migrate",
+    "sync_url",
+    "verify_schema_at_head",
+]
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class DatabaseError(Exception):
+    """The database cannot be used as configured; the message says what to do."""
+
+
+class DatabaseUnreachableError(DatabaseError):
+    """No connection to the configured server could be made in time."""
+
+
+class SchemaNotAtHeadError(DatabaseError):
+    """The database schema is not at the revision this code expects."""
+
+    def __init__(self, current: str | None, head: str) -> None:
+        self.current = current
+        self.head = head
+        super().__init__(
+            f"database schema is at revision {current or '<empty>'} but this code needs "
+            f"head {head}; run `python -m app migrate`"
+        )
+
+
+def _with_driver(url: str, driver: str) -> str:
+    parsed = make_url(url)
+    return parsed.set(drivername=f"postgresql+{driver}").render_as_string(hide_password=False)
+
+
+def async_url(url: str) -> str:
+    """SQLAlchemy URL for the asyncpg driver, from any postgres:// or postgresql:// URL."""
+    return _with_driver(url, "asyncpg")
+
+
+def sync_url(url: str) -> str:
+    """SQLAlchemy URL for the psycopg 3 driver, from any postgres:// or postgresql:// URL."""
+    return _with_driver(url, "psycopg")
+
+
+def asyncpg_dsn(url: str) -> str:
+    """Plain libpq DSN (``postgresql://``) that asyncpg.connect accepts."""
+    parsed = make_url(url)
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def alembic_config(database_url: str | None = None) -> Config:
+    """Alembic configuration for this project's migrations, optionally bound to a URL."""
+    config = Config(str(PROJECT_ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(PROJECT_ROOT / "migrations"))
+    if database_url is not None:
+        # configparser treats % as interpolation; a password may contain one.
+        config.set_main_option("sqlalchemy.url", async_url(database_url).replace("%", "%%"))
+    return config
+
+
+@functools.cache
+def head_revision() -> str:
+    """The head revision of the migrations shipped with this code."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "migrations/versions holds no revision"
+    return head
+
+
+def _current_revision(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def describe_target(url: str) -> str:
+    """``host:port/database`` of a URL, with no credentials: safe to log."""
+    parsed = make_url(url)
+    return f"{parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database or ''}"
+
+
+def migrate(database_url: str) -> None:
+    """Upgrade the database to head, holding the migration advisory lock for the run.
+
+    Two runs at once are safe: the second waits for the first, then finds nothing to do.
+    """
+    command.upgrade(alembic_config(database_url), "head")
+
+
+async def verify_schema_at_head(engine: AsyncEngine, *, timeout: float = 10) -> None:
+    """Return when the database is at the head revision.
+
+    Raises SchemaNotAtHeadError naming the current and head revisions otherwise, and
+    DatabaseUnreachableError naming host and port when no connection is made in
+    ``timeout`` seconds.
+    """
+    target = describe_target(engine.url.render_as_string())
+    try:
+        async with asyncio.timeout(timeout), engine.connect() as connection:
+            current = await connection.run_sync(_current_revision)
+    except (OSError, TimeoutError) as exc:
+        raise DatabaseUnreachableError(
+            f"cannot reach PostgreSQL at {target} within {timeout:.0f} s "
+            f"({exc.__class__.__name__}: {exc}); check DATABASE_URL and that the server runs"
+        ) from None
+    except Exception as exc:
+        if exc.__class__.__module__.startswith(("asyncpg", "sqlalchemy")):
+            raise DatabaseUnreachableError(
+                f"cannot use PostgreSQL at {target}: {exc.__class__.__name__}: {exc}; "
+                "check DATABASE_URL (user, password, database name)"
+            ) from None
+        raise
+    head = head_revision()
+    if current != head:
+        raise SchemaNotAtHeadError(current, head)
+
+
+@dataclass
+class Database:
+    """The app's engines and session factories, built from one URL."""
+
+    url: str
+    engine: AsyncEngine
+    sync_engine: Engine
+    sessions: async_sessionmaker[AsyncSession]
+    sync_sessions: sessionmaker[Session]
+
+    @classmethod
+    def from_url(cls, url: str, *, connect_timeout: float = 10, pool_size: int = 5) -> Database:
+        """Engines for ``url``; nothing connects until first use."""
+        engine = create_async_engine(
+            async_url(url),
+            pool_size=pool_size,
+            pool_pre_ping=True,
+            connect_args={"timeout": connect_timeout},
+        )
+        sync_engine = create_engine(
+            sync_url(url),
+            pool_size=pool_size,
+            pool_pre_ping=True,
+            connect_args={"connect_timeout": max(1, int(connect_timeout))},
+        )
+        return cls(
+            url=url,
+            engine=engine,
+            sync_engine=sync_engine,
+            sessions=async_sessionmaker(engine, expire_on_commit=False),
+            sync_sessions=sessionmaker(sync_engine, expire_on_commit=False),
+        )
+
+    async def dispose(self) -> None:
+        """Close every pooled connection of both engines."""
+        await self.engine.dispose()
+        self.sync_engine.dispose()

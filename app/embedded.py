@@ -1,0 +1,60 @@
+"""The embedded default: a local PostgreSQL for `python -m app` without DATABASE_URL.
+
+Its data directory survives restarts. One `python -m app` at a time may use it: a
+second one is refused by a lock file before it could start a second postmaster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from .localpg import LocalPostgres, LocalPostgresError
+
+__all__ = ["default_data_dir", "embedded_postgres"]
+
+
+def default_data_dir() -> Path:
+    """/var/lib/regent as root; $XDG_DATA_HOME/regent (~/.local/share/regent) otherwise.
+
+    As root the server runs as another user, which cannot enter /root.
+    """
+    if os.geteuid() == 0:
+        return Path("/var/lib/regent")
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "regent"
+
+
+@contextlib.contextmanager
+def embedded_postgres(data_dir: Path, port: int) -> Iterator[LocalPostgres]:
+    """Run the embedded server in ``data_dir`` for the duration of the block.
+
+    Raises LocalPostgresError when another `python -m app` holds the directory, the
+    port is taken, the directory belongs to someone else, or no binaries exist.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o755)
+    lock_path = data_dir / "regent.lock"
+    with open(lock_path, "a+") as lock_file:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.seek(0)
+            holder = lock_file.read().strip() or "another process"
+            raise LocalPostgresError(
+                f"data directory {data_dir} is in use by `python -m app` (pid {holder}); "
+                "stop that one first, or set REGENT_DATA_DIR to another directory"
+            ) from None
+        lock_file.seek(0)
+        lock_file.truncate()
+        lock_file.write(str(os.getpid()))
+        lock_file.flush()
+        server = LocalPostgres(data_dir / "pgdata", port=port)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()

@@ -1,0 +1,126 @@
+"""The FastAPI app: ``create_app(settings=None, scheduler=None)``; ``app`` is the default.
+
+The lifespan opens the database, refuses to start when the schema is not at head, and
+starts the scheduler's supervisor. A scheduler failure is logged and never blocks the
+API.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+from zoneinfo import ZoneInfo
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
+from .logging import configure_logging
+from .scheduler import Scheduler, SchedulerConfig
+from .settings import Settings, load_settings
+
+__all__ = ["app", "create_app", "scheduler_config"]
+
+logger = logging.getLogger("app")
+
+
+def scheduler_config(settings: Settings) -> SchedulerConfig:
+    """The scheduler's configuration, from the app's settings."""
+    lock_url = settings.lock_database_url
+    if lock_url is None:
+        raise DatabaseError("DATABASE_URL is not set; the scheduler needs a database")
+    return SchedulerConfig(
+        lock_dsn=asyncpg_dsn(lock_url),
+        zone=ZoneInfo(settings.TIMEZONE),
+        lease_seconds=settings.LEASE_SECONDS,
+        leader_tick_seconds=settings.LEADER_TICK_SECONDS,
+        handover_grace_seconds=settings.HANDOVER_GRACE_SECONDS,
+        shutdown_grace_seconds=settings.SHUTDOWN_GRACE_SECONDS,
+        connect_timeout_seconds=settings.DATABASE_CONNECT_TIMEOUT_SECONDS,
+        fail_closed=settings.is_production,
+    )
+
+
+def _database(request: Request) -> Database:
+    database: Database = request.app.state.database
+    return database
+
+
+DatabaseDep = Annotated[Database, Depends(_database)]
+
+
+def create_app(settings: Settings | None = None, scheduler: Scheduler | None = None) -> FastAPI:
+    """Build the app. Settings are read from the environment when not given.
+
+    Start-up raises DatabaseError when DATABASE_URL is unset, the server cannot be
+    reached (naming host and port), or the schema is not at head (naming both
+    revisions and the command that fixes it).
+    """
+    resolved = settings or load_settings()
+    configure_logging(resolved.LOG_LEVEL)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if resolved.DATABASE_URL is None:
+            raise DatabaseError(
+                "DATABASE_URL is not set; set it to postgresql://user:pass@host:5432/db, "
+                "or run `python -m app`, which starts an embedded PostgreSQL"
+            )
+        database = Database.from_url(
+            resolved.DATABASE_URL, connect_timeout=resolved.DATABASE_CONNECT_TIMEOUT_SECONDS
+        )
+        try:
+            await verify_schema_at_head(
+                database.engine, timeout=resolved.DATABASE_CONNECT_TIMEOUT_SECONDS
+            )
+        except DatabaseError:
+            await database.dispose()
+            raise
+        app.state.database = database
+        if scheduler is not None:
+            try:
+                await scheduler.start(
+                    scheduler_config(resolved),
+                    engine=database.engine,
+                    sessions=database.sessions,
+                    sync_sessions=database.sync_sessions,
+                )
+            except Exception:
+                logger.exception("scheduler.start_failed: the API serves without a scheduler")
+        try:
+            yield
+        finally:
+            if scheduler is not None:
+                await scheduler.stop()
+            await database.dispose()
+
+    app = FastAPI(title="Regent", lifespan=lifespan)
+    app.state.settings = resolved
+    app.state.scheduler = scheduler
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        """200 while the process lives."""
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(database: DatabaseDep) -> JSONResponse:
+        """200 when the database is reachable and at head; 503 with the reason otherwise."""
+        try:
+            await verify_schema_at_head(database.engine, timeout=5)
+        except DatabaseError as exc:
+            return JSONResponse({"status": "unavailable", "reason": str(exc)}, status_code=503)
+        return JSONResponse({"status": "ready"})
+
+    return app
+
+
+def _default_app() -> FastAPI:
+    from .jobs import scheduler
+
+    return create_app(scheduler=scheduler)
+
+
+app = _default_app()

@@ -1,0 +1,77 @@
+"""Regent's scheduler: one leader per database, slots that fire at most once.
+
+How it stays correct
+====================
+
+Every worker (uvicorn process) runs one supervisor task. The supervisor opens a
+dedicated *lock connection* (asyncpg, outside the pool, ``application_name =
+'scheduler-leader:<pid>'``, ``idle_session_timeout`` = the lease) and asks for session
+advisory lock 911000001.
+
+States::
+
+    STARTING -> STANDBY -(key granted)-> LEADER -(lost | stop)-> STANDBY ... -> STOPPED
+
+- **Standby** blocks in ``pg_advisory_lock`` on its lock connection, so PostgreSQL
+  wakes it the moment the key is released: takeover follows release within a second.
+- **Leader** waits ``HANDOVER_GRACE_SECONDS`` (so an old leader that is about to
+  notice its loss has stopped), upserts its jobs' rows, then runs one loop per job and
+  one task per service. Every ``LEADER_TICK_SECONDS`` it checks ownership with the
+  seed's pg_locks query (with the current-database predicate); that query also renews
+  the lease.
+
+The lease and what happens on each fault:
+
+- *kill -9 of the leader*: its connection drops, the server releases the key, a
+  standby's ``pg_advisory_lock`` returns.
+- *pg_terminate_backend of the lock connection*: the asyncpg termination listener
+  demotes the leader at once: running async jobs and services are cancelled, the
+  connection is closed, the worker goes back to standby.
+- *SIGSTOP*: the stopped leader sends nothing; after ``LEASE_SECONDS`` the server
+  closes its idle session, releasing the key. After SIGCONT it can claim nothing (see
+  below) and demotes at its first tick.
+- *PostgreSQL restart*: every lock connection dies; all workers reconnect with
+  backoff and exactly one wins the key.
+- *graceful shutdown*: the leader stops firing, gives running jobs
+  ``SHUTDOWN_GRACE_SECONDS``, unlocks and closes; a standby takes over at once.
+
+Why a double fire is harmless anyway
+====================================
+
+Each fire first *claims* its slot: an UPDATE of ``scheduler_jobs`` that moves
+``next_run_at`` from the due slot to the next one, committed with the run's history
+row before the body runs. If two processes ever both believe they lead, PostgreSQL
+lets only one UPDATE match; the other sees rowcount 0 and skips. A guarded leader's
+claim also carries a fence: it matches only while that leader's own lock connection
+(by backend pid) holds the key in pg_locks, so a leader frozen past its lease claims
+nothing when it wakes. The countdown lives in that row, so a restart does not reset
+it; ``scheduler_runs`` has a unique index on (job, slot) for leader runs as well.
+
+The scheduler does not make jobs idempotent: a job's idempotency is a committed
+column or a receiver-side UNIQUE, never this lock (see DESIGN.md).
+"""
+
+from .clock import Clock, FakeClock, SystemClock
+from .context import JobContext, ServiceContext
+from .errors import InvalidJobError, SchedulerError
+from .scheduler import Scheduler
+from .supervisor import Role, SchedulerConfig
+from .triggers import Cron, Interval, Trigger, cron, every
+
+__all__ = [
+    "Clock",
+    "Cron",
+    "FakeClock",
+    "Interval",
+    "InvalidJobError",
+    "JobContext",
+    "Role",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerError",
+    "ServiceContext",
+    "SystemClock",
+    "Trigger",
+    "cron",
+    "every",
+]

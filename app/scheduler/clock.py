@@ -1,0 +1,108 @@
+"""Where the scheduler gets time from. Only this module reads the real clock.
+
+Every "now" and every wait in the scheduler goes through a Clock, so that tests make
+"due" a fixture: a FakeClock's sleepers wake when the test advances it, never by
+real time passing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+__all__ = ["Clock", "FakeClock", "SystemClock"]
+
+
+class Clock(Protocol):
+    """A source of aware UTC datetimes and of waiting."""
+
+    def now(self) -> datetime:
+        """The current time, timezone-aware, in UTC."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Return once ``seconds`` have passed on this clock."""
+        ...
+
+
+class SystemClock:
+    """The real clock: wall time from the OS, waiting through asyncio."""
+
+    def now(self) -> datetime:
+        """The current wall-clock time in UTC."""
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        """asyncio.sleep; a non-positive delay yields once."""
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class FakeClock:
+    """A clock that moves only when told to: ``advance()`` or ``set()``.
+
+    ``sleep()`` parks the caller until the clock passes its deadline. ``sleepers``
+    and ``wait_for_sleepers()`` let a test wait until the code under test is parked,
+    instead of sleeping for real.
+    """
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._now = start or datetime(2026, 1, 1, tzinfo=UTC)
+        if self._now.tzinfo is None:
+            raise ValueError("FakeClock start must be timezone-aware")
+        self._sleepers: list[tuple[datetime, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+        self._parked = asyncio.Condition()
+
+    def now(self) -> datetime:
+        """The fake current time."""
+        return self._now
+
+    @property
+    def sleepers(self) -> int:
+        """How many sleep() calls are parked right now."""
+        return sum(1 for _, _, future in self._sleepers if not future.done())
+
+    async def sleep(self, seconds: float) -> None:
+        """Park until the clock reaches now + ``seconds``; yield once if that is not ahead."""
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(
+            self._sleepers, (self._now + timedelta(seconds=seconds), next(self._order), future)
+        )
+        await self._notify_parked()
+        try:
+            await future
+        finally:
+            self._sleepers = [entry for entry in self._sleepers if entry[2] is not future]
+            heapq.heapify(self._sleepers)
+
+    def advance(self, delta: float | timedelta) -> None:
+        """Move the clock forward and wake every sleeper whose deadline has passed."""
+        step = delta if isinstance(delta, timedelta) else timedelta(seconds=delta)
+        if step < timedelta(0):
+            raise ValueError("a clock does not go backwards; use set() to jump")
+        self.set(self._now + step)
+
+    def set(self, moment: datetime) -> None:
+        """Jump to ``moment`` (aware) and wake every sleeper due by then."""
+        if moment.tzinfo is None:
+            raise ValueError("FakeClock.set needs a timezone-aware datetime")
+        self._now = moment.astimezone(UTC)
+        while self._sleepers and self._sleepers[0][0] <= self._now:
+            _, _, future = heapq.heappop(self._sleepers)
+            if not future.done():
+                future.set_result(None)
+
+    async def wait_for_sleepers(self, count: int = 1, timeout: float = 10) -> None:
+        """Return once at least ``count`` sleep() calls are parked on this clock."""
+        async with asyncio.timeout(timeout), self._parked:
+            await self._parked.wait_for(lambda: self.sleepers >= count)
+
+    async def _notify_parked(self) -> None:
+        async with self._parked:
+            self._parked.notify_all()

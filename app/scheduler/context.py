@@ -1,0 +1,78 @@
+"""What a job body receives: its slot, the clock, a logger and database sessions."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
+
+from .clock import Clock
+from .errors import SchedulerError
+
+__all__ = ["JobContext", "ServiceContext"]
+
+
+@dataclass
+class JobContext:
+    """The context of one fire of one job.
+
+    ``scheduled_at`` is the slot's due time (aware, UTC), not the time the body
+    started. Sessions are opened on first use and closed by the runner after the body
+    returns: ``session`` in async jobs, ``sync_session`` in thread jobs.
+    """
+
+    job_id: str
+    name: str
+    scheduled_at: datetime
+    clock: Clock
+    log: logging.LoggerAdapter[logging.Logger]
+    _sessions: async_sessionmaker[AsyncSession] | None = field(default=None, repr=False)
+    _sync_sessions: sessionmaker[Session] | None = field(default=None, repr=False)
+    _session: AsyncSession | None = field(default=None, repr=False)
+    _sync_session: Session | None = field(default=None, repr=False)
+
+    @property
+    def session(self) -> AsyncSession:
+        """An AsyncSession for an async job. Raises SchedulerError in a thread job."""
+        if self._sessions is None:
+            raise SchedulerError(
+                f'job "{self.job_id}" runs in a thread; use ctx.sync_session there'
+            )
+        if self._session is None:
+            self._session = self._sessions()
+        return self._session
+
+    @property
+    def sync_session(self) -> Session:
+        """A sync Session for a thread job. Raises SchedulerError in an async job."""
+        if self._sync_sessions is None:
+            raise SchedulerError(
+                f'job "{self.job_id}" runs on the event loop; use ctx.session there'
+            )
+        if self._sync_session is None:
+            self._sync_session = self._sync_sessions()
+        return self._sync_session
+
+    async def aclose(self) -> None:
+        """Close the async session if one was opened."""
+        if self._session is not None:
+            await self._session.close()
+
+    def close_sync(self) -> None:
+        """Close the sync session if one was opened (call in the job's thread)."""
+        if self._sync_session is not None:
+            self._sync_session.close()
+
+
+@dataclass
+class ServiceContext:
+    """The context of a leader-only service: cancelled when this worker stops leading."""
+
+    service_id: str
+    name: str
+    clock: Clock
+    log: logging.LoggerAdapter[logging.Logger]
+    sessions: async_sessionmaker[AsyncSession]

@@ -1,0 +1,112 @@
+"""The lock connection: the one asyncpg connection through which a worker leads.
+
+It is dedicated (never from the pool, never through a transaction-pooling proxy),
+names its process in ``application_name`` before it takes the lock, never opens a
+transaction (so it sits "idle", not "idle in transaction"), and carries
+``idle_session_timeout`` = the lease: a leader that stops talking to the server for a
+lease (hung loop, SIGSTOP, partition) is disconnected by the server, which releases
+the key for a standby.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+
+import asyncpg
+
+from .keys import SCHEDULER_LEADER_KEY
+
+__all__ = ["LockConnection", "OWNERSHIP_SQL"]
+
+logger = logging.getLogger("app.scheduler")
+
+# The seed's ownership query. pg_locks is cluster-wide and an advisory key is per
+# database, so the database predicate is always there.
+OWNERSHIP_SQL = """
+    SELECT count(*) FROM pg_locks
+    WHERE locktype = 'advisory' AND objid = $1 AND granted
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND pid = pg_backend_pid()
+"""
+
+
+class LockConnection:
+    """A dedicated connection that can hold the scheduler's session advisory lock."""
+
+    def __init__(self, connection: asyncpg.Connection, backend_pid: int) -> None:
+        self._connection = connection
+        self.backend_pid = backend_pid
+        self.key = SCHEDULER_LEADER_KEY
+
+    @classmethod
+    async def connect(
+        cls, dsn: str, *, lease_seconds: int, timeout: float = 10
+    ) -> LockConnection:
+        """Open the connection with the lease and the holder's name set at connect.
+
+        Raises OSError, asyncpg errors or TimeoutError when the server cannot be reached.
+        """
+        connection = await asyncpg.connect(
+            dsn,
+            timeout=timeout,
+            server_settings={
+                "application_name": f"scheduler-leader:{os.getpid()}",
+                "idle_session_timeout": str(lease_seconds * 1000),
+                "idle_in_transaction_session_timeout": str(lease_seconds * 1000),
+            },
+        )
+        try:
+            backend_pid = await connection.fetchval("SELECT pg_backend_pid()")
+        except BaseException:
+            connection.terminate()
+            raise
+        return cls(connection, backend_pid)
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` as soon as the connection dies (terminated, server gone)."""
+        self._connection.add_termination_listener(lambda _connection: callback())
+
+    @property
+    def is_closed(self) -> bool:
+        """True once the connection is closed or known to be dead."""
+        return self._connection.is_closed()
+
+    async def try_acquire(self) -> bool:
+        """One non-blocking attempt at the key."""
+        return bool(await self._connection.fetchval("SELECT pg_try_advisory_lock($1)", self.key))
+
+    async def wait_acquire(self) -> None:
+        """Block until the key is ours. The server wakes us the moment it is released."""
+        await self._connection.execute("SELECT pg_advisory_lock($1)", self.key)
+
+    async def holds_lock(self, timeout: float) -> bool:
+        """True when this connection still holds the key, checked on the server.
+
+        A dead connection or no answer within ``timeout`` counts as False: in doubt,
+        the leader stops firing.
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                count = await self._connection.fetchval(OWNERSHIP_SQL, self.key)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return False
+        return bool(count == 1)
+
+    async def release(self, timeout: float = 5) -> None:
+        """Unlock and close; a dead connection is just closed (closing releases anyway)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._connection.execute("SELECT pg_advisory_unlock($1)", self.key)
+                await self._connection.close(timeout=timeout)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            logger.debug("lock connection unlock failed; terminating it", exc_info=True)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Drop the connection at once; the server releases the key with it."""
+        if not self._connection.is_closed():
+            self._connection.terminate()

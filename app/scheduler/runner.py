@@ -1,0 +1,256 @@
+"""One fire of one job: claim the slot, run the body, record the outcome.
+
+Async bodies run on the event loop; sync bodies run through ``asyncio.to_thread`` and
+never on the loop. The runner opens the job's sessions lazily and always closes them.
+A body that raises is logged with its traceback and recorded as ``error``; it never
+reaches the supervisor, so the next slot still fires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
+
+from .clock import Clock
+from .context import JobContext, ServiceContext
+from .registry import JobSpec, ServiceSpec
+from .store import JobStore, format_error
+
+__all__ = ["Claim", "Runner"]
+
+logger = logging.getLogger("app.scheduler")
+
+_RECORD_TIMEOUT = 10.0
+_SERVICE_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A slot this process won: its run row, the slot run, and the job's next slot."""
+
+    run_id: int
+    slot: datetime
+    next_slot: datetime
+    runs: bool
+
+
+def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
+    try:
+        func(ctx)
+    finally:
+        ctx.close_sync()
+
+
+class Runner:
+    """Runs fires for one process. Stateless between fires; the supervisor owns timing."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        clock: Clock,
+        zone: ZoneInfo,
+        sessions: async_sessionmaker[AsyncSession],
+        sync_sessions: sessionmaker[Session],
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.zone = zone
+        self.sessions = sessions
+        self.sync_sessions = sync_sessions
+
+    async def claim_leader(
+        self, spec: JobSpec, due: datetime, fence_pid: int | None
+    ) -> Claim | None:
+        """Claim slot ``due`` of a leader-only job; the claim commits before any body runs.
+
+        Late slots coalesce into one run of the latest slot; with ``misfire_grace`` a
+        slot later than the grace is claimed as ``missed`` instead of run. Returns None
+        when the claim matched nothing: another process fired the slot, the job is
+        paused, or this process no longer holds the lock.
+        """
+        now = self.clock.now()
+        latest, passed = spec.trigger.latest_slot(due, now, self.zone)
+        next_slot = spec.trigger.next_after(latest, self.zone)
+        grace = spec.misfire_grace
+        claim = {"due": due, "next_slot": next_slot, "now": now, "fence_pid": fence_pid}
+        if grace is not None and (now - latest).total_seconds() > grace:
+            run_id = await self.store.claim(
+                spec,
+                run_slot=latest,
+                status="missed",
+                error=f"{passed + 1} slot(s) later than misfire_grace ({grace:g} s) skipped",
+                **claim,
+            )
+            if run_id is None:
+                return None
+            logger.warning(
+                'Missed job "%s" (id=%s, slot=%s, pid=%s)',
+                spec.name,
+                spec.id,
+                latest.isoformat(),
+                self.store.pid,
+                extra={"action": "job.missed", "job_id": spec.id, "pid": self.store.pid},
+            )
+            return Claim(run_id, latest, next_slot, runs=False)
+        missed_before = None
+        if grace is not None and passed:
+            missed_before = (due, f"{passed} slot(s) later than misfire_grace ({grace:g} s)")
+        run_id = await self.store.claim(
+            spec, run_slot=latest, status="running", missed_before=missed_before, **claim
+        )
+        if run_id is None:
+            return None
+        return Claim(run_id, latest, next_slot, runs=True)
+
+    async def skip_overlap(
+        self, spec: JobSpec, due: datetime, fence_pid: int | None
+    ) -> Claim | None:
+        """Claim slot ``due`` while the job still runs, recorded as skipped_overlap."""
+        now = self.clock.now()
+        latest, _ = spec.trigger.latest_slot(due, now, self.zone)
+        next_slot = spec.trigger.next_after(latest, self.zone)
+        run_id = await self.store.claim(
+            spec,
+            due=due,
+            next_slot=next_slot,
+            run_slot=latest,
+            now=now,
+            status="skipped_overlap",
+            fence_pid=fence_pid,
+            error="the previous run was still going",
+        )
+        return None if run_id is None else Claim(run_id, latest, next_slot, runs=False)
+
+    async def fire_replica(self, spec: JobSpec, slot: datetime) -> None:
+        """Run a per-replica job's slot on this worker: no claim, no lock."""
+        run_id = await self.store.start_replica_run(spec, slot, self.clock.now())
+        await self.execute(spec, Claim(run_id, slot, slot, runs=True))
+
+    async def run_service(self, spec: ServiceSpec) -> None:
+        """Run a leader-only service until cancelled, restarting it with backoff when it
+        crashes or returns."""
+        log = _adapter(f"app.services.{spec.id}", spec.id, self.store.pid)
+        failures = 0
+        while True:
+            ctx = ServiceContext(spec.id, spec.name, self.clock, log, self.sessions)
+            log.info(
+                'Starting service "%s" (id=%s, pid=%s)',
+                spec.name,
+                spec.id,
+                self.store.pid,
+                extra={"action": "service.started"},
+            )
+            try:
+                await spec.func(ctx)
+                log.warning('Service "%s" returned; restarting it', spec.name)
+            except asyncio.CancelledError:
+                log.info('Service "%s" stopped', spec.name, extra={"action": "service.stopped"})
+                raise
+            except Exception:
+                log.exception(
+                    'Service "%s" crashed; restarting it', spec.name, extra={"action": "service.crashed"}
+                )
+            delay = _SERVICE_BACKOFF[min(failures, len(_SERVICE_BACKOFF) - 1)]
+            failures += 1
+            await self.clock.sleep(delay)
+
+    async def execute(self, spec: JobSpec, claim: Claim) -> None:
+        """Run the body of a claimed slot and record how it ended. Never raises but
+        CancelledError (recorded as ``cancelled`` first)."""
+        pid, slot, run_id = self.store.pid, claim.slot, claim.run_id
+        log = _adapter(f"app.jobs.{spec.id}", spec.id, pid)
+        logger.info(
+            'Running job "%s" (id=%s, slot=%s, pid=%s)',
+            spec.name,
+            spec.id,
+            slot.isoformat(),
+            pid,
+            extra={"action": "job.running", "job_id": spec.id, "pid": pid},
+        )
+        ctx = JobContext(
+            job_id=spec.id,
+            name=spec.name,
+            scheduled_at=slot,
+            clock=self.clock,
+            log=log,
+            _sessions=self.sessions if spec.is_async else None,
+            _sync_sessions=None if spec.is_async else self.sync_sessions,
+        )
+        started = time.perf_counter()
+        status, error = "ok", None
+        thread: asyncio.Future[None] | None = None
+        try:
+            if spec.is_async:
+                try:
+                    async with asyncio.timeout(spec.timeout) as deadline:
+                        await spec.func(ctx)
+                except TimeoutError:
+                    if not deadline.expired():
+                        raise
+                    status, error = "timeout", f"cancelled after timeout={spec.timeout:g} s"
+                finally:
+                    await ctx.aclose()
+            else:
+                thread = asyncio.ensure_future(asyncio.to_thread(_run_in_thread, spec.func, ctx))
+                done, _ = await asyncio.wait({thread}, timeout=spec.timeout)
+                if thread in done:
+                    thread.result()
+                else:
+                    status = "timeout"
+                    error = f"still running after timeout={spec.timeout:g} s (threads cannot be cancelled)"
+        except asyncio.CancelledError:
+            status, error = "cancelled", "cancelled: this worker stopped leading or shut down"
+            await self._record(spec, run_id, status, started, error)
+            raise
+        except Exception as exc:
+            status, error = "error", format_error(exc)
+            log.exception(
+                'Job "%s" raised', spec.name, extra={"action": "job.error"}
+            )
+        await self._record(spec, run_id, status, started, error)
+        if status == "timeout":
+            log.warning(
+                'Job "%s" timed out: %s', spec.name, error, extra={"action": "job.timeout"}
+            )
+            if thread is not None:
+                # The job stays busy until its thread ends, so it never overlaps itself.
+                await asyncio.wait({thread})
+
+    async def _record(
+        self, spec: JobSpec, run_id: int, status: str, started: float, error: str | None
+    ) -> None:
+        duration_ms = int((time.perf_counter() - started) * 1000)
+        try:
+            async with asyncio.timeout(_RECORD_TIMEOUT):
+                await self.store.finish(
+                    run_id,
+                    spec.id,
+                    status=status,
+                    finished_at=self.clock.now(),
+                    duration_ms=duration_ms,
+                    error=error,
+                )
+        except Exception:
+            logger.warning(
+                'Could not record the outcome %s of job "%s" (run %s)',
+                status,
+                spec.id,
+                run_id,
+                exc_info=True,
+                extra={"action": "job.record_failed", "job_id": spec.id},
+            )
+
+
+def _adapter(name: str, job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:
+    return logging.LoggerAdapter(logging.getLogger(name), {"job_id": job_id, "pid": pid})
+

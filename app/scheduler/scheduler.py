@@ -1,0 +1,159 @@
+"""The public face of the engine: declare jobs and services, start, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
+
+from .clock import Clock, SystemClock
+from .errors import SchedulerError
+from .registry import JobSpec, Registry, ServiceSpec
+from .runner import Runner
+from .store import JobStore
+from .supervisor import Role, SchedulerConfig, Supervisor
+from .triggers import Trigger
+
+__all__ = ["Scheduler"]
+
+logger = logging.getLogger("app.scheduler")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Scheduler:
+    """A set of jobs and services, and (once started) the supervisor that fires them.
+
+    Declare at import time with ``@scheduler.job(...)`` and ``@scheduler.service(...)``;
+    the app's lifespan calls ``start()`` and ``stop()``.
+    """
+
+    def __init__(self) -> None:
+        self.registry = Registry()
+        self.supervisor: Supervisor | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def job(
+        self,
+        trigger: Trigger,
+        *,
+        id: str,
+        name: str | None = None,
+        leader_only: bool = True,
+        first_run: float | timedelta | None = None,
+        timeout: float | timedelta | None = None,
+        jitter: float | timedelta | None = None,
+        misfire_grace: float | timedelta | None = None,
+    ) -> Callable[[F], F]:
+        """Register the decorated function as a job; return it unchanged.
+
+        ``name`` is the human log string monitors match on (default: the id). An
+        ``async def`` runs on the loop; a plain ``def`` runs in a worker thread.
+        Raises InvalidJobError at once, naming the id, for a bad trigger, a duplicate
+        id, a negative option or a non-callable.
+        """
+
+        def register(func: F) -> F:
+            self.registry.add_job(
+                func,
+                trigger,
+                id=id,
+                name=name,
+                leader_only=leader_only,
+                first_run=first_run,
+                timeout=timeout,
+                jitter=jitter,
+                misfire_grace=misfire_grace,
+            )
+            return func
+
+        return register
+
+    def service(self, *, id: str, name: str | None = None) -> Callable[[F], F]:
+        """Register an ``async def`` that runs only while this worker leads.
+
+        It is started on promotion, restarted with backoff when it crashes, and
+        cancelled on demotion. Raises InvalidJobError for a duplicate id or a sync
+        function.
+        """
+
+        def register(func: F) -> F:
+            self.registry.add_service(func, id=id, name=name)
+            return func
+
+        return register
+
+    @property
+    def jobs(self) -> dict[str, JobSpec]:
+        """Registered jobs by id."""
+        return dict(self.registry.jobs)
+
+    @property
+    def services(self) -> dict[str, ServiceSpec]:
+        """Registered services by id."""
+        return dict(self.registry.services)
+
+    @property
+    def role(self) -> Role:
+        """This worker's role: STOPPED until started."""
+        return self.supervisor.role if self.supervisor else Role.STOPPED
+
+    async def start(
+        self,
+        config: SchedulerConfig,
+        *,
+        engine: AsyncEngine,
+        sessions: async_sessionmaker[AsyncSession],
+        sync_sessions: sessionmaker[Session],
+        clock: Clock | None = None,
+    ) -> Supervisor:
+        """Start the supervisor task and return at once; the API never waits on it.
+
+        Raises SchedulerError when already started.
+        """
+        if self._task is not None and not self._task.done():
+            raise SchedulerError("scheduler already started; call stop() first")
+        clock = clock or SystemClock()
+        store = JobStore(engine, pid=os.getpid(), host=socket.gethostname())
+        runner = Runner(
+            store, clock=clock, zone=config.zone, sessions=sessions, sync_sessions=sync_sessions
+        )
+        self.supervisor = Supervisor(self.registry, runner, store, config, clock)
+        self._task = asyncio.create_task(self._supervise(self.supervisor), name="scheduler")
+        return self.supervisor
+
+    async def stop(self) -> None:
+        """Stop firing, give running jobs the shutdown grace, release the key, return."""
+        if self.supervisor is None or self._task is None:
+            return
+        await self.supervisor.stop()
+        grace = self.supervisor.config.shutdown_grace_seconds + 10
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), grace)
+        except TimeoutError:
+            logger.error("scheduler did not stop within %s s; cancelling it", grace)
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._task = None
+
+    async def _supervise(self, supervisor: Supervisor) -> None:
+        # A scheduler failure is logged and never reaches the API.
+        try:
+            await supervisor.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception(
+                "scheduler.crashed: the supervisor stopped (pid=%s)",
+                os.getpid(),
+                extra={"action": "scheduler.crashed", "pid": os.getpid()},
+            )

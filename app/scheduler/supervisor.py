@@ -1,0 +1,404 @@
+"""The per-worker task: standby <-> leader.
+
+    start --> STANDBY --(key granted)--> LEADER --(lost | stop)--> STANDBY / STOPPED
+                 |                          ^
+                 +--(lock-check error, not production)--> UNGUARDED (one backoff period)
+
+STANDBY waits inside ``pg_advisory_lock`` on its own lock connection, so the server
+wakes it the moment the key is released. LEADER waits HANDOVER_GRACE_SECONDS, then
+runs one loop per leader-only job and one task per service, and checks every
+LEADER_TICK_SECONDS that its lock connection still owns the key. The termination
+listener of that connection demotes at once; the fence in every slot claim makes a
+leader that lost the key unable to claim anything even before it notices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import random
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import asyncpg
+
+from .clock import Clock
+from .election import LockConnection
+from .registry import JobSpec, Registry
+from .runner import Runner
+from .store import JobRow, JobStore
+
+__all__ = ["Role", "SchedulerConfig", "Supervisor"]
+
+logger = logging.getLogger("app.scheduler")
+
+_RETRY_BACKOFF = (0.5, 1.0, 2.0, 4.0, 5.0)
+_UNREACHABLE = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError)
+
+
+class Role(enum.Enum):
+    """What this worker is doing with the schedule right now."""
+
+    STARTING = "starting"
+    STANDBY = "standby"
+    LEADER = "leader"
+    UNGUARDED = "unguarded"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How the supervisor elects and leads. Times are seconds.
+
+    ``fail_closed``: a lock-check error starts no scheduler (production); otherwise the
+    worker runs unguarded for one backoff period, its claims still firing each slot once.
+    """
+
+    lock_dsn: str
+    zone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
+    lease_seconds: int = 30
+    leader_tick_seconds: float = 5
+    handover_grace_seconds: float = 1
+    shutdown_grace_seconds: float = 10
+    connect_timeout_seconds: float = 10
+    fail_closed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lease_seconds < 2:
+            raise ValueError("lease_seconds must be at least 2")
+        if not 0 < self.leader_tick_seconds * 2 <= self.lease_seconds:
+            raise ValueError("leader_tick_seconds must be above zero and at most half the lease")
+
+
+class _LockCheckError(Exception):
+    """The server answered, but the lock statement failed (e.g. a pooling proxy)."""
+
+
+class Supervisor:
+    """Elects, leads and demotes for one worker; ``run()`` is its whole life."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        runner: Runner,
+        store: JobStore,
+        config: SchedulerConfig,
+        clock: Clock,
+    ) -> None:
+        self.registry = registry
+        self.runner = runner
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.role = Role.STARTING
+        self.leader_changes = 0
+        self.lock: LockConnection | None = None
+        self._role_changed = asyncio.Condition()
+        self._stopping = asyncio.Event()
+        self._lost = asyncio.Event()
+        self._refreshed = asyncio.Event()
+        self._acquiring: asyncio.Task[LockConnection] | None = None
+        self._rows: dict[str, JobRow] = {}
+        self._bodies: set[asyncio.Task[None]] = set()
+        self._failures = 0
+
+    @property
+    def leader_jobs(self) -> list[JobSpec]:
+        """The jobs only the leader fires."""
+        return [spec for spec in self.registry.jobs.values() if spec.leader_only]
+
+    @property
+    def replica_jobs(self) -> list[JobSpec]:
+        """The jobs every worker fires."""
+        return [spec for spec in self.registry.jobs.values() if not spec.leader_only]
+
+    @property
+    def running_job_ids(self) -> set[str]:
+        """Ids of the jobs whose body runs in this process now."""
+        return {task.get_name() for task in self._bodies if not task.done()}
+
+    async def run(self) -> None:
+        """Elect and lead until stop(); never raises but CancelledError."""
+        replicas = asyncio.create_task(self._run_replica_jobs(), name="replica-jobs")
+        try:
+            while not self._stopping.is_set():
+                await self.run_once()
+        finally:
+            replicas.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await replicas
+            await self._set_role(Role.STOPPED)
+
+    async def run_once(self) -> None:
+        """One pass: become leader (or fail open, or back off), lead until that ends."""
+        try:
+            self._acquiring = asyncio.ensure_future(self._acquire())
+            lock = await self._acquiring
+        except asyncio.CancelledError:
+            if self._stopping.is_set():
+                return
+            raise
+        except _UNREACHABLE as exc:
+            await self._back_off("scheduler.lock_unreachable", exc)
+            return
+        except _LockCheckError as exc:
+            if self.config.fail_closed:
+                await self._back_off("scheduler.fail_closed", exc)
+                return
+            logger.warning(
+                "scheduler.fail_open: the lock check failed (%s); firing unguarded for %s s, "
+                "slot claims still fire each slot once",
+                exc,
+                self._next_backoff(),
+                extra={"action": "scheduler.fail_open", "pid": os.getpid()},
+            )
+            until = self.clock.now() + timedelta(seconds=self._next_backoff())
+            await self._lead(None, until=until)
+            return
+        finally:
+            self._acquiring = None
+        self._failures = 0
+        await self._lead(lock)
+
+    async def stop(self) -> None:
+        """Stop firing; wait up to the shutdown grace for running jobs; release the key."""
+        self._stopping.set()
+        if self._acquiring is not None:
+            self._acquiring.cancel()
+
+    async def wait_for_role(self, *roles: Role, timeout: float = 10) -> Role:
+        """Return the role once it is one of ``roles``; for tests and the admin view."""
+        async with asyncio.timeout(timeout), self._role_changed:
+            await self._role_changed.wait_for(lambda: self.role in roles)
+            return self.role
+
+    async def _acquire(self) -> LockConnection:
+        lock = await LockConnection.connect(
+            self.config.lock_dsn,
+            lease_seconds=self.config.lease_seconds,
+            timeout=self.config.connect_timeout_seconds,
+        )
+        try:
+            if not await lock.try_acquire():
+                await self._set_role(Role.STANDBY)
+                logger.info(
+                    "scheduler.standby: waiting for the leader key (pid=%s)",
+                    os.getpid(),
+                    extra={"action": "scheduler.standby", "pid": os.getpid()},
+                )
+                await lock.wait_acquire()
+        except _UNREACHABLE:
+            lock.close()
+            raise
+        except asyncpg.PostgresError as exc:
+            lock.close()
+            raise _LockCheckError(f"{exc.__class__.__name__}: {exc}") from exc
+        except BaseException:
+            lock.close()
+            raise
+        return lock
+
+    async def _lead(self, lock: LockConnection | None, *, until: datetime | None = None) -> None:
+        self._lost.clear()
+        self.lock = lock
+        if lock is not None:
+            lock.on_lost(self._mark_lost)
+        self.leader_changes += 1
+        await self._set_role(Role.LEADER if lock is not None else Role.UNGUARDED)
+        logger.info(
+            "scheduler.promoted (pid=%s, lock_backend_pid=%s)",
+            os.getpid(),
+            lock.backend_pid if lock else None,
+            extra={"action": "scheduler.promoted", "pid": os.getpid()},
+        )
+        loops: list[asyncio.Task[None]] = []
+        reason = "stopped"
+        try:
+            if await self._wait(self.config.handover_grace_seconds):
+                return
+            if lock is not None and not await lock.holds_lock(self.config.leader_tick_seconds):
+                reason = "lock lost during handover"
+                return
+            now = self.clock.now()
+            self._rows = await self.store.register_leader_jobs(
+                self.leader_jobs, now, self.config.zone
+            )
+            fence = lock.backend_pid if lock else None
+            loops = [
+                asyncio.create_task(self._job_loop(spec, fence), name=f"job-loop:{spec.id}")
+                for spec in self.leader_jobs
+            ]
+            loops += [
+                asyncio.create_task(self.runner.run_service(spec), name=f"service:{spec.id}")
+                for spec in self.registry.services.values()
+            ]
+            reason = await self._tick_until_done(lock, until)
+        except _UNREACHABLE as exc:
+            reason = f"database unreachable ({exc.__class__.__name__})"
+        finally:
+            await self._step_down(lock, loops, reason)
+
+    async def _tick_until_done(self, lock: LockConnection | None, until: datetime | None) -> str:
+        while True:
+            if await self._wait(self.config.leader_tick_seconds):
+                return "lock connection lost" if self._lost.is_set() else "stopped"
+            if until is not None and self.clock.now() >= until:
+                return "unguarded period over"
+            if lock is not None and not await lock.holds_lock(self.config.leader_tick_seconds):
+                return "lock no longer held"
+            # Pick up what others changed (pause, resume, run now) since the last tick.
+            self._rows.update(await self.store.load(list(self._rows)))
+            refreshed, self._refreshed = self._refreshed, asyncio.Event()
+            refreshed.set()
+
+    async def _step_down(
+        self, lock: LockConnection | None, loops: list[asyncio.Task[None]], reason: str
+    ) -> None:
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        if self._bodies:
+            if not self._lost.is_set():
+                # Graceful: give running jobs the shutdown grace before cancelling them.
+                await asyncio.wait(self._bodies, timeout=self.config.shutdown_grace_seconds)
+            for task in self._bodies:
+                task.cancel()
+            await asyncio.gather(*self._bodies, return_exceptions=True)
+            self._bodies.clear()
+        if lock is not None:
+            if self._lost.is_set():
+                lock.close()
+            else:
+                await lock.release()
+        self.lock = None
+        logger.info(
+            "scheduler.demoted (pid=%s, reason=%s)",
+            os.getpid(),
+            reason,
+            extra={"action": "scheduler.demoted", "pid": os.getpid(), "reason": reason},
+        )
+        await self._set_role(Role.STANDBY)
+
+    async def _job_loop(self, spec: JobSpec, fence: int | None) -> None:
+        body: asyncio.Task[None] | None = None
+        while True:
+            row = self._rows[spec.id]
+            if row.paused:
+                await self._refreshed.wait()
+                continue
+            jitter = random.uniform(0, spec.jitter) if spec.jitter else 0.0
+            fire_at = row.next_run_at + timedelta(seconds=jitter)
+            delay = (fire_at - self.clock.now()).total_seconds()
+            if delay > 0 and await self._wait_or_refresh(delay):
+                continue
+            busy = body is not None and not body.done()
+            try:
+                if busy:
+                    claim = await self.runner.skip_overlap(spec, row.next_run_at, fence)
+                else:
+                    claim = await self.runner.claim_leader(spec, row.next_run_at, fence)
+            except _UNREACHABLE:
+                logger.warning("claim of %s failed: database unreachable", spec.id, exc_info=True)
+                await self._wait_or_refresh(self.config.leader_tick_seconds)
+                continue
+            if claim is None:
+                # Another process took the slot, the job was paused, or our key is gone.
+                fresh = await self.store.load([spec.id])
+                self._rows[spec.id] = fresh.get(spec.id, row)
+                if self._rows[spec.id] == row:
+                    await self._wait_or_refresh(self.config.leader_tick_seconds)
+                continue
+            self._rows[spec.id] = JobRow(claim.next_slot, paused=False)
+            if claim.runs:
+                body = asyncio.create_task(self.runner.execute(spec, claim), name=spec.id)
+                self._bodies.add(body)
+                body.add_done_callback(self._bodies.discard)
+
+    async def _run_replica_jobs(self) -> None:
+        specs = self.replica_jobs
+        if not specs:
+            return
+        while True:
+            try:
+                await self.store.register_replica_jobs(specs, self.clock.now(), self.config.zone)
+                break
+            except _UNREACHABLE as exc:
+                await self._back_off("scheduler.replica_jobs_waiting", exc)
+        self._failures = 0
+        async with asyncio.TaskGroup() as group:
+            for spec in specs:
+                group.create_task(self._replica_loop(spec), name=f"replica-loop:{spec.id}")
+
+    async def _replica_loop(self, spec: JobSpec) -> None:
+        zone = self.config.zone
+        now = self.clock.now()
+        due = now + timedelta(seconds=spec.first_run) if spec.first_run is not None else None
+        slot = due or spec.trigger.first_slot(now, zone)
+        while True:
+            jitter = random.uniform(0, spec.jitter) if spec.jitter else 0.0
+            await self.clock.sleep((slot - self.clock.now()).total_seconds() + jitter)
+            latest, _ = spec.trigger.latest_slot(slot, self.clock.now(), zone)
+            try:
+                await self.runner.fire_replica(spec, latest)
+            except _UNREACHABLE:
+                logger.warning("replica job %s could not start", spec.id, exc_info=True)
+            slot = spec.trigger.next_after(latest, zone)
+
+    async def _wait(self, seconds: float) -> bool:
+        """Sleep on the clock; True when woken early by loss of the lock or stop()."""
+        return await _first(
+            self.clock.sleep(seconds), self._lost.wait(), self._stopping.wait()
+        ) != 0
+
+    async def _wait_or_refresh(self, seconds: float) -> bool:
+        """Sleep on the clock; True when woken early because the job rows were reloaded."""
+        return await _first(self.clock.sleep(seconds), self._refreshed.wait()) != 0
+
+    def _mark_lost(self) -> None:
+        if not self._lost.is_set():
+            logger.warning(
+                "scheduler.lock_lost: the lock connection died (pid=%s)",
+                os.getpid(),
+                extra={"action": "scheduler.lock_lost", "pid": os.getpid()},
+            )
+        self._lost.set()
+
+    def _next_backoff(self) -> float:
+        return _RETRY_BACKOFF[min(self._failures, len(_RETRY_BACKOFF) - 1)]
+
+    async def _back_off(self, action: str, exc: BaseException) -> None:
+        delay = self._next_backoff()
+        self._failures += 1
+        logger.warning(
+            "%s: %s: %s; retrying in %s s (pid=%s)",
+            action,
+            exc.__class__.__name__,
+            exc,
+            delay,
+            os.getpid(),
+            extra={"action": action, "pid": os.getpid()},
+        )
+        await self._set_role(Role.STANDBY)
+        await _first(self.clock.sleep(delay), self._stopping.wait())
+
+    async def _set_role(self, role: Role) -> None:
+        async with self._role_changed:
+            self.role = role
+            self._role_changed.notify_all()
+
+
+async def _first(*awaitables: Awaitable[object]) -> int:
+    """Await whichever finishes first, cancel the rest; return its index."""
+    tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return next(index for index, task in enumerate(tasks) if task in done)

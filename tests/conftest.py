@@ -1,0 +1,81 @@
+"""Fixtures: a real PostgreSQL, a fresh migrated database per test, engines, settings."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import Database
+from app.settings import Settings
+
+from .pgserver import TestServer, start_test_server
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[TestServer]:
+    """The session's PostgreSQL server."""
+    server = start_test_server()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def server(pg_server: TestServer) -> TestServer:
+    """The server, for fault tests that restart or crash it (skipped on an external one)."""
+    if not pg_server.can_restart:
+        pytest.skip("TEST_DATABASE_URL is set: this test must restart the server")
+    return pg_server
+
+
+@pytest.fixture
+def database_url(pg_server: TestServer) -> Iterator[str]:
+    """URL of a fresh database at head, dropped after the test."""
+    url = pg_server.create_database()
+    try:
+        yield url
+    finally:
+        pg_server.drop_database(url)
+
+
+@pytest.fixture
+def empty_database_url(pg_server: TestServer) -> Iterator[str]:
+    """URL of a fresh database with no schema at all."""
+    url = pg_server.create_database(migrated=False)
+    try:
+        yield url
+    finally:
+        pg_server.drop_database(url)
+
+
+@pytest.fixture
+def settings(database_url: str) -> Settings:
+    """Test settings bound to this test's database, ignoring any .env file."""
+    return Settings(  # type: ignore[call-arg]
+        _env_file=None,
+        DATABASE_URL=database_url,
+        ENVIRONMENT="test",
+        LEASE_SECONDS=6,
+        LEADER_TICK_SECONDS=1,
+        HANDOVER_GRACE_SECONDS=0,
+        SHUTDOWN_GRACE_SECONDS=2,
+    )
+
+
+@pytest.fixture
+async def database(database_url: str) -> AsyncIterator[Database]:
+    """Engines and session factories on this test's database."""
+    db = Database.from_url(database_url)
+    try:
+        yield db
+    finally:
+        await db.dispose()
+
+
+@pytest.fixture
+def engine(database: Database) -> AsyncEngine:
+    """The async engine of this test's database."""
+    return database.engine

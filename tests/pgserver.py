@@ -1,0 +1,111 @@
+"""The test suite's PostgreSQL: a throwaway local server, or TEST_DATABASE_URL's.
+
+Each test gets a database of its own, cloned from a template migrated once to head.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from app.db import migrate
+from app.localpg import LocalPostgres, free_port
+
+
+class TestServer:
+    """One PostgreSQL server for the whole test session."""
+
+    __test__ = False
+
+    def __init__(self, external_url: str | None) -> None:
+        self.run_id = uuid.uuid4().hex[:8]
+        self.external_url = external_url
+        self.local: LocalPostgres | None = None
+        self._tmp: Path | None = None
+        if external_url is None:
+            self._tmp = Path(tempfile.mkdtemp(prefix="regent-test-"))
+            # As root the server runs as another user, who must reach the directory.
+            self._tmp.chmod(0o755)
+            self.local = LocalPostgres(self._tmp / "data", port=free_port(), fsync=False)
+            self.local.start()
+        self.template = f"regent_tpl_{self.run_id}"
+        try:
+            self._execute(f'CREATE DATABASE "{self.template}"')
+            migrate(self.url_for(self.template))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def can_restart(self) -> bool:
+        """Only the server this suite started may be stopped, crashed or restarted."""
+        return self.local is not None
+
+    def url_for(self, database: str) -> str:
+        """libpq URL of ``database`` on this server."""
+        if self.local is not None:
+            return self.local.url_for(database)
+        assert self.external_url is not None
+        return make_url(self.external_url).set(database=database).render_as_string(False)
+
+    @property
+    def admin_url(self) -> str:
+        """URL of the maintenance database, for CREATE and DROP DATABASE."""
+        return self.url_for("postgres")
+
+    def create_database(self, *, migrated: bool = True) -> str:
+        """A new database (a clone of the migrated template, or empty); returns its URL."""
+        name = f"regent_t_{self.run_id}_{uuid.uuid4().hex[:10]}"
+        template = f' TEMPLATE "{self.template}"' if migrated else ""
+        self._execute(f'CREATE DATABASE "{name}"{template}')
+        return self.url_for(name)
+
+    def drop_database(self, url: str) -> None:
+        """Drop a test database, closing whatever still holds a connection to it."""
+        name = make_url(url).database
+        self._execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def restart(self) -> None:
+        """Clean stop and start, same port and data directory."""
+        assert self.local is not None, "only a server the suite started can restart"
+        self.local.restart()
+
+    def crash(self) -> None:
+        """SIGKILL the postmaster and its backends."""
+        assert self.local is not None, "only a server the suite started can crash"
+        self.local.crash()
+
+    def start(self) -> None:
+        """Start again after crash()."""
+        assert self.local is not None
+        self.local.start()
+
+    def close(self) -> None:
+        """Drop what this run created; stop and delete a server this suite started."""
+        if self.local is not None:
+            self.local.stop()
+            if self._tmp is not None:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+            return
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s",
+                (f"regent_%_{self.run_id}%",),
+            ).fetchall()
+            for (name,) in rows:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def _execute(self, statement: str) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(statement)  # type: ignore[arg-type]
+
+
+def start_test_server() -> TestServer:
+    """The server for this session, per TEST_DATABASE_URL."""
+    return TestServer(os.environ.get("TEST_DATABASE_URL") or None)

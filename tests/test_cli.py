@@ -1,0 +1,142 @@
+"""`python -m app`: the embedded default end to end, and clean errors."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.localpg import free_port
+
+
+def _run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_bad_setting_exits_with_the_variable_named() -> None:
+    result = _run(["migrate"], {"ENVIRONMENT": "prod"})
+    assert result.returncode == 2
+    assert "ENVIRONMENT='prod'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_database_fails_fast_naming_host_and_port() -> None:
+    port = free_port()
+    started = time.monotonic()
+    result = _run(["serve"], {"DATABASE_URL": f"postgresql://u:p@127.0.0.1:{port}/app"})
+    assert time.monotonic() - started < 10
+    assert result.returncode == 2
+    assert f"127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            found.add(child)
+            pending.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return ") Z " not in stat
+
+
+@dataclass
+class EmbeddedApp:
+    process: subprocess.Popen[str]
+    data_dir: Path
+    http_port: int
+    env: dict[str, str]
+
+
+@pytest.fixture
+def embedded_app() -> Iterator[EmbeddedApp]:
+    """`python -m app` with no DATABASE_URL, serving on a free port, until it answers."""
+    data_dir = Path(tempfile.mkdtemp(prefix="regent-embedded-"))
+    data_dir.chmod(0o755)
+    http_port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    env |= {"REGENT_DATA_DIR": str(data_dir), "REGENT_PG_PORT": str(free_port())}
+    log = data_dir / "app.log"
+    with open(log, "w") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app", "--port", str(http_port), "--workers", "2"],
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    app = EmbeddedApp(process, data_dir, http_port, env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{http_port}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "embedded app did not become ready"
+            time.sleep(0.1)
+        yield app
+    finally:
+        if process.poll() is None:
+            # SIGTERM, not SIGKILL: uvicorn's workers outlive a SIGKILLed master.
+            process.terminate()
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        subprocess.run(["rm", "-rf", str(data_dir)], check=False)
+
+
+def test_embedded_app_serves_and_sigterm_leaves_no_process(embedded_app: EmbeddedApp) -> None:
+    tree = _descendants(embedded_app.process.pid)
+    assert len(tree) >= 3, "expected uvicorn workers and a postmaster"
+    embedded_app.process.send_signal(signal.SIGTERM)
+    embedded_app.process.wait(60)
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in tree if _alive(pid)]
+
+
+def test_second_run_on_the_same_data_directory_is_refused(embedded_app: EmbeddedApp) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "--port", str(free_port())],
+        env=embedded_app.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "in use by `python -m app`" in result.stderr
+    assert embedded_app.process.poll() is None

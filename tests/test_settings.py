@@ -1,0 +1,62 @@
+"""Settings: defaults, derived URLs, and errors that name the variable and the fix."""
+
+import pytest
+
+from app.db import async_url, asyncpg_dsn, sync_url
+from app.settings import SettingsError, load_settings
+
+
+def test_lock_database_url_defaults_to_database_url() -> None:
+    settings = load_settings(_env_file=None, DATABASE_URL="postgresql://u:p@db:5432/app")
+    assert settings.lock_database_url == "postgresql://u:p@db:5432/app"
+
+
+def test_lock_database_url_may_point_past_a_pooler() -> None:
+    settings = load_settings(
+        _env_file=None,
+        DATABASE_URL="postgresql://u:p@pooler:6432/app",
+        LOCK_DATABASE_URL="postgresql://u:p@db:5432/app",
+    )
+    assert settings.lock_database_url == "postgresql://u:p@db:5432/app"
+
+
+@pytest.mark.parametrize("scheme", ["postgres", "postgresql"])
+def test_hosting_provider_urls_give_both_drivers(scheme: str) -> None:
+    url = f"{scheme}://user:s3cr%40t@host.example:5433/app?sslmode=require"
+    load_settings(_env_file=None, DATABASE_URL=url)
+    assert async_url(url).startswith("postgresql+asyncpg://user:s3cr%40t@host.example:5433/app")
+    assert sync_url(url).startswith("postgresql+psycopg://user:s3cr%40t@host.example:5433/app")
+    assert asyncpg_dsn(url).startswith("postgresql://user:s3cr%40t@host.example:5433/app")
+
+
+def test_bad_environment_names_the_variable_and_choices() -> None:
+    with pytest.raises(SettingsError) as raised:
+        load_settings(_env_file=None, ENVIRONMENT="prod")
+    message = str(raised.value)
+    assert "ENVIRONMENT='prod'" in message
+    assert "development" in message and "production" in message
+
+
+def test_non_postgres_url_is_refused_without_echoing_it() -> None:
+    with pytest.raises(SettingsError) as raised:
+        load_settings(_env_file=None, DATABASE_URL="mysql://root:hunter2@db/app")
+    assert "DATABASE_URL" in str(raised.value)
+    assert "hunter2" not in str(raised.value)
+
+
+def test_unknown_timezone_is_refused() -> None:
+    with pytest.raises(SettingsError, match="TIMEZONE='Mars/Olympus'"):
+        load_settings(_env_file=None, TIMEZONE="Mars/Olympus")
+
+
+def test_leader_tick_must_fit_twice_in_the_lease() -> None:
+    with pytest.raises(SettingsError, match="LEADER_TICK_SECONDS"):
+        load_settings(_env_file=None, LEASE_SECONDS=6, LEADER_TICK_SECONDS=5)
+
+
+def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENVIRONMENT", "production")
+    monkeypatch.setenv("LOG_LEVEL", "DEBUG")
+    settings = load_settings(_env_file=None)
+    assert settings.is_production
+    assert settings.LOG_LEVEL == "DEBUG"

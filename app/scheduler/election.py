@@ -38,6 +38,7 @@ class LockConnection:
 
     def __init__(self, connection: asyncpg.Connection, backend_pid: int) -> None:
         self._connection = connection
+        self._closing = False
         self.backend_pid = backend_pid
         self.key = SCHEDULER_LEADER_KEY
 
@@ -66,8 +67,14 @@ class LockConnection:
         return cls(connection, backend_pid)
 
     def on_lost(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` as soon as the connection dies (terminated, server gone)."""
-        self._connection.add_termination_listener(lambda _connection: callback())
+        """Call ``callback`` as soon as the connection dies (terminated, server gone);
+        not when we close it ourselves."""
+
+        def listener(_connection: object) -> None:
+            if not self._closing:
+                callback()
+
+        self._connection.add_termination_listener(listener)
 
     @property
     def is_closed(self) -> bool:
@@ -97,6 +104,7 @@ class LockConnection:
 
     async def release(self, timeout: float = 5) -> None:
         """Unlock and close; a dead connection is just closed (closing releases anyway)."""
+        self._closing = True
         try:
             async with asyncio.timeout(timeout):
                 await self._connection.execute("SELECT pg_advisory_unlock($1)", self.key)
@@ -108,5 +116,6 @@ class LockConnection:
 
     def close(self) -> None:
         """Drop the connection at once; the server releases the key with it."""
+        self._closing = True
         if not self._connection.is_closed():
             self._connection.terminate()

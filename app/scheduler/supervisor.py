@@ -289,7 +289,7 @@ class Supervisor:
         while True:
             row = self._rows[spec.id]
             if row.paused:
-                await self._refreshed.wait()
+                await self._wait_or_refresh(self.config.leader_tick_seconds)
                 continue
             jitter = random.uniform(0, spec.jitter) if spec.jitter else 0.0
             fire_at = row.next_run_at + timedelta(seconds=jitter)

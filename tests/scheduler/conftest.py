@@ -1,0 +1,112 @@
+"""Scheduler fixtures: start supervisors on the test database and stop them after."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any, Protocol
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import Database, asyncpg_dsn
+from app.scheduler import Clock, FakeClock, Scheduler, SchedulerConfig
+from app.scheduler.keys import SCHEDULER_LEADER_KEY
+from app.scheduler.supervisor import Supervisor
+
+HOLDERS_SQL = text(
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = :key AND granted"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+class StartScheduler(Protocol):
+    def __call__(
+        self, scheduler: Scheduler, *, clock: Clock | None = None, **overrides: Any
+    ) -> Awaitable[Supervisor]: ...
+
+
+@pytest.fixture
+def config(database_url: str) -> SchedulerConfig:
+    """Fast timings for tests: 6 s lease, 1 s tick, no handover grace."""
+    return SchedulerConfig(
+        lock_dsn=asyncpg_dsn(database_url),
+        lease_seconds=6,
+        leader_tick_seconds=1,
+        handover_grace_seconds=0,
+        shutdown_grace_seconds=2,
+    )
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    """A clock that moves only when the test says so."""
+    return FakeClock()
+
+
+@pytest.fixture
+async def start_scheduler(
+    database: Database, config: SchedulerConfig
+) -> AsyncIterator[StartScheduler]:
+    """Start a Scheduler's supervisor in this process; every one is stopped at teardown."""
+    started: list[Scheduler] = []
+
+    async def start(
+        scheduler: Scheduler, *, clock: Clock | None = None, **overrides: Any
+    ) -> Supervisor:
+        started.append(scheduler)
+        return await scheduler.start(
+            replace(config, **overrides),
+            engine=database.engine,
+            sessions=database.sessions,
+            sync_sessions=database.sync_sessions,
+            clock=clock,
+        )
+
+    yield start
+    await asyncio.gather(*(scheduler.stop() for scheduler in started))
+
+
+async def holder_count(engine: AsyncEngine) -> int:
+    """How many sessions hold the leader key in this database (the seed's query)."""
+    async with engine.connect() as conn:
+        count: int = (await conn.execute(HOLDERS_SQL, {"key": SCHEDULER_LEADER_KEY})).scalar_one()
+        return count
+
+
+async def eventually(
+    condition: Callable[[], Awaitable[bool]], timeout: float = 10, what: str = "condition"
+) -> None:
+    """Re-check a database condition until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def runs(engine: AsyncEngine, job_id: str) -> list[tuple[str, Any]]:
+    """(status, slot) of every recorded run of a job, oldest first."""
+    async with engine.connect() as conn:
+        result = await conn.execute(
+            text("SELECT status, slot FROM scheduler_runs WHERE job_id = :id ORDER BY id"),
+            {"id": job_id},
+        )
+        return [(row.status, row.slot) for row in result]
+
+
+async def wait_for_runs(
+    engine: AsyncEngine, job_id: str, count: int, *, finished: bool = True, timeout: float = 10
+) -> list[tuple[str, Any]]:
+    """Wait until ``count`` runs of the job are recorded (and finished)."""
+
+    async def enough() -> bool:
+        rows = await runs(engine, job_id)
+        done = [row for row in rows if not finished or row[0] != "running"]
+        return len(done) >= count
+
+    await eventually(enough, timeout, f"{count} runs of {job_id}")
+    return await runs(engine, job_id)

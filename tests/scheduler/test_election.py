@@ -1,0 +1,191 @@
+"""Election: one holder per database, takeover on release, demotion on a dead lock connection.
+
+The seed's tests, ported, and the one it says a new app adds.
+"""
+
+import asyncio
+import logging
+import os
+import re
+from pathlib import Path
+
+import asyncpg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import asyncpg_dsn
+from app.scheduler import FakeClock, JobContext, Role, Scheduler, SchedulerConfig, every
+from app.scheduler.election import LockConnection
+from app.scheduler.keys import SCHEDULER_LEADER_KEY
+
+from .conftest import StartScheduler, holder_count
+
+APP_DIR = Path(__file__).resolve().parents[2] / "app"
+
+
+async def test_singleton_lock_granted_when_uncontended(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    supervisor = await start_scheduler(Scheduler())
+    await supervisor.wait_for_role(Role.LEADER)
+    assert await holder_count(engine) == 1
+
+
+async def test_lock_connection_is_idle_and_named_after_its_process(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    supervisor = await start_scheduler(Scheduler())
+    await supervisor.wait_for_role(Role.LEADER)
+    assert supervisor.lock is not None
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT state, application_name, "
+                    "current_setting('idle_session_timeout') AS unused "
+                    "FROM pg_stat_activity WHERE pid = :pid"
+                ),
+                {"pid": supervisor.lock.backend_pid},
+            )
+        ).one()
+    assert row.state == "idle"
+    assert row.application_name == f"scheduler-leader:{os.getpid()}"
+
+
+async def test_guarded_job_runs_body_when_uncontended(
+    start_scheduler: StartScheduler, fake_clock: FakeClock
+) -> None:
+    ran = asyncio.Event()
+    scheduler = Scheduler()
+
+    @scheduler.job(every(seconds=30), id="guarded")
+    async def guarded(ctx: JobContext) -> None:
+        ran.set()
+
+    supervisor = await start_scheduler(scheduler, clock=fake_clock)
+    await supervisor.wait_for_role(Role.LEADER)
+    await fake_clock.wait_for_sleepers(2)
+    fake_clock.advance(30)
+    await asyncio.wait_for(ran.wait(), 10)
+
+
+async def test_xact_advisory_lock_is_released_by_a_commit(database_url: str) -> None:
+    """The root-cause fact: a transaction lock cannot guard a job that commits per row."""
+    first = await asyncpg.connect(asyncpg_dsn(database_url))
+    second = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        transaction = first.transaction()
+        await transaction.start()
+        assert await first.fetchval("SELECT pg_try_advisory_xact_lock(42)")
+        assert not await second.fetchval("SELECT pg_try_advisory_xact_lock(42)")
+        await transaction.commit()
+        async with second.transaction():
+            assert await second.fetchval("SELECT pg_try_advisory_xact_lock(42)")
+    finally:
+        await first.close()
+        await second.close()
+
+
+def test_no_per_job_xact_lock_helper_exists() -> None:
+    """Nobody re-adds the false guard: no transaction advisory lock anywhere in app/."""
+    offenders = [
+        str(path)
+        for path in APP_DIR.rglob("*.py")
+        if re.search(r"advisory_xact_lock", path.read_text())
+    ]
+    assert offenders == []
+
+
+async def test_two_supervisors_on_one_database_give_exactly_one_holder(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    first = await start_scheduler(Scheduler())
+    second = await start_scheduler(Scheduler())
+    await first.wait_for_role(Role.LEADER, Role.STANDBY)
+    await second.wait_for_role(Role.LEADER, Role.STANDBY)
+    assert {first.role, second.role} == {Role.LEADER, Role.STANDBY}
+    assert await holder_count(engine) == 1
+
+
+async def test_released_lock_lets_a_new_holder_in(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    leader_scheduler = Scheduler()
+    leader = await start_scheduler(leader_scheduler)
+    await leader.wait_for_role(Role.LEADER)
+    standby = await start_scheduler(Scheduler())
+    await standby.wait_for_role(Role.STANDBY)
+    await leader_scheduler.stop()
+    await standby.wait_for_role(Role.LEADER, timeout=1)
+    assert await holder_count(engine) == 1
+
+
+async def test_lock_connection_terminated_loses_the_key(
+    config: SchedulerConfig, engine: AsyncEngine
+) -> None:
+    """The seed's demotion test at the level of the lock connection."""
+    lock = await LockConnection.connect(config.lock_dsn, lease_seconds=30)
+    lost = asyncio.Event()
+    lock.on_lost(lost.set)
+    assert await lock.try_acquire()
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": lock.backend_pid})
+    await asyncio.wait_for(lost.wait(), 5)
+    assert not await lock.holds_lock(timeout=1)
+    assert await holder_count(engine) == 0
+    fresh = await LockConnection.connect(config.lock_dsn, lease_seconds=30)
+    try:
+        assert await fresh.try_acquire()
+    finally:
+        await fresh.release()
+        lock.close()
+
+
+async def test_leader_demotes_when_lock_connection_is_terminated(
+    start_scheduler: StartScheduler,
+    engine: AsyncEngine,
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    supervisor = await start_scheduler(Scheduler())
+    await supervisor.wait_for_role(Role.LEADER)
+    assert supervisor.lock is not None
+    # A competitor queues for the key, so the demoted leader cannot simply win it back.
+    competitor = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        waiting = asyncio.create_task(
+            competitor.execute("SELECT pg_advisory_lock($1)", SCHEDULER_LEADER_KEY)
+        )
+        await _until_waiting(engine)
+        caplog.set_level(logging.INFO, logger="app.scheduler")
+        async with engine.connect() as conn:
+            await conn.execute(
+                text("SELECT pg_terminate_backend(:pid)"), {"pid": supervisor.lock.backend_pid}
+            )
+        await asyncio.wait_for(waiting, 5)
+        await supervisor.wait_for_role(Role.STANDBY, timeout=5)
+        assert await holder_count(engine) == 1
+        assert any("scheduler.demoted" in record.getMessage() for record in caplog.records)
+    finally:
+        await competitor.close()
+
+
+async def _until_waiting(engine: AsyncEngine) -> None:
+    async def count() -> int:
+        async with engine.connect() as conn:
+            return int(
+                (
+                    await conn.execute(
+                        text(
+                            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                            " AND objid = :key AND NOT granted"
+                        ),
+                        {"key": SCHEDULER_LEADER_KEY},
+                    )
+                ).scalar_one()
+            )
+
+    async with asyncio.timeout(5):
+        while await count() == 0:
+            await asyncio.sleep(0.01)

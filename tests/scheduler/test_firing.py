@@ -1,0 +1,321 @@
+"""Firing: slots claimed before they run, at most once, across restarts and outages."""
+
+import asyncio
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import Database
+from app.scheduler import FakeClock, JobContext, Role, Scheduler, every
+from app.scheduler.registry import JobSpec
+from app.scheduler.runner import Runner
+from app.scheduler.store import JobStore
+from app.scheduler.supervisor import Supervisor
+
+from .conftest import StartScheduler, runs, wait_for_runs
+
+UTC_ZONE = ZoneInfo("UTC")
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _runner(database: Database, clock: FakeClock, pid: int) -> Runner:
+    store = JobStore(database.engine, pid=pid, host="test")
+    return Runner(
+        store,
+        clock=clock,
+        zone=UTC_ZONE,
+        sessions=database.sessions,
+        sync_sessions=database.sync_sessions,
+    )
+
+
+async def _leading(
+    start_scheduler: StartScheduler, scheduler: Scheduler, clock: FakeClock
+) -> Supervisor:
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_for_role(Role.LEADER)
+    # Parked: the leader tick and one loop per job.
+    await clock.wait_for_sleepers(1 + len(supervisor.leader_jobs))
+    return supervisor
+
+
+async def test_two_leaders_forced_at_once_fire_each_slot_once(
+    database: Database, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    fired: list[datetime] = []
+    scheduler = Scheduler()
+
+    @scheduler.job(every(seconds=10), id="contested")
+    async def contested(ctx: JobContext) -> None:
+        fired.append(ctx.scheduled_at)
+
+    spec = scheduler.jobs["contested"]
+    first, second = _runner(database, clock, 1), _runner(database, clock, 2)
+    await first.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    due = T0 + timedelta(seconds=10)
+    for _ in range(5):
+        clock.set(due)
+        claims = await asyncio.gather(
+            first.claim_leader(spec, due, None), second.claim_leader(spec, due, None)
+        )
+        won = [claim for claim in claims if claim is not None]
+        assert len(won) == 1
+        runner = first if claims[0] is not None else second
+        await runner.execute(spec, won[0])
+        due = won[0].next_slot
+    assert fired == [T0 + timedelta(seconds=10 * n) for n in range(1, 6)]
+    assert [status for status, _ in await runs(engine, "contested")] == ["ok"] * 5
+
+
+async def test_claim_fenced_by_a_key_not_held_matches_nothing(
+    database: Database, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(every(seconds=10), id="fenced")(lambda ctx: None)
+    spec = scheduler.jobs["fenced"]
+    runner = _runner(database, clock, 1)
+    rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    clock.advance(10)
+    async with engine.connect() as conn:
+        own_pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+    assert await runner.claim_leader(spec, rows["fenced"].next_run_at, own_pid) is None
+    assert await runs(engine, "fenced") == []
+
+
+async def test_interval_countdown_survives_a_restart(database: Database) -> None:
+    spec = JobSpec(id="hourly", name="Hourly", func=lambda ctx: None, trigger=every(hours=1))
+    store = JobStore(database.engine, pid=1, host="test")
+    first = await store.register_leader_jobs([spec], T0, UTC_ZONE)
+    restarted = await store.register_leader_jobs([spec], T0 + timedelta(minutes=50), UTC_ZONE)
+    assert first["hourly"].next_run_at == T0 + timedelta(hours=1)
+    assert restarted["hourly"].next_run_at == T0 + timedelta(hours=1)
+
+
+async def test_changed_trigger_resets_the_countdown(database: Database) -> None:
+    store = JobStore(database.engine, pid=1, host="test")
+    hourly = JobSpec(id="job", name="Job", func=lambda ctx: None, trigger=every(hours=1))
+    await store.register_leader_jobs([hourly], T0, UTC_ZONE)
+    minutely = JobSpec(id="job", name="Job", func=lambda ctx: None, trigger=every(minutes=1))
+    rows = await store.register_leader_jobs([minutely], T0 + timedelta(minutes=10), UTC_ZONE)
+    assert rows["job"].next_run_at == T0 + timedelta(minutes=11)
+
+
+async def test_first_run_brings_a_job_forward_after_boot(database: Database) -> None:
+    store = JobStore(database.engine, pid=1, host="test")
+    spec = JobSpec(
+        id="warm", name="Warm", func=lambda ctx: None, trigger=every(hours=1), first_run=30
+    )
+    rows = await store.register_leader_jobs([spec], T0, UTC_ZONE)
+    assert rows["warm"].next_run_at == T0 + timedelta(seconds=30)
+
+
+async def test_outage_coalesces_missed_slots_into_one_run(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    slots: list[datetime] = []
+    scheduler = Scheduler()
+
+    @scheduler.job(every(seconds=10), id="coalesced")
+    async def coalesced(ctx: JobContext) -> None:
+        slots.append(ctx.scheduled_at)
+
+    await _leading(start_scheduler, scheduler, clock)
+    clock.advance(timedelta(seconds=95))
+    history = await wait_for_runs(engine, "coalesced", 1)
+    assert slots == [T0 + timedelta(seconds=90)]
+    assert history == [("ok", T0 + timedelta(seconds=90))]
+
+
+async def test_slots_later_than_the_grace_are_recorded_missed(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    ran = asyncio.Event()
+
+    @scheduler.job(every(seconds=10), id="graced", misfire_grace=3)
+    async def graced(ctx: JobContext) -> None:
+        ran.set()
+
+    await _leading(start_scheduler, scheduler, clock)
+    clock.advance(timedelta(seconds=95))
+    history = await wait_for_runs(engine, "graced", 1)
+    assert history == [("missed", T0 + timedelta(seconds=90))]
+    assert not ran.is_set()
+
+
+async def test_raising_job_is_recorded_and_its_next_slot_fires(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    calls = 0
+
+    @scheduler.job(every(seconds=10), id="flaky")
+    async def flaky(ctx: JobContext) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("receiver down")
+
+    await _leading(start_scheduler, scheduler, clock)
+    clock.advance(10)
+    await wait_for_runs(engine, "flaky", 1)
+    clock.advance(10)
+    history = await wait_for_runs(engine, "flaky", 2)
+    assert [status for status, _ in history] == ["error", "ok"]
+    async with engine.connect() as conn:
+        error = (
+            await conn.execute(
+                text("SELECT error FROM scheduler_runs WHERE job_id = 'flaky' ORDER BY id LIMIT 1")
+            )
+        ).scalar_one()
+    assert "RuntimeError: receiver down" in error
+    assert "Traceback" in error
+
+
+async def test_async_job_past_its_timeout_is_cancelled(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    cancelled = asyncio.Event()
+
+    @scheduler.job(every(seconds=60), id="hangs", timeout=0.2)
+    async def hangs(ctx: JobContext) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    await _leading(start_scheduler, scheduler, clock)
+    clock.advance(60)
+    history = await wait_for_runs(engine, "hangs", 1)
+    assert history[0][0] == "timeout"
+    assert cancelled.is_set()
+
+
+async def test_thread_job_past_its_timeout_blocks_its_next_run_until_it_ends(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    @scheduler.job(every(seconds=10), id="slow_thread", timeout=0.1)
+    def slow_thread(ctx: JobContext) -> None:
+        entered.release()
+        release.wait(30)
+
+    supervisor = await _leading(start_scheduler, scheduler, clock)
+    clock.advance(10)
+    history = await wait_for_runs(engine, "slow_thread", 1)
+    assert history[0][0] == "timeout"
+    clock.advance(10)
+    history = await wait_for_runs(engine, "slow_thread", 2)
+    assert history[1][0] == "skipped_overlap"
+    release.set()
+    async with asyncio.timeout(10):
+        while "slow_thread" in supervisor.running_job_ids:
+            await asyncio.sleep(0.01)
+    clock.advance(10)
+    history = await wait_for_runs(engine, "slow_thread", 3)
+    assert history[2] == ("ok", T0 + timedelta(seconds=30))
+    assert entered.acquire(timeout=0) and entered.acquire(timeout=0)
+
+
+async def test_sync_job_runs_in_a_thread_not_on_the_loop(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    loop_thread = threading.get_ident()
+    job_threads: list[int] = []
+
+    @scheduler.job(every(seconds=10), id="sync_job")
+    def sync_job(ctx: JobContext) -> None:
+        job_threads.append(threading.get_ident())
+        ctx.sync_session.execute(text("SELECT 1"))
+
+    await _leading(start_scheduler, scheduler, clock)
+    clock.advance(10)
+    assert (await wait_for_runs(engine, "sync_job", 1))[0][0] == "ok"
+    assert job_threads and job_threads[0] != loop_thread
+
+
+async def test_one_second_sync_job_keeps_loop_lag_under_50_ms(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    started = threading.Event()
+
+    @scheduler.job(every(seconds=10), id="blocking")
+    def blocking(ctx: JobContext) -> None:
+        started.set()
+        time.sleep(1)
+
+    await _leading(start_scheduler, scheduler, clock)
+    clock.advance(10)
+    await asyncio.to_thread(started.wait, 10)
+    worst = 0.0
+    deadline = time.monotonic() + 1.2
+    while time.monotonic() < deadline:
+        before = time.perf_counter()
+        await asyncio.sleep(0.01)
+        worst = max(worst, time.perf_counter() - before - 0.01)
+    await wait_for_runs(engine, "blocking", 1)
+    assert worst < 0.05
+
+
+async def test_paused_job_does_not_fire(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    ran = asyncio.Event()
+
+    @scheduler.job(every(seconds=10), id="paused")
+    async def paused(ctx: JobContext) -> None:
+        ran.set()
+
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_for_role(Role.LEADER)
+    await clock.wait_for_sleepers(2)
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE scheduler_jobs SET paused = true WHERE id = 'paused'"))
+    clock.advance(1)  # the leader tick reloads the rows
+    await clock.wait_for_sleepers(2)
+    clock.advance(20)
+    await clock.wait_for_sleepers(2)
+    assert not ran.is_set()
+    assert await runs(engine, "paused") == []
+
+
+async def test_job_session_is_closed_after_the_body(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    seen: list[JobContext] = []
+
+    @scheduler.job(every(seconds=10), id="uses_session")
+    async def uses_session(ctx: JobContext) -> None:
+        await ctx.session.execute(text("SELECT 1"))
+        seen.append(ctx)
+
+    await _leading(start_scheduler, scheduler, clock)
+    clock.advance(10)
+    await wait_for_runs(engine, "uses_session", 1)
+    session = seen[0].session
+    assert not session.in_transaction()
+    assert session.sync_session.get_bind() is not None

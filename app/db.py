@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alembic import command
-
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -33,8 +32,8 @@ __all__ = [
     "DatabaseUnreachableError",
     "SchemaNotAtHeadError",
     "alembic_config",
-    "asyncpg_dsn",
     "async_url",
+    "asyncpg_dsn",
     "describe_target",
     "head_revision",
     "migrate",

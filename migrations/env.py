@@ -28,7 +28,9 @@ async def _run_online() -> None:
     engine = create_async_engine(url, poolclass=pool.NullPool)
     try:
         async with engine.connect() as connection:
-            await connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+            await connection.execute(
+                text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+            )
             await connection.commit()
             try:
                 await connection.run_sync(_run_migrations)

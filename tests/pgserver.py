@@ -103,7 +103,7 @@ class TestServer:
 
     def _execute(self, statement: str) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(statement)  # type: ignore[arg-type]
+            conn.execute(statement.encode())
 
 
 def start_test_server() -> TestServer:

@@ -89,7 +89,7 @@ def test_data_directory_of_another_user_is_refused(scratch: Path) -> None:
     data.mkdir()
     (data / "PG_VERSION").write_text("15\n")
     os.chown(data, 54321, 54321)
-    with pytest.raises(LocalPostgresError, match="belongs to uid 54321.*REGENT_DATA_DIR"):
+    with pytest.raises(LocalPostgresError, match=r"belongs to uid 54321.*REGENT_DATA_DIR"):
         LocalPostgres(data, port=free_port()).start()
 
 

@@ -19,7 +19,7 @@ import asyncpg
 
 from .keys import SCHEDULER_LEADER_KEY
 
-__all__ = ["LockConnection", "OWNERSHIP_SQL"]
+__all__ = ["OWNERSHIP_SQL", "LockConnection"]
 
 logger = logging.getLogger("app.scheduler")
 
@@ -43,9 +43,7 @@ class LockConnection:
         self.key = SCHEDULER_LEADER_KEY
 
     @classmethod
-    async def connect(
-        cls, dsn: str, *, lease_seconds: int, timeout: float = 10
-    ) -> LockConnection:
+    async def connect(cls, dsn: str, *, lease_seconds: int, timeout: float = 10) -> LockConnection:
         """Open the connection with the lease and the holder's name set at connect.
 
         Raises OSError, asyncpg errors or TimeoutError when the server cannot be reached.
@@ -76,14 +74,10 @@ class LockConnection:
 
         self._connection.add_termination_listener(listener)
 
-    @property
-    def is_closed(self) -> bool:
-        """True once the connection is closed or known to be dead."""
-        return self._connection.is_closed()
-
     async def try_acquire(self) -> bool:
         """One non-blocking attempt at the key."""
-        return bool(await self._connection.fetchval("SELECT pg_try_advisory_lock($1)", self.key))
+        acquired = await self._connection.fetchval("SELECT pg_try_advisory_lock($1)", self.key)
+        return acquired is True
 
     async def wait_acquire(self) -> None:
         """Block until the key is ours. The server wakes us the moment it is released."""

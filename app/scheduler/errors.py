@@ -19,4 +19,3 @@ class InvalidJobError(SchedulerError):
         self.job_id = job_id
         self.problem = problem
         super().__init__(f'job "{job_id}": {problem}')
-

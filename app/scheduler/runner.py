@@ -82,14 +82,16 @@ class Runner:
         latest, passed = spec.trigger.latest_slot(due, now, self.zone)
         next_slot = spec.trigger.next_after(latest, self.zone)
         grace = spec.misfire_grace
-        claim = {"due": due, "next_slot": next_slot, "now": now, "fence_pid": fence_pid}
         if grace is not None and (now - latest).total_seconds() > grace:
             run_id = await self.store.claim(
                 spec,
+                due=due,
+                next_slot=next_slot,
                 run_slot=latest,
+                now=now,
                 status="missed",
+                fence_pid=fence_pid,
                 error=f"{passed + 1} slot(s) later than misfire_grace ({grace:g} s) skipped",
-                **claim,
             )
             if run_id is None:
                 return None
@@ -106,7 +108,14 @@ class Runner:
         if grace is not None and passed:
             missed_before = (due, f"{passed} slot(s) later than misfire_grace ({grace:g} s)")
         run_id = await self.store.claim(
-            spec, run_slot=latest, status="running", missed_before=missed_before, **claim
+            spec,
+            due=due,
+            next_slot=next_slot,
+            run_slot=latest,
+            now=now,
+            status="running",
+            fence_pid=fence_pid,
+            missed_before=missed_before,
         )
         if run_id is None:
             return None
@@ -158,7 +167,9 @@ class Runner:
                 raise
             except Exception:
                 log.exception(
-                    'Service "%s" crashed; restarting it', spec.name, extra={"action": "service.crashed"}
+                    'Service "%s" crashed; restarting it',
+                    spec.name,
+                    extra={"action": "service.crashed"},
                 )
             delay = _SERVICE_BACKOFF[min(failures, len(_SERVICE_BACKOFF) - 1)]
             failures += 1
@@ -207,21 +218,20 @@ class Runner:
                     thread.result()
                 else:
                     status = "timeout"
-                    error = f"still running after timeout={spec.timeout:g} s (threads cannot be cancelled)"
+                    error = (
+                        f"still running after timeout={spec.timeout:g} s "
+                        "(a thread cannot be cancelled; the next run waits for it)"
+                    )
         except asyncio.CancelledError:
             status, error = "cancelled", "cancelled: this worker stopped leading or shut down"
             await self._record(spec, run_id, status, started, error)
             raise
         except Exception as exc:
             status, error = "error", format_error(exc)
-            log.exception(
-                'Job "%s" raised', spec.name, extra={"action": "job.error"}
-            )
+            log.exception('Job "%s" raised', spec.name, extra={"action": "job.error"})
         await self._record(spec, run_id, status, started, error)
         if status == "timeout":
-            log.warning(
-                'Job "%s" timed out: %s', spec.name, error, extra={"action": "job.timeout"}
-            )
+            log.warning('Job "%s" timed out: %s', spec.name, error, extra={"action": "job.timeout"})
             if thread is not None:
                 # The job stays busy until its thread ends, so it never overlaps itself.
                 await asyncio.wait({thread})
@@ -253,4 +263,3 @@ class Runner:
 
 def _adapter(name: str, job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:
     return logging.LoggerAdapter(logging.getLogger(name), {"job_id": job_id, "pid": pid})
-

@@ -49,8 +49,10 @@ _LOAD = text("SELECT id, next_run_at, paused FROM scheduler_jobs WHERE id = ANY(
 _CLAIM = """
     UPDATE scheduler_jobs
     SET next_run_at = :next_slot,
-        last_started_at = CASE WHEN CAST(:runs AS boolean) THEN CAST(:now AS timestamptz) ELSE last_started_at END,
-        last_status = CASE WHEN CAST(:runs AS boolean) THEN 'running' ELSE CAST(:status AS text) END,
+        last_started_at = CASE WHEN CAST(:runs AS boolean)
+            THEN CAST(:now AS timestamptz) ELSE last_started_at END,
+        last_status = CASE WHEN CAST(:runs AS boolean)
+            THEN 'running' ELSE CAST(:status AS text) END,
         updated_at = now()
     WHERE id = :job_id AND next_run_at = :due AND NOT paused {fence}
     """
@@ -86,7 +88,8 @@ _FINISH_JOB = text(
     UPDATE scheduler_jobs
     SET last_finished_at = :finished_at, last_status = :status, last_error = :error,
         last_duration_ms = :duration_ms,
-        last_success_at = CASE WHEN CAST(:status AS text) = 'ok' THEN CAST(:finished_at AS timestamptz) ELSE last_success_at END,
+        last_success_at = CASE WHEN CAST(:status AS text) = 'ok'
+            THEN CAST(:finished_at AS timestamptz) ELSE last_success_at END,
         updated_at = now()
     WHERE id = :job_id
     """
@@ -193,9 +196,9 @@ class JobStore:
 
         ``status`` is 'running' for a run, or 'missed' / 'skipped_overlap' for a slot
         that is claimed but not run. ``missed_before`` (slot, note) adds a 'missed' row
-        for the slots an outage passed over before this one. Returns the run id, or None when the claim matched
-        nothing: another process took the slot, the job is paused, or (fenced) this
-        process no longer holds the leader key.
+        for the slots an outage passed over before this one. Returns the run id, or None
+        when the claim matched nothing: another process took the slot, the job is
+        paused, or (fenced) this process no longer holds the leader key.
         """
         runs = status == "running"
         params = {

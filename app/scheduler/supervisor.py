@@ -351,9 +351,9 @@ class Supervisor:
 
     async def _wait(self, seconds: float) -> bool:
         """Sleep on the clock; True when woken early by loss of the lock or stop()."""
-        return await _first(
-            self.clock.sleep(seconds), self._lost.wait(), self._stopping.wait()
-        ) != 0
+        return (
+            await _first(self.clock.sleep(seconds), self._lost.wait(), self._stopping.wait()) != 0
+        )
 
     async def _wait_or_refresh(self, seconds: float) -> bool:
         """Sleep on the clock; True when woken early because the job rows were reloaded."""

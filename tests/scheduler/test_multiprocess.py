@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -59,8 +60,16 @@ class Cluster:
             with open(self.log_dir / f"app-{port}.log", "wb") as log:
                 process = subprocess.Popen(
                     [
-                        sys.executable, "-m", "uvicorn", "tests.procs.probe_app:app",
-                        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                        sys.executable,
+                        "-m",
+                        "uvicorn",
+                        "tests.procs.probe_app:app",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--workers",
+                        "1",
                     ],
                     cwd=PROJECT_ROOT,
                     env=env,
@@ -76,9 +85,9 @@ class Cluster:
             if f"[{pid}]" in path.read_text(errors="replace")
         )
 
-    def query(self, sql: str, *params: object) -> list[tuple[object, ...]]:
+    def query(self, sql: str, *params: object) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.url, connect_timeout=2) as conn:
-            return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(sql.encode(), params).fetchall()
 
     def holders(self) -> list[int]:
         """pids of the processes holding the key in this database."""
@@ -109,9 +118,9 @@ class Cluster:
             pid,
             since,
         )
-        return int(rows[0][0])  # type: ignore[arg-type]
+        return int(rows[0][0])
 
-    def slots_fired_twice(self) -> list[tuple[object, ...]]:
+    def slots_fired_twice(self) -> list[tuple[Any, ...]]:
         return self.query(
             "SELECT slot, count(*) FROM probe_fires GROUP BY slot HAVING count(*) > 1"
         )
@@ -183,7 +192,7 @@ def test_sigterm_of_the_leader_hands_over_within_2_s(cluster: Cluster) -> None:
         lambda: cluster.holders() not in ([], [leader]), 2, "a new holder after SIGTERM"
     )
     cluster.processes[leader].wait(30)
-    assert "scheduler.demoted (pid=%d, reason=stopped)" % leader in cluster.log_of(leader)
+    assert f"scheduler.demoted (pid={leader}, reason=stopped)" in cluster.log_of(leader)
 
 
 def test_sigstopped_leader_is_replaced_and_fires_nothing_after_sigcont(cluster: Cluster) -> None:
@@ -218,10 +227,12 @@ def test_postgres_restart_gives_exactly_one_leader_within_the_lease(
     returned = time.time()
     cluster.wait_for(lambda: len(cluster.holders()) == 1, LEASE_SECONDS, "one leader")
     cluster.wait_for(
-        lambda: cluster.query(
-            "SELECT count(*) FROM probe_fires WHERE fired_at > to_timestamp(%s)", returned
-        )[0][0]
-        >= 3,  # type: ignore[operator]
+        lambda: (
+            cluster.query(
+                "SELECT count(*) FROM probe_fires WHERE fired_at > to_timestamp(%s)", returned
+            )[0][0]
+            >= 3
+        ),
         10,
         "fires after the restart",
     )

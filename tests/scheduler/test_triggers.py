@@ -10,8 +10,8 @@ from app.scheduler import cron, every
 UTC_ZONE = ZoneInfo("UTC")
 
 
-def _local(zone: str, *parts: int, fold: int = 0) -> datetime:
-    return datetime(*parts, tzinfo=ZoneInfo(zone), fold=fold)  # type: ignore[misc]
+def _local(zone: str, year: int, month: int, day: int, hour: int, minute: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, tzinfo=ZoneInfo(zone))
 
 
 def _slots(expression: str, zone: str, after: datetime, count: int) -> list[str]:
@@ -107,9 +107,7 @@ def test_cron_slots_are_utc() -> None:
 
 
 def test_cron_without_zone_uses_the_default_zone() -> None:
-    slot = cron("0 6 * * *").next_after(
-        datetime(2026, 7, 1, tzinfo=UTC), ZoneInfo("Europe/Zurich")
-    )
+    slot = cron("0 6 * * *").next_after(datetime(2026, 7, 1, tzinfo=UTC), ZoneInfo("Europe/Zurich"))
     assert slot == datetime(2026, 7, 1, 4, tzinfo=UTC)
 
 
@@ -136,4 +134,6 @@ def test_cron_latest_slot_counts_the_slots_passed_over() -> None:
 
 def test_description_changes_when_the_schedule_changes() -> None:
     assert every(minutes=15).describe() != every(minutes=5).describe()
-    assert cron("0 6 * * *", tz="UTC").describe() != cron("0 6 * * *", tz="Europe/Zurich").describe()
+    assert (
+        cron("0 6 * * *", tz="UTC").describe() != cron("0 6 * * *", tz="Europe/Zurich").describe()
+    )

@@ -1,0 +1,34 @@
+"""Shared by the benchmarks: a throwaway PostgreSQL with a migrated database."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.db import migrate
+from app.localpg import LocalPostgres, free_port
+
+
+@contextlib.contextmanager
+def migrated_database() -> Iterator[str]:
+    """Start a local server in a temporary directory; yield the URL of a migrated db."""
+    root = Path(tempfile.mkdtemp(prefix="regent-bench-"))
+    root.chmod(0o755)
+    server = LocalPostgres(root / "data", port=free_port(), fsync=False)
+    server.start()
+    try:
+        migrate(server.url)
+        yield server.url
+    finally:
+        server.stop()
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of ``values`` (fraction in 0..1)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
 from .logging import configure_logging
+from .outbox import Outbox, OutboxError, UnregisteredDrainError
 from .scheduler import Scheduler, SchedulerConfig
 from .settings import Settings, load_settings
 
@@ -41,6 +42,25 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
         connect_timeout_seconds=settings.DATABASE_CONNECT_TIMEOUT_SECONDS,
         fail_closed=settings.is_production,
     )
+
+
+def _bind_outboxes(settings: Settings, database: Database, scheduler: Scheduler | None) -> None:
+    """Bind every outbox to the database; refuse one whose drain is not on our scheduler."""
+    lock_url = settings.lock_database_url
+    assert lock_url is not None
+    for outbox in Outbox.live():
+        if scheduler is None or outbox.scheduler is not scheduler:
+            raise UnregisteredDrainError(
+                f"outbox {outbox.name!r} has no drain on this app's scheduler, so a failed "
+                "delivery would stay pending forever; create it with "
+                "Outbox(..., scheduler=scheduler) or call outbox.register(scheduler)"
+            )
+        # LISTEN needs a session of its own: the lock URL bypasses pooling proxies.
+        outbox.bind(
+            database.engine,
+            listen_dsn=asyncpg_dsn(lock_url),
+            default_max_attempts=settings.OUTBOX_MAX_ATTEMPTS,
+        )
 
 
 def _database(request: Request) -> Database:
@@ -79,6 +99,11 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
             await database.dispose()
             raise
         app.state.database = database
+        try:
+            _bind_outboxes(resolved, database, scheduler)
+        except OutboxError:
+            await database.dispose()
+            raise
         if scheduler is not None:
             try:
                 await scheduler.start(

@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     REGENT_PG_PORT: int = Field(
         default=54320, ge=1, le=65535, description="port of the embedded PostgreSQL"
     )
+    OUTBOX_MAX_ATTEMPTS: int = Field(
+        default=24, ge=1, description="attempts after which an outbox row becomes stuck"
+    )
     DATABASE_CONNECT_TIMEOUT_SECONDS: float = Field(default=10, gt=0)
     LEASE_SECONDS: int = Field(
         default=30, ge=2, description="idle_session_timeout of the lock connection: the lease"

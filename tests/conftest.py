@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -11,6 +12,14 @@ from app.db import Database
 from app.settings import Settings
 
 from .pgserver import TestServer, start_test_server
+
+
+@pytest.fixture(autouse=True)
+def _forget_dead_outboxes() -> Iterator[None]:
+    """Outboxes are registered per process by name; collect the ones a test dropped,
+    so the next test may reuse a name and its app sees only its own outboxes."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.scheduler.keys import SCHEDULER_LEADER_KEY
-
 from ..pgserver import TestServer
 from ..procs.cluster import LEASE_SECONDS, PROBE_TABLE_SQL, Cluster
 

@@ -1,0 +1,38 @@
+"""Regent's outbox: work that must eventually happen, delivered by a drain.
+
+A row is written in the same transaction as the change that promises it
+(``await outbox.enqueue(session, payload, key=...)``); the drain, a scheduler job,
+delivers it with backoff (5, 15, 60, 300, 900, 3600 s), marks a refused or exhausted
+row ``stuck``, and never deletes anything. The receiver gets ``<outbox>:<key>`` as an
+idempotency key on every attempt. An enqueue's commit wakes the leader's drain through
+NOTIFY, so delivery does not wait for the next tick.
+"""
+
+from .backoff import DEFAULT_BACKOFF, retry_delay
+from .errors import (
+    OutboxError,
+    PayloadError,
+    PermanentDeliveryError,
+    UnknownMessageError,
+    UnregisteredDrainError,
+)
+from .http import HttpTransport, RetryableDeliveryError
+from .message import DrainReport, Enqueued, Message
+from .outbox import Deliver, Outbox
+
+__all__ = [
+    "DEFAULT_BACKOFF",
+    "Deliver",
+    "DrainReport",
+    "Enqueued",
+    "HttpTransport",
+    "Message",
+    "Outbox",
+    "OutboxError",
+    "PayloadError",
+    "PermanentDeliveryError",
+    "RetryableDeliveryError",
+    "UnknownMessageError",
+    "UnregisteredDrainError",
+    "retry_delay",
+]

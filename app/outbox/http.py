@@ -1,0 +1,57 @@
+"""An httpx transport for outboxes: POST the payload, map the answer to an outcome.
+
+| answer                                         | outcome           |
+|------------------------------------------------|-------------------|
+| 2xx                                            | delivered         |
+| 408, 429, 5xx, a timeout, a connection error   | retry (raises)    |
+| any other 4xx                                  | stuck (permanent) |
+
+Every attempt carries ``Idempotency-Key: <outbox>:<key>``, so a receiver that got a
+delivery whose answer was lost recognises the retry.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from .errors import PermanentDeliveryError
+from .message import Message
+
+__all__ = ["HttpTransport", "RetryableDeliveryError"]
+
+_RETRYABLE_4XX = frozenset({408, 429})
+
+
+class RetryableDeliveryError(Exception):
+    """The receiver answered with a status that a later attempt may get past."""
+
+
+class HttpTransport:
+    """``deliver`` for an Outbox: POSTs each message's payload as JSON to ``url``."""
+
+    def __init__(
+        self, url: str, *, timeout: float = 30, client: httpx.AsyncClient | None = None
+    ) -> None:
+        self.url = url
+        self.timeout = timeout
+        self._client = client or httpx.AsyncClient(timeout=timeout)
+
+    async def __call__(self, message: Message) -> None:
+        """Deliver or raise: PermanentDeliveryError for a refusal, anything else to retry."""
+        response = await self._client.post(
+            self.url,
+            json=message.payload,
+            headers={"Idempotency-Key": message.idempotency_key},
+            timeout=self.timeout,
+        )
+        status = response.status_code
+        if 200 <= status < 300:
+            return
+        detail = f"{self.url} answered {status}: {response.text[:200]}"
+        if 400 <= status < 500 and status not in _RETRYABLE_4XX:
+            raise PermanentDeliveryError(detail)
+        raise RetryableDeliveryError(detail)
+
+    async def aclose(self) -> None:
+        """Close the underlying HTTP client."""
+        await self._client.aclose()

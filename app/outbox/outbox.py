@@ -1,0 +1,347 @@
+"""An outbox: rows written in the caller's transaction, delivered by a drain.
+
+The drain claims due rows with ``FOR UPDATE SKIP LOCKED`` under a delivery lease,
+delivers them with bounded concurrency, and records each row's outcome in its own
+commit. A drain killed mid-delivery leaves its rows to be retried when the lease runs
+out; the receiver deduplicates on the idempotency key. Nothing is ever deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+
+from app.scheduler import Clock, JobContext, Scheduler, SystemClock, Trigger, every
+
+from . import sql
+from .backoff import DEFAULT_BACKOFF, retry_delay
+from .errors import OutboxError, PermanentDeliveryError, UnknownMessageError
+from .message import DrainReport, Enqueued, Message
+from .payload import dump_payload
+from .wakeup import listen_and_drain
+
+__all__ = ["Deliver", "Outbox"]
+
+logger = logging.getLogger("app.outbox")
+
+Deliver = Callable[[Message], Awaitable[None]]
+
+_LEASE_MARGIN_SECONDS = 30.0
+_LIVE: weakref.WeakValueDictionary[str, Outbox] = weakref.WeakValueDictionary()
+
+
+class Outbox:
+    """A named outbox and its drain.
+
+    ``deliver(message)`` is an async callable: it returns on success, raises
+    PermanentDeliveryError to make the row stuck, and raises anything else to retry.
+    Pass ``scheduler=`` (or call ``register``) to put its drain job, every minute by
+    default, and its NOTIFY wake-up service on that scheduler.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        deliver: Deliver,
+        *,
+        scheduler: Scheduler | None = None,
+        max_attempts: int | None = None,
+        backoff: Sequence[float] = DEFAULT_BACKOFF,
+        batch_size: int = 50,
+        concurrency: int = 10,
+        delivery_timeout: float = 30,
+        drain_every: Trigger | None = None,
+    ) -> None:
+        if not name or not name.replace("_", "").isalnum():
+            raise OutboxError(f"outbox name {name!r} must be letters, digits and underscores")
+        if name in _LIVE:
+            raise OutboxError(f"an outbox named {name!r} already exists; names are unique")
+        for field, value in (
+            ("batch_size", batch_size),
+            ("concurrency", concurrency),
+            ("delivery_timeout", delivery_timeout),
+        ):
+            if value <= 0:
+                raise OutboxError(f"outbox {name!r}: {field} must be above zero, got {value}")
+        if max_attempts is not None and max_attempts < 1:
+            raise OutboxError(f"outbox {name!r}: max_attempts must be at least 1")
+        if not backoff or any(delay < 0 for delay in backoff):
+            raise OutboxError(f"outbox {name!r}: backoff needs at least one delay >= 0")
+        self.name = name
+        self.deliver = deliver
+        self.max_attempts = max_attempts
+        self.backoff = tuple(backoff)
+        self.batch_size = batch_size
+        self.concurrency = concurrency
+        self.delivery_timeout = delivery_timeout
+        self.drain_every = drain_every or every(minutes=1)
+        self.clock: Clock = SystemClock()
+        self._engine: AsyncEngine | None = None
+        self._listen_dsn: str | None = None
+        self._default_max_attempts = 24
+        self.scheduler: Scheduler | None = None
+        _LIVE[name] = self
+        if scheduler is not None:
+            self.register(scheduler)
+
+    @property
+    def drain_job_id(self) -> str:
+        """``outbox_<name>_drain``."""
+        return f"outbox_{self.name}_drain"
+
+    @classmethod
+    def live(cls) -> list[Outbox]:
+        """Every outbox that exists in this process."""
+        return list(_LIVE.values())
+
+    @classmethod
+    def named(cls, name: str) -> Outbox:
+        """The outbox called ``name``. Raises OutboxError listing the known names."""
+        try:
+            return _LIVE[name]
+        except KeyError:
+            known = ", ".join(sorted(_LIVE)) or "none"
+            raise OutboxError(f"no outbox named {name!r}; known outboxes: {known}") from None
+
+    def register(self, scheduler: Scheduler) -> None:
+        """Put the drain job and the NOTIFY wake-up service on ``scheduler``."""
+        scheduler.job(self.drain_every, id=self.drain_job_id, name=f"Deliver queued {self.name}")(
+            self._drain_job
+        )
+        scheduler.service(id=f"outbox_{self.name}_wakeup", name=f"Wake {self.name} drain")(
+            self._wakeup_service
+        )
+        self.scheduler = scheduler
+
+    def bind(
+        self,
+        engine: AsyncEngine,
+        *,
+        listen_dsn: str,
+        clock: Clock | None = None,
+        default_max_attempts: int = 24,
+    ) -> None:
+        """Give the outbox its database, the DSN its wake-up listener connects to, and
+        (for tests) a clock. The app does this at start-up for every outbox, with
+        OUTBOX_MAX_ATTEMPTS as the default for outboxes that set no max_attempts."""
+        self._engine = engine
+        self._listen_dsn = listen_dsn
+        self._default_max_attempts = default_max_attempts
+        if clock is not None:
+            self.clock = clock
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The bound engine. Raises OutboxError before bind()."""
+        if self._engine is None:
+            raise OutboxError(f"outbox {self.name!r} is not bound to a database; call bind()")
+        return self._engine
+
+    async def enqueue(self, session: AsyncSession, payload: Any, *, key: str) -> Enqueued:
+        """Add a row inside the caller's transaction; commit is the caller's.
+
+        A key the outbox already has adds nothing and returns that row
+        (``created=False``). The drain is woken by NOTIFY once the caller commits.
+        Raises PayloadError naming a field that is not JSON.
+        """
+        params = self._insert_params(payload, key)
+        row_id = (await session.execute(sql.INSERT, params)).scalar()
+        if row_id is None:
+            existing = await session.execute(sql.SELECT_EXISTING, params)
+            return Enqueued(existing.scalar_one(), created=False)
+        await session.execute(sql.NOTIFY, {"outbox": self.name})
+        return Enqueued(row_id, created=True)
+
+    def enqueue_sync(self, session: Session | Connection, payload: Any, *, key: str) -> Enqueued:
+        """enqueue() for thread jobs and sync code: same contract, sync session."""
+        params = self._insert_params(payload, key)
+        row_id = session.execute(sql.INSERT, params).scalar()
+        if row_id is None:
+            return Enqueued(session.execute(sql.SELECT_EXISTING, params).scalar_one(), False)
+        session.execute(sql.NOTIFY, {"outbox": self.name})
+        return Enqueued(row_id, created=True)
+
+    async def drain_once(self) -> DrainReport:
+        """Deliver every due row, batch by batch, until none is due; return the counts.
+
+        Safe to run from any number of processes at once: a row is claimed by one
+        drain at a time, and its outcome is committed on its own.
+        """
+        report = DrainReport()
+        while True:
+            batch = await self._claim(sql.CLAIM_DUE, {"batch_size": self.batch_size})
+            if batch is None:
+                break
+            token, messages = batch
+            report.add(await self._deliver_all(token, messages))
+            if len(messages) < self.batch_size:
+                break
+        await self._record_drain(report)
+        return report
+
+    async def attempt(self, message_id: int) -> None:
+        """Try one row now, through the same claim as the drain (for a route's
+        BackgroundTasks after its commit). Never raises: the drain is the durability
+        half, and a row another drain holds is left to it."""
+        try:
+            batch = await self._claim(sql.CLAIM_ONE, {"id": message_id})
+            if batch is not None:
+                await self._deliver_all(*batch)
+        except Exception:
+            logger.warning(
+                "outbox.inline_failed: %s row %s left to the drain",
+                self.name,
+                message_id,
+                exc_info=True,
+                extra={"action": "outbox.inline_failed", "outbox": self.name},
+            )
+
+    async def reset(self, message_id: int) -> None:
+        """Make a stuck (or pending) row due now with attempts 0.
+
+        Raises UnknownMessageError for an id this outbox does not have, and OutboxError
+        for a delivered row.
+        """
+        async with self.engine.begin() as conn:
+            now = self.clock.now()
+            params = {"id": message_id, "outbox": self.name, "now": now}
+            if (await conn.execute(sql.RESET, params)).scalar() is not None:
+                await conn.execute(sql.NOTIFY, {"outbox": self.name})
+                return
+            exists = await conn.execute(sql.SELECT_STATUS, {"id": message_id, "outbox": self.name})
+            if exists.scalar() is None:
+                raise UnknownMessageError(
+                    f"outbox {self.name!r} has no message {message_id}; list them with "
+                    "`python -m app outbox stuck`"
+                )
+            raise OutboxError(f"outbox {self.name!r} message {message_id} is delivered already")
+
+    def _insert_params(self, payload: Any, key: str) -> dict[str, Any]:
+        if not isinstance(key, str) or not key:
+            raise OutboxError(f"outbox {self.name!r}: key must be a non-empty string")
+        return {
+            "outbox": self.name,
+            "key": key,
+            "payload": dump_payload(self.name, payload),
+            "now": self.clock.now(),
+        }
+
+    async def _claim(
+        self, statement: Any, params: dict[str, Any]
+    ) -> tuple[uuid.UUID, list[Message]] | None:
+        now = self.clock.now()
+        token = uuid.uuid4()
+        lease = timedelta(seconds=self.delivery_timeout + _LEASE_MARGIN_SECONDS)
+        async with self.engine.begin() as conn:
+            result = await conn.execute(
+                statement,
+                {"outbox": self.name, "now": now, "lease_until": now + lease, "token": token}
+                | params,
+            )
+            rows = result.all()
+        if not rows:
+            return None
+        messages = [Message(r.id, self.name, r.key, r.payload, r.attempts) for r in rows]
+        return token, messages
+
+    async def _deliver_all(self, token: uuid.UUID, messages: list[Message]) -> DrainReport:
+        report = DrainReport()
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(message: Message) -> None:
+            async with gate:
+                outcome = await self._deliver_one(token, message)
+            setattr(report, outcome, getattr(report, outcome) + 1)
+
+        async with asyncio.TaskGroup() as group:
+            for message in messages:
+                group.create_task(one(message))
+        return report
+
+    async def _deliver_one(self, token: uuid.UUID, message: Message) -> str:
+        try:
+            async with asyncio.timeout(self.delivery_timeout):
+                await self.deliver(message)
+        except PermanentDeliveryError as exc:
+            return await self._fail(token, message, exc, permanent=True)
+        except Exception as exc:
+            return await self._fail(token, message, exc, permanent=False)
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                sql.MARK_DELIVERED, {"id": message.id, "token": token, "now": self.clock.now()}
+            )
+        return "delivered"
+
+    async def _fail(
+        self, token: uuid.UUID, message: Message, exc: BaseException, *, permanent: bool
+    ) -> str:
+        attempts = message.attempts + 1
+        limit = self.max_attempts or self._default_max_attempts
+        stuck = permanent or attempts >= limit
+        now = self.clock.now()
+        error = f"{exc.__class__.__name__}: {exc}"[:2000]
+        if isinstance(exc, TimeoutError):
+            error = f"no answer within delivery_timeout={self.delivery_timeout:g} s"
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                sql.MARK_FAILED,
+                {
+                    "id": message.id,
+                    "token": token,
+                    "now": now,
+                    "status": "stuck" if stuck else "pending",
+                    "attempts": attempts,
+                    "next_attempt_at": now + timedelta(seconds=retry_delay(attempts, self.backoff)),
+                    "error": error,
+                },
+            )
+        if stuck:
+            logger.error(
+                "outbox.stuck: %s row %s (key %s) after %s attempt(s): %s",
+                self.name,
+                message.id,
+                message.key,
+                attempts,
+                error,
+                extra={"action": "outbox.stuck", "outbox": self.name, "row": message.id},
+            )
+            return "stuck"
+        return "retried"
+
+    async def _record_drain(self, report: DrainReport) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                sql.RECORD_DRAIN,
+                {
+                    "outbox": self.name,
+                    "now": self.clock.now(),
+                    "delivered": report.delivered,
+                    "retried": report.retried,
+                    "stuck": report.stuck,
+                },
+            )
+
+    async def _drain_job(self, ctx: JobContext) -> None:
+        report = await self.drain_once()
+        if report.delivered or report.retried or report.stuck:
+            ctx.log.info(
+                "outbox %s drained: %s delivered, %s retried, %s stuck",
+                self.name,
+                report.delivered,
+                report.retried,
+                report.stuck,
+            )
+
+    async def _wakeup_service(self, ctx: object) -> None:
+        if self._listen_dsn is None:
+            raise OutboxError(f"outbox {self.name!r} is not bound to a database; call bind()")
+        await listen_and_drain(self._listen_dsn, self.name, self.drain_once)

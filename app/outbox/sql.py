@@ -1,0 +1,108 @@
+"""The outbox's SQL, in one place: tests pin the claim statement as a known answer."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+__all__ = [
+    "CLAIM_DUE",
+    "CLAIM_ONE",
+    "INSERT",
+    "MARK_DELIVERED",
+    "MARK_FAILED",
+    "NOTIFY",
+    "NOTIFY_CHANNEL",
+    "RECORD_DRAIN",
+    "RESET",
+    "SELECT_EXISTING",
+    "SELECT_STATUS",
+]
+
+NOTIFY_CHANNEL = "regent_outbox"
+
+# A claim moves the row's next_attempt_at past the delivery lease and stamps it with
+# the drain's token, in a commit of its own: other drains skip the row while the lease
+# runs, and no transaction stays open across the network call.
+CLAIM_DUE = text(
+    """
+    UPDATE outbox_messages AS m
+    SET claimed_by = :token, next_attempt_at = :lease_until, updated_at = :now
+    WHERE m.id IN (
+        SELECT id FROM outbox_messages
+        WHERE outbox = :outbox AND status = 'pending' AND next_attempt_at <= :now
+        ORDER BY next_attempt_at, id
+        LIMIT :batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING m.id, m.key, m.payload, m.attempts
+    """
+)
+
+CLAIM_ONE = text(
+    """
+    UPDATE outbox_messages AS m
+    SET claimed_by = :token, next_attempt_at = :lease_until, updated_at = :now
+    WHERE m.id IN (
+        SELECT id FROM outbox_messages
+        WHERE id = :id AND outbox = :outbox AND status = 'pending' AND next_attempt_at <= :now
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING m.id, m.key, m.payload, m.attempts
+    """
+)
+
+INSERT = text(
+    """
+    INSERT INTO outbox_messages
+        (outbox, key, payload, status, attempts, next_attempt_at, created_at, updated_at)
+    VALUES (:outbox, :key, CAST(:payload AS jsonb), 'pending', 0, :now, :now, :now)
+    ON CONFLICT (outbox, key) DO NOTHING
+    RETURNING id
+    """
+)
+
+SELECT_STATUS = text("SELECT status FROM outbox_messages WHERE id = :id AND outbox = :outbox")
+
+SELECT_EXISTING = text("SELECT id FROM outbox_messages WHERE outbox = :outbox AND key = :key")
+
+# NOTIFY is transactional: sent at commit, never on rollback, and PostgreSQL folds
+# identical notifications of one transaction into one.
+NOTIFY = text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :outbox)")
+
+MARK_DELIVERED = text(
+    """
+    UPDATE outbox_messages
+    SET status = 'delivered', attempts = attempts + 1, delivered_at = :now, updated_at = :now,
+        last_error = NULL, claimed_by = NULL
+    WHERE id = :id AND claimed_by = :token
+    """
+)
+
+MARK_FAILED = text(
+    """
+    UPDATE outbox_messages
+    SET status = :status, attempts = :attempts, next_attempt_at = :next_attempt_at,
+        last_error = :error, updated_at = :now, claimed_by = NULL
+    WHERE id = :id AND claimed_by = :token
+    """
+)
+
+RECORD_DRAIN = text(
+    """
+    INSERT INTO outbox_drains (outbox, last_drain_at, delivered, retried, stuck)
+    VALUES (:outbox, :now, :delivered, :retried, :stuck)
+    ON CONFLICT (outbox) DO UPDATE SET
+        last_drain_at = excluded.last_drain_at, delivered = excluded.delivered,
+        retried = excluded.retried, stuck = excluded.stuck
+    """
+)
+
+RESET = text(
+    """
+    UPDATE outbox_messages
+    SET status = 'pending', attempts = 0, next_attempt_at = :now, updated_at = :now,
+        last_error = NULL, claimed_by = NULL
+    WHERE id = :id AND outbox = :outbox AND status <> 'delivered'
+    RETURNING id
+    """
+)

@@ -1,0 +1,297 @@
+"""The outbox contract: enqueue in the caller's transaction, backoff, stuck, never lost."""
+
+import asyncio
+import random
+import re
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import Database
+from app.outbox import (
+    HttpTransport,
+    Message,
+    OutboxError,
+    PayloadError,
+    PermanentDeliveryError,
+    UnknownMessageError,
+    retry_delay,
+    sql,
+)
+from app.scheduler import FakeClock
+
+from .conftest import FakeReceiver, MakeOutbox
+
+
+async def _enqueue(database: Database, outbox: object, key: str, payload: object = None) -> int:
+    async with database.sessions() as session, session.begin():
+        enqueued = await outbox.enqueue(session, payload or {"key": key}, key=key)  # type: ignore[attr-defined]
+    return int(enqueued.id)
+
+
+async def _row(engine: AsyncEngine, row_id: int) -> dict[str, Any]:
+    async with engine.connect() as conn:
+        result = await conn.execute(
+            text("SELECT * FROM outbox_messages WHERE id = :id"), {"id": row_id}
+        )
+        return dict(result.one()._mapping)
+
+
+def _unreachable(message: Message) -> None:
+    raise httpx.ConnectError("connection refused")
+
+
+def test_backoff_table_known_answer() -> None:
+    assert [retry_delay(n) for n in range(1, 9)] == [5, 15, 60, 300, 900, 3600, 3600, 3600]
+
+
+def test_claim_sql_known_answer() -> None:
+    expected = (
+        "UPDATE outbox_messages AS m "
+        "SET claimed_by = :token, next_attempt_at = :lease_until, updated_at = :now "
+        "WHERE m.id IN ( SELECT id FROM outbox_messages "
+        "WHERE outbox = :outbox AND status = 'pending' AND next_attempt_at <= :now "
+        "ORDER BY next_attempt_at, id LIMIT :batch_size FOR UPDATE SKIP LOCKED ) "
+        "RETURNING m.id, m.key, m.payload, m.attempts"
+    )
+    assert re.sub(r"\s+", " ", str(sql.CLAIM_DUE)).strip() == expected
+
+
+async def test_seed_check_7_unreachable_receiver_backs_off_then_sticks(
+    make_outbox: MakeOutbox, database: Database, clock: FakeClock, receiver: FakeReceiver
+) -> None:
+    receiver.behaviour = _unreachable
+    outbox = make_outbox(max_attempts=24)
+    row_id = await _enqueue(database, outbox, "grant-1")
+    for _ in range(6):
+        row = await _row(database.engine, row_id)
+        clock.set(max(clock.now(), row["next_attempt_at"]))
+        report = await outbox.drain_once()
+        assert report.retried == 1
+    row = await _row(database.engine, row_id)
+    assert row["attempts"] == 6
+    assert row["status"] == "pending"
+    assert row["next_attempt_at"] == clock.now() + timedelta(seconds=3600)
+    while row["status"] == "pending":
+        clock.set(row["next_attempt_at"])
+        await outbox.drain_once()
+        row = await _row(database.engine, row_id)
+    assert row["status"] == "stuck"
+    assert row["attempts"] == 24
+    assert "connection refused" in str(row["last_error"])
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome"),
+    [
+        (400, "stuck"),
+        (404, "stuck"),
+        (422, "stuck"),
+        (408, "pending"),
+        (429, "pending"),
+        (500, "pending"),
+        (503, "pending"),
+    ],
+)
+async def test_http_transport_maps_statuses(
+    make_outbox: MakeOutbox, database: Database, status: int, outcome: str
+) -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(status, text="nope")
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    outbox = make_outbox(deliver=HttpTransport("http://receiver.test/grants", client=client))
+    row_id = await _enqueue(database, outbox, "grant-7", {"amount": 500})
+    await outbox.drain_once()
+    await client.aclose()
+    row = await _row(database.engine, row_id)
+    assert (row["status"], row["attempts"]) == (outcome, 1)
+    assert seen[0].headers["Idempotency-Key"] == "grants:grant-7"
+    assert seen[0].read() == b'{"amount":500}'
+
+
+async def test_http_2xx_delivers(make_outbox: MakeOutbox, database: Database) -> None:
+    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(201)))
+    outbox = make_outbox(deliver=HttpTransport("http://receiver.test/", client=client))
+    row_id = await _enqueue(database, outbox, "ok")
+    report = await outbox.drain_once()
+    await client.aclose()
+    assert report.delivered == 1
+    assert (await _row(database.engine, row_id))["status"] == "delivered"
+
+
+async def test_permanent_error_makes_the_row_stuck_at_once(
+    make_outbox: MakeOutbox, database: Database, receiver: FakeReceiver
+) -> None:
+    def refuse(message: Message) -> None:
+        raise PermanentDeliveryError("workspace 7 does not exist")
+
+    receiver.behaviour = refuse
+    outbox = make_outbox()
+    row_id = await _enqueue(database, outbox, "grant-2")
+    report = await outbox.drain_once()
+    assert report.stuck == 1
+    row = await _row(database.engine, row_id)
+    assert (row["status"], row["attempts"]) == ("stuck", 1)
+
+
+async def test_rolled_back_enqueue_leaves_no_row_and_delivers_nothing(
+    make_outbox: MakeOutbox, database: Database, receiver: FakeReceiver
+) -> None:
+    outbox = make_outbox()
+    async with database.sessions() as session:
+        await session.begin()
+        await outbox.enqueue(session, {"amount": 1}, key="rolled-back")
+        await session.rollback()
+    report = await outbox.drain_once()
+    assert report.delivered == 0
+    assert receiver.calls == []
+    async with database.engine.connect() as conn:
+        count = await conn.execute(text("SELECT count(*) FROM outbox_messages"))
+        assert count.scalar_one() == 0
+
+
+async def test_enqueue_of_an_existing_key_adds_no_second_row(
+    make_outbox: MakeOutbox, database: Database
+) -> None:
+    outbox = make_outbox()
+    first = await _enqueue(database, outbox, "grant-3")
+    async with database.sessions() as session, session.begin():
+        again = await outbox.enqueue(session, {"amount": 99}, key="grant-3")
+    assert again.id == first
+    assert not again.created
+
+
+async def test_payload_that_is_not_json_names_the_field(
+    make_outbox: MakeOutbox, database: Database
+) -> None:
+    outbox = make_outbox()
+    async with database.sessions() as session:
+        with pytest.raises(PayloadError, match=r"payload\['grant'\]\['at'\] is object"):
+            await outbox.enqueue(session, {"grant": {"at": object()}}, key="bad")
+
+
+async def test_hanging_receiver_is_cut_off_and_retried(
+    make_outbox: MakeOutbox, database: Database
+) -> None:
+    async def hang(message: Message) -> None:
+        await asyncio.Event().wait()
+
+    outbox = make_outbox(deliver=hang, delivery_timeout=0.1)
+    row_id = await _enqueue(database, outbox, "slow")
+    report = await outbox.drain_once()
+    assert report.retried == 1
+    row = await _row(database.engine, row_id)
+    assert row["status"] == "pending"
+    assert "delivery_timeout" in str(row["last_error"])
+
+
+async def test_four_concurrent_drains_deliver_every_key_exactly_once(
+    make_outbox: MakeOutbox, database: Database, clock: FakeClock, receiver: FakeReceiver
+) -> None:
+    chance = random.Random(7)
+
+    def flaky(message: Message) -> None:
+        roll = chance.random()
+        if roll < 0.20:
+            raise httpx.HTTPStatusError("500", request=None, response=None)  # type: ignore[arg-type]
+        if roll < 0.25:
+            raise httpx.HTTPStatusError("429", request=None, response=None)  # type: ignore[arg-type]
+
+    receiver.behaviour = flaky
+    outbox = make_outbox(batch_size=50, concurrency=10)
+    keys = [f"row-{n}" for n in range(2000)]
+    async with database.sessions() as session, session.begin():
+        for key in keys:
+            await outbox.enqueue(session, {"key": key}, key=key)
+    while True:
+        reports = await asyncio.gather(*(outbox.drain_once() for _ in range(4)))
+        if (
+            not any(report.retried for report in reports)
+            and sum(report.delivered for report in reports) == 0
+        ):
+            break
+        clock.advance(3600)
+    assert sorted(receiver.delivered) == sorted(keys)
+    assert set(receiver.delivered.values()) == {1}
+    async with database.engine.connect() as conn:
+        statuses = await conn.execute(
+            text("SELECT status, count(*) FROM outbox_messages GROUP BY status")
+        )
+        assert dict(statuses.all()) == {"delivered": 2000}
+
+
+async def test_reset_stuck_row_gets_it_delivered(
+    make_outbox: MakeOutbox, database: Database, receiver: FakeReceiver
+) -> None:
+    def refuse(message: Message) -> None:
+        raise PermanentDeliveryError("not yet")
+
+    receiver.behaviour = refuse
+    outbox = make_outbox()
+    row_id = await _enqueue(database, outbox, "grant-4")
+    await outbox.drain_once()
+    receiver.behaviour = lambda message: None
+    await outbox.reset(row_id)
+    row = await _row(database.engine, row_id)
+    assert (row["status"], row["attempts"]) == ("pending", 0)
+    assert (await outbox.drain_once()).delivered == 1
+
+
+async def test_reset_of_an_unknown_or_delivered_row_is_refused(
+    make_outbox: MakeOutbox, database: Database
+) -> None:
+    outbox = make_outbox()
+    row_id = await _enqueue(database, outbox, "grant-5")
+    await outbox.drain_once()
+    with pytest.raises(UnknownMessageError, match="has no message 999999"):
+        await outbox.reset(999999)
+    with pytest.raises(OutboxError, match="delivered already"):
+        await outbox.reset(row_id)
+
+
+async def test_inline_attempt_leaves_a_row_another_drain_holds(
+    make_outbox: MakeOutbox, database: Database, receiver: FakeReceiver
+) -> None:
+    outbox = make_outbox()
+    row_id = await _enqueue(database, outbox, "grant-6")
+    async with database.engine.begin() as conn:
+        # Another drain is mid-claim: it holds the row lock.
+        await conn.execute(
+            text("SELECT id FROM outbox_messages WHERE id = :id FOR UPDATE"), {"id": row_id}
+        )
+        await outbox.attempt(row_id)
+    assert receiver.calls == []
+    await outbox.attempt(row_id)
+    assert [message.key for message in receiver.calls] == ["grant-6"]
+
+
+async def test_row_of_a_drain_killed_mid_delivery_is_retried_after_its_lease(
+    make_outbox: MakeOutbox, database: Database, clock: FakeClock, receiver: FakeReceiver
+) -> None:
+    started = asyncio.Event()
+
+    async def dies(message: Message) -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    dying = make_outbox("dying_view", deliver=dies)
+    survivor = make_outbox("grants")
+    row_id = await _enqueue(database, survivor, "grant-8")
+    # The same table seen through an outbox of the same name in a "dead" process.
+    dying.name = "grants"
+    killed = asyncio.create_task(dying.drain_once())
+    await asyncio.wait_for(started.wait(), 5)
+    killed.cancel()
+    assert (await survivor.drain_once()).delivered == 0
+    clock.advance(survivor.delivery_timeout + 31)
+    assert (await survivor.drain_once()).delivered == 1
+    assert receiver.calls[0].idempotency_key == "grants:grant-8"
+    assert (await _row(database.engine, row_id))["attempts"] == 1

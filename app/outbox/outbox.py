@@ -8,12 +8,9 @@ out; the receiver deduplicates on the idempotency key. Nothing is ever deleted.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection
@@ -23,8 +20,9 @@ from sqlalchemy.orm import Session
 from app.scheduler import Clock, JobContext, Scheduler, SystemClock, Trigger, every
 
 from . import sql
-from .backoff import DEFAULT_BACKOFF, retry_delay
-from .errors import OutboxError, PermanentDeliveryError, UnknownMessageError
+from .backoff import DEFAULT_BACKOFF
+from .drain import DrainPass, DrainPolicy
+from .errors import OutboxError, UnknownMessageError
 from .message import DrainReport, Enqueued, Message
 from .payload import dump_payload
 from .wakeup import listen_and_drain
@@ -35,7 +33,6 @@ logger = logging.getLogger("app.outbox")
 
 Deliver = Callable[[Message], Awaitable[None]]
 
-_LEASE_MARGIN_SECONDS = 30.0
 _LIVE: weakref.WeakValueDictionary[str, Outbox] = weakref.WeakValueDictionary()
 
 
@@ -177,15 +174,23 @@ class Outbox:
         drain at a time, and its outcome is committed on its own.
         """
         report = DrainReport()
-        while True:
-            batch = await self._claim(sql.CLAIM_DUE, {"batch_size": self.batch_size})
-            if batch is None:
-                break
-            token, messages = batch
-            report.add(await self._deliver_all(token, messages))
-            if len(messages) < self.batch_size:
-                break
-        await self._record_drain(report)
+        async with DrainPass.open(self.engine, self._policy(), self.clock) as drain:
+            while True:
+                token, messages = await drain.claim(sql.CLAIM_DUE, {"batch_size": self.batch_size})
+                if messages:
+                    report.add(await drain.deliver_all(token, messages))
+                if len(messages) < self.batch_size:
+                    break
+            await drain.execute(
+                sql.RECORD_DRAIN,
+                {
+                    "outbox": self.name,
+                    "now": self.clock.now(),
+                    "delivered": report.delivered,
+                    "retried": report.retried,
+                    "stuck": report.stuck,
+                },
+            )
         return report
 
     async def attempt(self, message_id: int) -> None:
@@ -193,9 +198,10 @@ class Outbox:
         BackgroundTasks after its commit). Never raises: the drain is the durability
         half, and a row another drain holds is left to it."""
         try:
-            batch = await self._claim(sql.CLAIM_ONE, {"id": message_id})
-            if batch is not None:
-                await self._deliver_all(*batch)
+            async with DrainPass.open(self.engine, self._policy(), self.clock) as drain:
+                token, messages = await drain.claim(sql.CLAIM_ONE, {"id": message_id})
+                if messages:
+                    await drain.deliver_all(token, messages)
         except Exception:
             logger.warning(
                 "outbox.inline_failed: %s row %s left to the drain",
@@ -235,100 +241,15 @@ class Outbox:
             "now": self.clock.now(),
         }
 
-    async def _claim(
-        self, statement: Any, params: dict[str, Any]
-    ) -> tuple[uuid.UUID, list[Message]] | None:
-        now = self.clock.now()
-        token = uuid.uuid4()
-        lease = timedelta(seconds=self.delivery_timeout + _LEASE_MARGIN_SECONDS)
-        async with self.engine.begin() as conn:
-            result = await conn.execute(
-                statement,
-                {"outbox": self.name, "now": now, "lease_until": now + lease, "token": token}
-                | params,
-            )
-            rows = result.all()
-        if not rows:
-            return None
-        messages = [Message(r.id, self.name, r.key, r.payload, r.attempts) for r in rows]
-        return token, messages
-
-    async def _deliver_all(self, token: uuid.UUID, messages: list[Message]) -> DrainReport:
-        report = DrainReport()
-        gate = asyncio.Semaphore(self.concurrency)
-
-        async def one(message: Message) -> None:
-            async with gate:
-                outcome = await self._deliver_one(token, message)
-            setattr(report, outcome, getattr(report, outcome) + 1)
-
-        async with asyncio.TaskGroup() as group:
-            for message in messages:
-                group.create_task(one(message))
-        return report
-
-    async def _deliver_one(self, token: uuid.UUID, message: Message) -> str:
-        try:
-            async with asyncio.timeout(self.delivery_timeout):
-                await self.deliver(message)
-        except PermanentDeliveryError as exc:
-            return await self._fail(token, message, exc, permanent=True)
-        except Exception as exc:
-            return await self._fail(token, message, exc, permanent=False)
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                sql.MARK_DELIVERED, {"id": message.id, "token": token, "now": self.clock.now()}
-            )
-        return "delivered"
-
-    async def _fail(
-        self, token: uuid.UUID, message: Message, exc: BaseException, *, permanent: bool
-    ) -> str:
-        attempts = message.attempts + 1
-        limit = self.max_attempts or self._default_max_attempts
-        stuck = permanent or attempts >= limit
-        now = self.clock.now()
-        error = f"{exc.__class__.__name__}: {exc}"[:2000]
-        if isinstance(exc, TimeoutError):
-            error = f"no answer within delivery_timeout={self.delivery_timeout:g} s"
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                sql.MARK_FAILED,
-                {
-                    "id": message.id,
-                    "token": token,
-                    "now": now,
-                    "status": "stuck" if stuck else "pending",
-                    "attempts": attempts,
-                    "next_attempt_at": now + timedelta(seconds=retry_delay(attempts, self.backoff)),
-                    "error": error,
-                },
-            )
-        if stuck:
-            logger.error(
-                "outbox.stuck: %s row %s (key %s) after %s attempt(s): %s",
-                self.name,
-                message.id,
-                message.key,
-                attempts,
-                error,
-                extra={"action": "outbox.stuck", "outbox": self.name, "row": message.id},
-            )
-            return "stuck"
-        return "retried"
-
-    async def _record_drain(self, report: DrainReport) -> None:
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                sql.RECORD_DRAIN,
-                {
-                    "outbox": self.name,
-                    "now": self.clock.now(),
-                    "delivered": report.delivered,
-                    "retried": report.retried,
-                    "stuck": report.stuck,
-                },
-            )
+    def _policy(self) -> DrainPolicy:
+        return DrainPolicy(
+            outbox=self.name,
+            deliver=self.deliver,
+            max_attempts=self.max_attempts or self._default_max_attempts,
+            backoff=self.backoff,
+            concurrency=self.concurrency,
+            delivery_timeout=self.delivery_timeout,
+        )
 
     async def _drain_job(self, ctx: JobContext) -> None:
         report = await self.drain_once()

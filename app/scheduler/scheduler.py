@@ -28,6 +28,8 @@ logger = logging.getLogger("app.scheduler")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_RESTART_DELAY_SECONDS = 5.0
+
 
 class Scheduler:
     """A set of jobs and services, and (once started) the supervisor that fires them.
@@ -146,14 +148,16 @@ class Scheduler:
         self._task = None
 
     async def _supervise(self, supervisor: Supervisor) -> None:
-        # A scheduler failure is logged and never reaches the API.
-        try:
-            await supervisor.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception(
-                "scheduler.crashed: the supervisor stopped (pid=%s)",
-                os.getpid(),
-                extra={"action": "scheduler.crashed", "pid": os.getpid()},
-            )
+        # A scheduler failure is logged, never reaches the API, and is retried.
+        while True:
+            try:
+                await supervisor.run()
+                return
+            except Exception:
+                logger.exception(
+                    "scheduler.crashed: restarting the supervisor in %s s (pid=%s)",
+                    _RESTART_DELAY_SECONDS,
+                    os.getpid(),
+                    extra={"action": "scheduler.crashed", "pid": os.getpid()},
+                )
+            await supervisor.clock.sleep(_RESTART_DELAY_SECONDS)

@@ -38,7 +38,15 @@ __all__ = ["Role", "SchedulerConfig", "Supervisor"]
 logger = logging.getLogger("app.scheduler")
 
 _RETRY_BACKOFF = (0.5, 1.0, 2.0, 4.0, 5.0)
-_UNREACHABLE = (OSError, TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError)
+# The server cannot be reached, is going away or is full: retry, whatever ENVIRONMENT.
+_UNREACHABLE = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+)
 
 
 class Role(enum.Enum):
@@ -178,11 +186,17 @@ class Supervisor:
             return self.role
 
     async def _acquire(self) -> LockConnection:
-        lock = await LockConnection.connect(
-            self.config.lock_dsn,
-            lease_seconds=self.config.lease_seconds,
-            timeout=self.config.connect_timeout_seconds,
-        )
+        try:
+            lock = await LockConnection.connect(
+                self.config.lock_dsn,
+                lease_seconds=self.config.lease_seconds,
+                timeout=self.config.connect_timeout_seconds,
+            )
+        except _UNREACHABLE:
+            raise
+        except asyncpg.PostgresError as exc:
+            # The server answered and refused: a wrong database name or password.
+            raise _LockCheckError(f"{exc.__class__.__name__}: {exc}") from exc
         try:
             if not await lock.try_acquire():
                 await self._set_role(Role.STANDBY)
@@ -238,8 +252,10 @@ class Supervisor:
                 for spec in self.registry.services.values()
             ]
             reason = await self._tick_until_done(lock, until)
-        except _UNREACHABLE as exc:
-            reason = f"database unreachable ({exc.__class__.__name__})"
+        except Exception as exc:
+            # The lock decides leadership; without the job rows we cannot lead either.
+            logger.warning("scheduler: leading failed", exc_info=True)
+            reason = f"{exc.__class__.__name__} while leading"
         finally:
             await self._step_down(lock, loops, reason)
 
@@ -252,7 +268,11 @@ class Supervisor:
             if lock is not None and not await lock.holds_lock(self.config.leader_tick_seconds):
                 return "lock no longer held"
             # Pick up what others changed (pause, resume, run now) since the last tick.
-            self._rows.update(await self.store.load(list(self._rows)))
+            try:
+                self._rows.update(await self.store.load(list(self._rows)))
+            except Exception:
+                logger.warning("scheduler: could not reload the job rows", exc_info=True)
+                continue
             refreshed, self._refreshed = self._refreshed, asyncio.Event()
             refreshed.set()
 
@@ -302,13 +322,21 @@ class Supervisor:
                     claim = await self.runner.skip_overlap(spec, row.next_run_at, fence)
                 else:
                     claim = await self.runner.claim_leader(spec, row.next_run_at, fence)
-            except _UNREACHABLE:
-                logger.warning("claim of %s failed: database unreachable", spec.id, exc_info=True)
+            except Exception:
+                logger.warning(
+                    "scheduler: claim of %s failed; retrying",
+                    spec.id,
+                    exc_info=True,
+                    extra={"action": "scheduler.claim_failed", "job_id": spec.id},
+                )
                 await self._wait_or_refresh(self.config.leader_tick_seconds)
                 continue
             if claim is None:
                 # Another process took the slot, the job was paused, or our key is gone.
-                fresh = await self.store.load([spec.id])
+                try:
+                    fresh = await self.store.load([spec.id])
+                except Exception:
+                    fresh = {}
                 self._rows[spec.id] = fresh.get(spec.id, row)
                 if self._rows[spec.id] == row:
                     await self._wait_or_refresh(self.config.leader_tick_seconds)
@@ -327,7 +355,7 @@ class Supervisor:
             try:
                 await self.store.register_replica_jobs(specs, self.clock.now(), self.config.zone)
                 break
-            except _UNREACHABLE as exc:
+            except Exception as exc:
                 await self._back_off("scheduler.replica_jobs_waiting", exc)
         self._failures = 0
         async with asyncio.TaskGroup() as group:
@@ -345,7 +373,7 @@ class Supervisor:
             latest, _ = spec.trigger.latest_slot(slot, self.clock.now(), zone)
             try:
                 await self.runner.fire_replica(spec, latest)
-            except _UNREACHABLE:
+            except Exception:
                 logger.warning("replica job %s could not start", spec.id, exc_info=True)
             slot = spec.trigger.next_after(latest, zone)
 

@@ -295,3 +295,17 @@ async def test_row_of_a_drain_killed_mid_delivery_is_retried_after_its_lease(
     assert (await survivor.drain_once()).delivered == 1
     assert receiver.calls[0].idempotency_key == "grants:grant-8"
     assert (await _row(database.engine, row_id))["attempts"] == 1
+
+
+async def test_sync_enqueue_from_a_thread_job_is_delivered(
+    make_outbox: MakeOutbox, database: Database, receiver: FakeReceiver
+) -> None:
+    outbox = make_outbox()
+
+    def thread_job() -> None:
+        with database.sync_sessions() as session, session.begin():
+            outbox.enqueue_sync(session, {"amount": 3}, key="from-thread")
+
+    await asyncio.to_thread(thread_job)
+    assert (await outbox.drain_once()).delivered == 1
+    assert [message.key for message in receiver.calls] == ["from-thread"]

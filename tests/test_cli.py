@@ -119,10 +119,13 @@ def embedded_app() -> Iterator[EmbeddedApp]:
         subprocess.run(["rm", "-rf", str(data_dir)], check=False)
 
 
-def test_embedded_app_serves_and_sigterm_leaves_no_process(embedded_app: EmbeddedApp) -> None:
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_embedded_app_stops_on_a_signal_and_leaves_no_process(
+    embedded_app: EmbeddedApp, stop_signal: signal.Signals
+) -> None:
     tree = _descendants(embedded_app.process.pid)
     assert len(tree) >= 3, "expected uvicorn workers and a postmaster"
-    embedded_app.process.send_signal(signal.SIGTERM)
+    embedded_app.process.send_signal(stop_signal)
     embedded_app.process.wait(60)
     deadline = time.monotonic() + 20
     while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:

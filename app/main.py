@@ -45,16 +45,21 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
 
 
 def _bind_outboxes(settings: Settings, database: Database, scheduler: Scheduler | None) -> None:
-    """Bind every outbox to the database; refuse one whose drain is not on our scheduler."""
+    """Bind our scheduler's outboxes to the database; refuse an outbox with no drain.
+
+    An outbox on another scheduler belongs to another app in this process (tests).
+    """
     lock_url = settings.lock_database_url
     assert lock_url is not None
     for outbox in Outbox.live():
-        if scheduler is None or outbox.scheduler is not scheduler:
+        if outbox.scheduler is None:
             raise UnregisteredDrainError(
                 f"outbox {outbox.name!r} has no drain on this app's scheduler, so a failed "
                 "delivery would stay pending forever; create it with "
                 "Outbox(..., scheduler=scheduler) or call outbox.register(scheduler)"
             )
+        if outbox.scheduler is not scheduler:
+            continue
         # LISTEN needs a session of its own: the lock URL bypasses pooling proxies.
         outbox.bind(
             database.engine,
@@ -143,9 +148,23 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
 
 
 def _default_app() -> FastAPI:
-    from .jobs import scheduler
+    """The app with its own jobs and routes, configured from the environment."""
+    from .jobs import build
 
-    return create_app(scheduler=scheduler)
+    settings = load_settings()
+    jobs = build(settings)
+    app = create_app(settings, jobs.scheduler)
+    app.include_router(jobs.router)
+    return app
 
 
-app = _default_app()
+app: FastAPI  # the default app, built by __getattr__ below on first access
+
+
+def __getattr__(name: str) -> FastAPI:
+    # `app.main:app` is built on first access, so importing create_app builds nothing.
+    if name == "app":
+        global app
+        app = _default_app()
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

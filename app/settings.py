@@ -50,6 +50,15 @@ class Settings(BaseSettings):
     OUTBOX_MAX_ATTEMPTS: int = Field(
         default=24, ge=1, description="attempts after which an outbox row becomes stuck"
     )
+    TRACKING_EVENT_RETENTION_DAYS: int = Field(default=365, ge=1)
+    REPORT_WARM_ENABLED: bool = True
+    REPORT_WARM_INTERVAL_MINUTES: float = Field(default=60, gt=0)
+    CREDIT_GRANTS_URL: str | None = Field(
+        default=None, description="receiver of credit grants; unset: grants wait, pending"
+    )
+    CHARGE_CLAIM_COOLDOWN_SECONDS: float = Field(
+        default=900, gt=0, description="a younger charge claim is a charge in flight"
+    )
     DATABASE_CONNECT_TIMEOUT_SECONDS: float = Field(default=10, gt=0)
     LEASE_SECONDS: int = Field(
         default=30, ge=2, description="idle_session_timeout of the lock connection: the lease"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
+from zoneinfo import ZoneInfo
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
@@ -20,8 +21,9 @@ class JobContext:
     """The context of one fire of one job.
 
     ``scheduled_at`` is the slot's due time (aware, UTC), not the time the body
-    started. Sessions are opened on first use and closed by the runner after the body
-    returns: ``session`` in async jobs, ``sync_session`` in thread jobs.
+    started; ``zone`` is the scheduler's default zone (the TIMEZONE setting). Sessions
+    are opened on first use and closed by the runner after the body returns:
+    ``session`` in async jobs, ``sync_session`` in thread jobs.
     """
 
     job_id: str
@@ -29,6 +31,7 @@ class JobContext:
     scheduled_at: datetime
     clock: Clock
     log: logging.LoggerAdapter[logging.Logger]
+    zone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
     _sessions: async_sessionmaker[AsyncSession] | None = field(default=None, repr=False)
     _sync_sessions: sessionmaker[Session] | None = field(default=None, repr=False)
     _session: AsyncSession | None = field(default=None, repr=False)

@@ -194,6 +194,7 @@ class Runner:
             scheduled_at=slot,
             clock=self.clock,
             log=log,
+            zone=self.zone,
             _sessions=self.sessions if spec.is_async else None,
             _sync_sessions=None if spec.is_async else self.sync_sessions,
         )

@@ -15,11 +15,11 @@ from .conftest import FakeReceiver
 
 async def test_outbox_registers_its_drain_job_by_convention(receiver: FakeReceiver) -> None:
     scheduler = Scheduler()
-    Outbox("credit_grants", receiver, scheduler=scheduler)
-    drain = scheduler.jobs["outbox_credit_grants_drain"]
-    assert drain.name == "Deliver queued credit_grants"
+    Outbox("key_syncs", receiver, scheduler=scheduler)
+    drain = scheduler.jobs["outbox_key_syncs_drain"]
+    assert drain.name == "Deliver queued key_syncs"
     assert drain.trigger.describe() == "every 60s"
-    assert "outbox_credit_grants_wakeup" in scheduler.services
+    assert "outbox_key_syncs_wakeup" in scheduler.services
 
 
 async def test_outbox_without_a_drain_on_the_app_scheduler_stops_start_up(

@@ -1,0 +1,88 @@
+"""Credit grants: money-bearing work through the outbox.
+
+``POST /api/credits/grants`` commits the grant and its outbox row in one transaction,
+answers 202, and tries delivery after the response through the outbox's inline attempt;
+the drain, every minute, is the durability half. A reused ``reference`` returns the
+existing grant and adds nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, BackgroundTasks, HTTPException, Request, Response
+from pydantic import BaseModel, Field
+from sqlalchemy import text
+
+from app.after_response import run_after_response
+from app.db import Database
+from app.outbox import HttpTransport, Message, Outbox, RetryableDeliveryError
+from app.scheduler import Scheduler
+from app.settings import Settings
+
+__all__ = ["GrantIn", "GrantOut", "build"]
+
+_INSERT = text(
+    """
+    INSERT INTO credit_grants (workspace_id, amount, reference)
+    VALUES (:workspace_id, :amount, :reference)
+    ON CONFLICT (reference) DO NOTHING
+    RETURNING id
+    """
+)
+_EXISTING = text("SELECT id FROM credit_grants WHERE reference = :reference")
+_WORKSPACE = text("SELECT 1 FROM workspaces WHERE id = :workspace_id")
+
+
+class GrantIn(BaseModel):
+    """A grant request; ``reference`` makes it idempotent."""
+
+    workspace_id: int
+    amount: Annotated[int, Field(gt=0, description="credits to grant; above zero")]
+    reference: Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class GrantOut(BaseModel):
+    """The grant's id, and whether this request created it."""
+
+    id: int
+    created: bool
+
+
+async def _wait_for_configuration(message: Message) -> None:
+    raise RetryableDeliveryError("CREDIT_GRANTS_URL is not set; the grant stays pending")
+
+
+def build(settings: Settings, scheduler: Scheduler) -> tuple[Outbox, APIRouter]:
+    """The credit_grants outbox (its drain on ``scheduler``) and the grants route."""
+    deliver = (
+        HttpTransport(settings.CREDIT_GRANTS_URL)
+        if settings.CREDIT_GRANTS_URL
+        else _wait_for_configuration
+    )
+    outbox = Outbox("credit_grants", deliver, scheduler=scheduler)
+    router = APIRouter(prefix="/api/credits", tags=["credits"])
+
+    @router.post("/grants", status_code=202, response_model=GrantOut)
+    async def create_grant(
+        grant: GrantIn, request: Request, response: Response, background: BackgroundTasks
+    ) -> GrantOut:
+        """Grant credits: 202 when created, 200 with the existing grant for a reused
+        reference, 404 for an unknown workspace_id, 422 for a bad body."""
+        database: Database = request.app.state.database
+        async with database.sessions() as session:
+            async with session.begin():
+                if (await session.execute(_WORKSPACE, grant.model_dump())).first() is None:
+                    raise HTTPException(404, f"workspace_id {grant.workspace_id} does not exist")
+                grant_id = (await session.execute(_INSERT, grant.model_dump())).scalar()
+                if grant_id is None:
+                    response.status_code = 200
+                    existing = await session.execute(_EXISTING, grant.model_dump())
+                    return GrantOut(id=existing.scalar_one(), created=False)
+                enqueued = await outbox.enqueue(
+                    session, grant.model_dump() | {"grant_id": grant_id}, key=grant.reference
+                )
+            run_after_response(background, session, outbox.attempt, enqueued.id)
+        return GrantOut(id=grant_id, created=True)
+
+    return outbox, router

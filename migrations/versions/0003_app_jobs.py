@@ -126,9 +126,7 @@ def upgrade() -> None:
     # Report warm: the aggregate GET /api/stats reads.
     op.create_table(
         "report_stats",
-        sa.Column(
-            "workspace_id", sa.Integer, sa.ForeignKey("workspaces.id"), primary_key=True
-        ),
+        sa.Column("workspace_id", sa.Integer, sa.ForeignKey("workspaces.id"), primary_key=True),
         sa.Column("events_30d", sa.BigInteger, nullable=False),
         sa.Column("upcoming_bookings", sa.BigInteger, nullable=False),
         sa.Column("computed_at", TS, nullable=False),

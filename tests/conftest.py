@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from dataclasses import replace
+from typing import Any, Protocol
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import Database
+from app.db import Database, asyncpg_dsn
+from app.scheduler import Clock, FakeClock, Scheduler, SchedulerConfig
+from app.scheduler.supervisor import Supervisor
 from app.settings import Settings
 
 from .pgserver import TestServer, start_test_server
@@ -88,3 +93,50 @@ async def database(database_url: str) -> AsyncIterator[Database]:
 def engine(database: Database) -> AsyncEngine:
     """The async engine of this test's database."""
     return database.engine
+
+
+class StartScheduler(Protocol):
+    def __call__(
+        self, scheduler: Scheduler, *, clock: Clock | None = None, **overrides: Any
+    ) -> Awaitable[Supervisor]: ...
+
+
+@pytest.fixture
+def config(database_url: str) -> SchedulerConfig:
+    """Fast timings for tests: 6 s lease, 1 s tick, no handover grace."""
+    return SchedulerConfig(
+        lock_dsn=asyncpg_dsn(database_url),
+        lease_seconds=6,
+        leader_tick_seconds=1,
+        handover_grace_seconds=0,
+        shutdown_grace_seconds=2,
+    )
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    """A clock that moves only when the test says so."""
+    return FakeClock()
+
+
+@pytest.fixture
+async def start_scheduler(
+    database: Database, config: SchedulerConfig
+) -> AsyncIterator[StartScheduler]:
+    """Start a Scheduler's supervisor in this process; every one is stopped at teardown."""
+    started: list[Scheduler] = []
+
+    async def start(
+        scheduler: Scheduler, *, clock: Clock | None = None, **overrides: Any
+    ) -> Supervisor:
+        started.append(scheduler)
+        return await scheduler.start(
+            replace(config, **overrides),
+            engine=database.engine,
+            sessions=database.sessions,
+            sync_sessions=database.sync_sessions,
+            clock=clock,
+        )
+
+    yield start
+    await asyncio.gather(*(scheduler.stop() for scheduler in started))

@@ -30,7 +30,7 @@ WINDOWS: dict[str, tuple[str, timedelta]] = {
 
 _NEXT_DUE = """
     SELECT id, phone, starts_at FROM bookings
-    WHERE {column} IS NULL AND starts_at > :now AND starts_at <= :now + :lead
+    WHERE {column} IS NULL AND starts_at > :now AND starts_at <= :horizon
       AND id <> ALL(:failed)
     ORDER BY starts_at, id
     LIMIT 1
@@ -53,7 +53,7 @@ async def send_due_reminders(session: AsyncSession, sms: SmsGateway, now: dateti
                 row = (
                     await session.execute(
                         text(_NEXT_DUE.format(column=column)),
-                        {"now": now, "lead": lead, "failed": failed},
+                        {"now": now, "horizon": now + lead, "failed": failed},
                     )
                 ).first()
                 if row is None:

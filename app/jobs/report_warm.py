@@ -7,7 +7,7 @@ endpoint reads one row.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel
@@ -25,7 +25,7 @@ _COMPUTE = text(
     INSERT INTO report_stats (workspace_id, events_30d, upcoming_bookings, computed_at)
     SELECT :workspace_id,
         (SELECT count(*) FROM tracking_events
-         WHERE workspace_id = :workspace_id AND occurred_at >= :now - interval '30 days'),
+         WHERE workspace_id = :workspace_id AND occurred_at >= :since),
         (SELECT count(*) FROM bookings WHERE workspace_id = :workspace_id AND starts_at > :now),
         :now
     ON CONFLICT (workspace_id) DO UPDATE SET
@@ -54,7 +54,10 @@ async def warm_report_stats(session: AsyncSession, now: datetime) -> int:
         workspace_ids = list((await session.execute(_WORKSPACES)).scalars())
     for workspace_id in workspace_ids:
         async with session.begin():
-            await session.execute(_COMPUTE, {"workspace_id": workspace_id, "now": now})
+            await session.execute(
+                _COMPUTE,
+                {"workspace_id": workspace_id, "now": now, "since": now - timedelta(days=30)},
+            )
     return len(workspace_ids)
 
 

@@ -33,7 +33,7 @@ _NEXT = text(
     """
     SELECT id, amount_cents, pending_charge_ref, pending_amount_cents FROM subscriptions
     WHERE ((pending_charge_ref IS NULL AND next_charge_at <= :now)
-           OR (pending_charge_ref IS NOT NULL AND claimed_at < :now - :cooldown))
+           OR (pending_charge_ref IS NOT NULL AND claimed_at < :stale_before))
       AND id <> ALL(:skip)
     ORDER BY id
     LIMIT 1
@@ -84,7 +84,9 @@ async def charge_due_subscriptions(
     while True:
         async with session.begin():
             row = (
-                await session.execute(_NEXT, {"now": now, "cooldown": cooldown, "skip": skip})
+                await session.execute(
+                    _NEXT, {"now": now, "stale_before": now - cooldown, "skip": skip}
+                )
             ).first()
             if row is None:
                 return report

@@ -60,8 +60,6 @@ class Outbox:
     ) -> None:
         if not name or not name.replace("_", "").isalnum():
             raise OutboxError(f"outbox name {name!r} must be letters, digits and underscores")
-        if name in _LIVE:
-            raise OutboxError(f"an outbox named {name!r} already exists; names are unique")
         for field, value in (
             ("batch_size", batch_size),
             ("concurrency", concurrency),
@@ -86,6 +84,8 @@ class Outbox:
         self._listen_dsn: str | None = None
         self._default_max_attempts = 24
         self.scheduler: Scheduler | None = None
+        # A newer outbox of the same name takes the name over (a rebuilt app, in tests);
+        # two on one scheduler still collide on the drain job's id.
         _LIVE[name] = self
         if scheduler is not None:
             self.register(scheduler)

@@ -1,73 +1,25 @@
-"""Scheduler fixtures: start supervisors on the test database and stop them after."""
+"""Scheduler test helpers: who holds the key, which runs were recorded."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import Database, asyncpg_dsn
-from app.scheduler import Clock, FakeClock, Scheduler, SchedulerConfig
 from app.scheduler.keys import SCHEDULER_LEADER_KEY
-from app.scheduler.supervisor import Supervisor
+
+from ..conftest import StartScheduler
+
+__all__ = ["StartScheduler", "eventually", "holder_count", "runs", "wait_for_runs"]
 
 HOLDERS_SQL = text(
     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = :key AND granted"
     " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
-
-
-class StartScheduler(Protocol):
-    def __call__(
-        self, scheduler: Scheduler, *, clock: Clock | None = None, **overrides: Any
-    ) -> Awaitable[Supervisor]: ...
-
-
-@pytest.fixture
-def config(database_url: str) -> SchedulerConfig:
-    """Fast timings for tests: 6 s lease, 1 s tick, no handover grace."""
-    return SchedulerConfig(
-        lock_dsn=asyncpg_dsn(database_url),
-        lease_seconds=6,
-        leader_tick_seconds=1,
-        handover_grace_seconds=0,
-        shutdown_grace_seconds=2,
-    )
-
-
-@pytest.fixture
-def fake_clock() -> FakeClock:
-    """A clock that moves only when the test says so."""
-    return FakeClock()
-
-
-@pytest.fixture
-async def start_scheduler(
-    database: Database, config: SchedulerConfig
-) -> AsyncIterator[StartScheduler]:
-    """Start a Scheduler's supervisor in this process; every one is stopped at teardown."""
-    started: list[Scheduler] = []
-
-    async def start(
-        scheduler: Scheduler, *, clock: Clock | None = None, **overrides: Any
-    ) -> Supervisor:
-        started.append(scheduler)
-        return await scheduler.start(
-            replace(config, **overrides),
-            engine=database.engine,
-            sessions=database.sessions,
-            sync_sessions=database.sync_sessions,
-            clock=clock,
-        )
-
-    yield start
-    await asyncio.gather(*(scheduler.stop() for scheduler in started))
 
 
 async def holder_count(engine: AsyncEngine) -> int:

@@ -16,10 +16,11 @@ from zoneinfo import ZoneInfo
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from .admin import AdminError, admin_error_response, api_router, health_router
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
 from .logging import configure_logging
 from .outbox import Outbox, OutboxError, UnregisteredDrainError
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import Scheduler, SchedulerConfig, SystemClock
 from .settings import Settings, load_settings
 
 __all__ = ["app", "create_app", "scheduler_config"]
@@ -129,6 +130,11 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     app = FastAPI(title="Regent", lifespan=lifespan)
     app.state.settings = resolved
     app.state.scheduler = scheduler
+    app.state.clock = SystemClock()
+    app.state.zone = ZoneInfo(resolved.TIMEZONE)
+    app.include_router(api_router)
+    app.include_router(health_router)
+    app.add_exception_handler(AdminError, admin_error_response)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     )
     CHARGE_CLAIM_COOLDOWN_SECONDS: float = Field(
         default=900, gt=0, description="a younger charge claim is a charge in flight"
+    )
+    ADMIN_TOKEN: SecretStr | None = Field(
+        default=None, description="bearer token of the admin API and page; unset: they 404"
     )
     DATABASE_CONNECT_TIMEOUT_SECONDS: float = Field(default=10, gt=0)
     LEASE_SECONDS: int = Field(

@@ -10,6 +10,7 @@ NOTIFY, so delivery does not wait for the next tick.
 
 from .backoff import DEFAULT_BACKOFF, retry_delay
 from .errors import (
+    MessageDeliveredError,
     OutboxError,
     PayloadError,
     PermanentDeliveryError,
@@ -18,7 +19,7 @@ from .errors import (
 )
 from .http import HttpTransport, RetryableDeliveryError
 from .message import DrainReport, Enqueued, Message
-from .outbox import Deliver, Outbox
+from .outbox import Deliver, Outbox, reset_message
 
 __all__ = [
     "DEFAULT_BACKOFF",
@@ -27,6 +28,7 @@ __all__ = [
     "Enqueued",
     "HttpTransport",
     "Message",
+    "MessageDeliveredError",
     "Outbox",
     "OutboxError",
     "PayloadError",
@@ -34,5 +36,6 @@ __all__ = [
     "RetryableDeliveryError",
     "UnknownMessageError",
     "UnregisteredDrainError",
+    "reset_message",
     "retry_delay",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "MessageDeliveredError",
     "OutboxError",
     "PayloadError",
     "PermanentDeliveryError",
@@ -31,3 +32,7 @@ class UnregisteredDrainError(OutboxError):
 
 class UnknownMessageError(OutboxError):
     """Raised by reset for a message id that the named outbox does not have."""
+
+
+class MessageDeliveredError(OutboxError):
+    """Raised by reset for a row that was delivered: it is never sent again."""

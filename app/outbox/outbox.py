@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection
@@ -22,12 +23,12 @@ from app.scheduler import Clock, JobContext, Scheduler, SystemClock, Trigger, ev
 from . import sql
 from .backoff import DEFAULT_BACKOFF
 from .drain import DrainPass, DrainPolicy
-from .errors import OutboxError, UnknownMessageError
+from .errors import MessageDeliveredError, OutboxError, UnknownMessageError
 from .message import DrainReport, Enqueued, Message
 from .payload import dump_payload
 from .wakeup import listen_and_drain
 
-__all__ = ["Deliver", "Outbox"]
+__all__ = ["Deliver", "Outbox", "reset_message"]
 
 logger = logging.getLogger("app.outbox")
 
@@ -212,24 +213,8 @@ class Outbox:
             )
 
     async def reset(self, message_id: int) -> None:
-        """Make a stuck (or pending) row due now with attempts 0.
-
-        Raises UnknownMessageError for an id this outbox does not have, and OutboxError
-        for a delivered row.
-        """
-        async with self.engine.begin() as conn:
-            now = self.clock.now()
-            params = {"id": message_id, "outbox": self.name, "now": now}
-            if (await conn.execute(sql.RESET, params)).scalar() is not None:
-                await conn.execute(sql.NOTIFY, {"outbox": self.name})
-                return
-            exists = await conn.execute(sql.SELECT_STATUS, {"id": message_id, "outbox": self.name})
-            if exists.scalar() is None:
-                raise UnknownMessageError(
-                    f"outbox {self.name!r} has no message {message_id}; list them with "
-                    "`python -m app outbox stuck`"
-                )
-            raise OutboxError(f"outbox {self.name!r} message {message_id} is delivered already")
+        """Make a stuck (or pending) row due now with attempts 0; see reset_message."""
+        await reset_message(self.engine, self.name, message_id, self.clock.now())
 
     def _insert_params(self, payload: Any, key: str) -> dict[str, Any]:
         if not isinstance(key, str) or not key:
@@ -266,3 +251,25 @@ class Outbox:
         if self._listen_dsn is None:
             raise OutboxError(f"outbox {self.name!r} is not bound to a database; call bind()")
         await listen_and_drain(self._listen_dsn, self.name, self.drain_once)
+
+
+async def reset_message(engine: AsyncEngine, outbox: str, message_id: int, now: datetime) -> None:
+    """Set a row pending, attempts 0, due ``now``, and wake the drain.
+
+    Raises UnknownMessageError for an id the outbox does not have, and
+    MessageDeliveredError for a row that was delivered (it is never sent again).
+    """
+    async with engine.begin() as conn:
+        params = {"id": message_id, "outbox": outbox, "now": now}
+        if (await conn.execute(sql.RESET, params)).scalar() is not None:
+            await conn.execute(sql.NOTIFY, {"outbox": outbox})
+            return
+        exists = await conn.execute(sql.SELECT_STATUS, {"id": message_id, "outbox": outbox})
+        if exists.scalar() is None:
+            raise UnknownMessageError(
+                f"outbox {outbox!r} has no message {message_id}; list the stuck ones with "
+                f"`python -m app outbox stuck {outbox}`"
+            )
+        raise MessageDeliveredError(
+            f"outbox {outbox!r} message {message_id} was delivered; it is never sent again"
+        )

@@ -17,9 +17,20 @@ from collections.abc import Callable
 
 import asyncpg
 
+from .errors import SchedulerError
 from .keys import SCHEDULER_LEADER_KEY
 
-__all__ = ["OWNERSHIP_SQL", "LockConnection"]
+__all__ = [
+    "OWNERSHIP_SQL",
+    "WAKE_CHANNEL",
+    "LockConnection",
+    "UnsafeLockConnectionError",
+    "check_pooling",
+    "check_primary",
+]
+
+# NOTIFY on this channel makes the leader reload its job rows now (pause, run now).
+WAKE_CHANNEL = "regent_scheduler"
 
 logger = logging.getLogger("app.scheduler")
 
@@ -31,6 +42,30 @@ OWNERSHIP_SQL = """
       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND pid = pg_backend_pid()
 """
+
+
+class UnsafeLockConnectionError(SchedulerError):
+    """LOCK_DATABASE_URL reaches something a session lock cannot live on: a
+    transaction-pooling proxy or a read-only replica."""
+
+
+def check_pooling(first_pid: int, second_pid: int) -> None:
+    """Raise UnsafeLockConnectionError when two statements ran on different backends."""
+    if first_pid != second_pid:
+        raise UnsafeLockConnectionError(
+            "LOCK_DATABASE_URL goes through a transaction-pooling proxy: pg_backend_pid() "
+            f"changed between two statements ({first_pid}, then {second_pid}), so a session "
+            "advisory lock would be lost; point LOCK_DATABASE_URL at PostgreSQL directly"
+        )
+
+
+def check_primary(in_recovery: bool) -> None:
+    """Raise UnsafeLockConnectionError on a replica, where no lock coordinates writers."""
+    if in_recovery:
+        raise UnsafeLockConnectionError(
+            "LOCK_DATABASE_URL reaches a read-only replica (pg_is_in_recovery() is true); "
+            "point LOCK_DATABASE_URL at the primary"
+        )
 
 
 class LockConnection:
@@ -46,7 +81,8 @@ class LockConnection:
     async def connect(cls, dsn: str, *, lease_seconds: int, timeout: float = 10) -> LockConnection:
         """Open the connection with the lease and the holder's name set at connect.
 
-        Raises OSError, asyncpg errors or TimeoutError when the server cannot be reached.
+        Raises OSError, asyncpg errors or TimeoutError when the server cannot be reached,
+        and UnsafeLockConnectionError behind a transaction-pooling proxy or on a replica.
         """
         connection = await asyncpg.connect(
             dsn,
@@ -59,10 +95,16 @@ class LockConnection:
         )
         try:
             backend_pid = await connection.fetchval("SELECT pg_backend_pid()")
+            check_pooling(backend_pid, await connection.fetchval("SELECT pg_backend_pid()"))
+            check_primary(await connection.fetchval("SELECT pg_is_in_recovery()"))
         except BaseException:
             connection.terminate()
             raise
         return cls(connection, backend_pid)
+
+    async def on_wake(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on every NOTIFY to WAKE_CHANNEL (LISTEN opens no transaction)."""
+        await self._connection.add_listener(WAKE_CHANNEL, lambda *_args: callback())
 
     def on_lost(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` as soon as the connection dies (terminated, server gone);

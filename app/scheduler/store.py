@@ -106,6 +106,16 @@ _UPSERT_REPLICA = text(
 )
 
 
+_RECORD_LEADERSHIP = text(
+    """
+    INSERT INTO scheduler_leadership (id, pid, host, backend_pid, since)
+    VALUES (1, :pid, :host, :backend_pid, :since)
+    ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, host = excluded.host,
+        backend_pid = excluded.backend_pid, since = excluded.since
+    """
+)
+
+
 @dataclass(frozen=True)
 class JobRow:
     """A job's schedule state as the database holds it."""
@@ -156,6 +166,14 @@ class JobStore:
                 row = result.one()
                 rows[row.id] = JobRow(row.next_run_at, row.paused)
         return rows
+
+    async def record_leadership(self, backend_pid: int, since: datetime) -> None:
+        """Note who leads and since when, for operators (the lock stays the truth)."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                _RECORD_LEADERSHIP,
+                {"pid": self.pid, "host": self.host, "backend_pid": backend_pid, "since": since},
+            )
 
     async def register_replica_jobs(
         self, specs: Iterable[JobSpec], now: datetime, zone: ZoneInfo

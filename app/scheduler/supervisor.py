@@ -28,7 +28,7 @@ from zoneinfo import ZoneInfo
 import asyncpg
 
 from .clock import Clock
-from .election import LockConnection
+from .election import LockConnection, UnsafeLockConnectionError
 from .registry import JobSpec, Registry
 from .runner import Runner
 from .store import JobRow, JobStore
@@ -114,6 +114,9 @@ class Supervisor:
         self._rows: dict[str, JobRow] = {}
         self._bodies: set[asyncio.Task[None]] = set()
         self._failures = 0
+        self._reload = asyncio.Event()
+        self._firing = asyncio.Event()
+        self.refusal: str | None = None
 
     @property
     def leader_jobs(self) -> list[JobSpec]:
@@ -154,6 +157,17 @@ class Supervisor:
         except _UNREACHABLE as exc:
             await self._back_off("scheduler.lock_unreachable", exc)
             return
+        except UnsafeLockConnectionError as exc:
+            # A set-up error, not a passing fault: stop, loudly; the API keeps serving.
+            logger.error(
+                "scheduler.refused: %s (pid=%s)",
+                exc,
+                os.getpid(),
+                extra={"action": "scheduler.refused", "pid": os.getpid()},
+            )
+            self.refusal = str(exc)
+            self._stopping.set()
+            return
         except _LockCheckError as exc:
             if self.config.fail_closed:
                 await self._back_off("scheduler.fail_closed", exc)
@@ -179,6 +193,11 @@ class Supervisor:
         if self._acquiring is not None:
             self._acquiring.cancel()
 
+    async def wait_until_firing(self, timeout: float = 10) -> None:
+        """Return once this worker leads with its job rows registered and loops running."""
+        async with asyncio.timeout(timeout):
+            await self._firing.wait()
+
     async def wait_for_role(self, *roles: Role, timeout: float = 10) -> Role:
         """Return the role once it is one of ``roles``; for tests and the admin view."""
         async with asyncio.timeout(timeout), self._role_changed:
@@ -192,7 +211,7 @@ class Supervisor:
                 lease_seconds=self.config.lease_seconds,
                 timeout=self.config.connect_timeout_seconds,
             )
-        except _UNREACHABLE:
+        except (*_UNREACHABLE, UnsafeLockConnectionError):
             raise
         except asyncpg.PostgresError as exc:
             # The server answered and refused: a wrong database name or password.
@@ -242,6 +261,9 @@ class Supervisor:
             self._rows = await self.store.register_leader_jobs(
                 self.leader_jobs, now, self.config.zone
             )
+            if lock is not None:
+                await self.store.record_leadership(lock.backend_pid, now)
+                await lock.on_wake(self._reload.set)
             fence = lock.backend_pid if lock else None
             loops = [
                 asyncio.create_task(self._job_loop(spec, fence), name=f"job-loop:{spec.id}")
@@ -251,6 +273,7 @@ class Supervisor:
                 asyncio.create_task(self.runner.run_service(spec), name=f"service:{spec.id}")
                 for spec in self.registry.services.values()
             ]
+            self._firing.set()
             reason = await self._tick_until_done(lock, until)
         except Exception as exc:
             # The lock decides leadership; without the job rows we cannot lead either.
@@ -261,7 +284,14 @@ class Supervisor:
 
     async def _tick_until_done(self, lock: LockConnection | None, until: datetime | None) -> str:
         while True:
-            if await self._wait(self.config.leader_tick_seconds):
+            woken = await _first(
+                self.clock.sleep(self.config.leader_tick_seconds),
+                self._lost.wait(),
+                self._stopping.wait(),
+                self._reload.wait(),
+            )
+            self._reload.clear()
+            if woken in (1, 2):
                 return "lock connection lost" if self._lost.is_set() else "stopped"
             if until is not None and self.clock.now() >= until:
                 return "unguarded period over"
@@ -279,6 +309,7 @@ class Supervisor:
     async def _step_down(
         self, lock: LockConnection | None, loops: list[asyncio.Task[None]], reason: str
     ) -> None:
+        self._firing.clear()
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)

@@ -15,7 +15,7 @@ from app.db import Database
 from app.outbox import (
     HttpTransport,
     Message,
-    OutboxError,
+    MessageDeliveredError,
     PayloadError,
     PermanentDeliveryError,
     UnknownMessageError,
@@ -253,7 +253,7 @@ async def test_reset_of_an_unknown_or_delivered_row_is_refused(
     await outbox.drain_once()
     with pytest.raises(UnknownMessageError, match="has no message 999999"):
         await outbox.reset(999999)
-    with pytest.raises(OutboxError, match="delivered already"):
+    with pytest.raises(MessageDeliveredError, match="was delivered"):
         await outbox.reset(row_id)
 
 

@@ -1,0 +1,16 @@
+"""Operating Regent: the admin API and page, the scheduler health check, and the queries
+the CLI shares with them."""
+
+from .api import admin_error_response
+from .api import router as api_router
+from .errors import AdminError, Conflict, NotFound
+from .health import router as health_router
+
+__all__ = [
+    "AdminError",
+    "Conflict",
+    "NotFound",
+    "admin_error_response",
+    "api_router",
+    "health_router",
+]

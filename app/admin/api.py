@@ -1,0 +1,112 @@
+"""The admin JSON API under /admin/api, behind the admin dependency."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from app.db import Database
+from app.scheduler import Clock
+
+from . import queries
+from .auth import require_admin
+from .errors import AdminError
+
+__all__ = ["admin_error_response", "router"]
+
+router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[Depends(require_admin)])
+
+JobId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")]
+OutboxName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_]+$")]
+
+
+def _engine(request: Request) -> Any:
+    database: Database = request.app.state.database
+    return database.engine
+
+
+def _now(request: Request) -> datetime:
+    clock: Clock = request.app.state.clock
+    return clock.now()
+
+
+async def admin_error_response(request: Request, exc: Exception) -> JSONResponse:
+    """AdminError -> its status with the message as ``detail``."""
+    assert isinstance(exc, AdminError)
+    return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+
+
+@router.get("/jobs")
+async def jobs(request: Request) -> list[dict[str, Any]]:
+    """Every job: schedule, last start and finish, status, duration, lateness, running,
+    paused."""
+    return await queries.list_jobs(_engine(request))
+
+
+@router.get("/jobs/{job_id}/runs")
+async def runs(
+    request: Request,
+    job_id: JobId,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    before: Annotated[int | None, Query(ge=1, description="id of the last run seen")] = None,
+) -> dict[str, Any]:
+    """A page of the run history, newest first; pass ``next_before`` to get the next."""
+    page = await queries.job_runs(_engine(request), job_id, limit=limit, before=before)
+    next_before = page[-1]["id"] if len(page) == limit else None
+    return {"runs": page, "next_before": next_before}
+
+
+@router.post("/jobs/{job_id}/run", status_code=202)
+async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
+    """Fire now, through the same slot claim; 409 while the job runs."""
+    await queries.run_job_now(_engine(request), job_id, _now(request))
+    return {"status": "queued"}
+
+
+@router.post("/jobs/{job_id}/pause")
+async def pause(request: Request, job_id: JobId) -> dict[str, str]:
+    """Pause the job: no slot is claimed until it is resumed."""
+    await queries.set_paused(_engine(request), job_id, True)
+    return {"status": "paused"}
+
+
+@router.post("/jobs/{job_id}/resume")
+async def resume(request: Request, job_id: JobId) -> dict[str, str]:
+    """Resume a paused job."""
+    await queries.set_paused(_engine(request), job_id, False)
+    return {"status": "resumed"}
+
+
+@router.get("/leader")
+async def leader(request: Request) -> dict[str, Any]:
+    """The holder's pid, application_name, host and since when; standbys waiting."""
+    return await queries.leader(_engine(request))
+
+
+@router.get("/outboxes")
+async def outboxes(request: Request) -> list[dict[str, Any]]:
+    """Each outbox: counts by status, oldest pending age, last drain."""
+    return await queries.outbox_summary(_engine(request), _now(request))
+
+
+@router.get("/outboxes/{name}/messages")
+async def messages(
+    request: Request,
+    name: OutboxName,
+    status: Literal["stuck"] = "stuck",
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> list[dict[str, Any]]:
+    """The stuck rows of an outbox."""
+    return await queries.stuck_messages(_engine(request), name, limit=limit)
+
+
+@router.post("/outboxes/{name}/messages/{message_id}/reset")
+async def reset(
+    request: Request, name: OutboxName, message_id: Annotated[int, Path(ge=1)]
+) -> dict[str, str]:
+    """Set the row pending, attempts 0, due now; 404 unknown, 409 delivered."""
+    await queries.reset_outbox_message(_engine(request), name, message_id, _now(request))
+    return {"status": "pending"}

@@ -1,0 +1,219 @@
+"""What operators read and change: shared by the admin API, the admin page and the CLI.
+
+Every function takes an engine and plain values, and raises AdminError subclasses whose
+messages name the problem.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.outbox import MessageDeliveredError, UnknownMessageError, reset_message
+from app.scheduler.election import WAKE_CHANNEL
+from app.scheduler.keys import SCHEDULER_LEADER_KEY
+
+from .errors import Conflict, NotFound
+
+__all__ = [
+    "job_runs",
+    "leader",
+    "list_jobs",
+    "outbox_summary",
+    "reset_outbox_message",
+    "run_job_now",
+    "set_paused",
+    "stuck_messages",
+]
+
+_JOBS = text(
+    """
+    SELECT j.id, j.name, j.trigger, j.leader_only, j.next_run_at, j.last_started_at,
+        j.last_finished_at, j.last_status, j.last_error, j.last_duration_ms, j.last_success_at,
+        j.paused, j.created_at, coalesce(j.last_status = 'running', false) AS running,
+        (SELECT r.lateness_ms FROM scheduler_runs r WHERE r.job_id = j.id
+         ORDER BY r.id DESC LIMIT 1) AS last_lateness_ms
+    FROM scheduler_jobs j ORDER BY j.id
+    """
+)
+_RUNS = text(
+    """
+    SELECT id, slot, started_at, finished_at, status, lateness_ms, duration_ms, pid, host, error
+    FROM scheduler_runs WHERE job_id = :job_id AND (CAST(:before AS bigint) IS NULL OR id < :before)
+    ORDER BY id DESC LIMIT :limit
+    """
+)
+_JOB = text("SELECT last_status, paused FROM scheduler_jobs WHERE id = :job_id")
+_RUN_NOW = text(
+    "UPDATE scheduler_jobs SET next_run_at = LEAST(next_run_at, :now), updated_at = now()"
+    " WHERE id = :job_id"
+)
+_PAUSE = text(
+    "UPDATE scheduler_jobs SET paused = :paused, updated_at = now() WHERE id = :job_id RETURNING id"
+)
+_WAKE = text(f"NOTIFY {WAKE_CHANNEL}")
+_LEADER = text(
+    """
+    SELECT a.pid AS backend_pid, a.application_name, a.client_addr::text AS client_addr,
+        s.pid, s.host, s.since
+    FROM pg_locks l
+    JOIN pg_stat_activity a ON a.pid = l.pid
+    LEFT JOIN scheduler_leadership s ON s.backend_pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.objid = :key AND l.granted
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    """
+)
+_STANDBYS = text(
+    """
+    SELECT count(*) FROM pg_locks
+    WHERE locktype = 'advisory' AND objid = :key AND NOT granted
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    """
+)
+_OUTBOXES = text(
+    """
+    SELECT m.outbox, m.status, count(*) AS messages,
+        min(m.created_at) FILTER (WHERE m.status = 'pending') AS oldest_pending
+    FROM outbox_messages m GROUP BY m.outbox, m.status
+    """
+)
+_DRAINS = text("SELECT outbox, last_drain_at, delivered, retried, stuck FROM outbox_drains")
+_KNOWN_OUTBOX = text(
+    "SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE outbox = :outbox)"
+    " OR EXISTS (SELECT 1 FROM outbox_drains WHERE outbox = :outbox)"
+)
+_STUCK = text(
+    """
+    SELECT id, outbox, key, payload, attempts, last_error, created_at, updated_at
+    FROM outbox_messages
+    WHERE status = 'stuck' AND (CAST(:outbox AS text) IS NULL OR outbox = :outbox)
+    ORDER BY id LIMIT :limit
+    """
+)
+
+
+def _rows(result: Any) -> list[dict[str, Any]]:
+    return [dict(row._mapping) for row in result]
+
+
+async def list_jobs(engine: AsyncEngine) -> list[dict[str, Any]]:
+    """Every job with its schedule state and last outcome."""
+    async with engine.connect() as conn:
+        return _rows(await conn.execute(_JOBS))
+
+
+async def _require_job(conn: Any, job_id: str) -> Any:
+    row = (await conn.execute(_JOB, {"job_id": job_id})).first()
+    if row is None:
+        raise NotFound(f"no job with id {job_id!r}; `python -m app jobs` lists them")
+    return row
+
+
+async def job_runs(
+    engine: AsyncEngine, job_id: str, *, limit: int = 50, before: int | None = None
+) -> list[dict[str, Any]]:
+    """A page of the job's runs, newest first; ``before`` is the last id of the previous
+    page. Raises NotFound for an unknown job."""
+    async with engine.connect() as conn:
+        await _require_job(conn, job_id)
+        result = await conn.execute(_RUNS, {"job_id": job_id, "limit": limit, "before": before})
+        return _rows(result)
+
+
+async def run_job_now(engine: AsyncEngine, job_id: str, now: datetime) -> None:
+    """Make the job due now; the leader fires it through the same slot claim.
+
+    Raises NotFound for an unknown job and Conflict while it runs or is paused.
+    """
+    async with engine.begin() as conn:
+        row = await _require_job(conn, job_id)
+        if row.last_status == "running":
+            raise Conflict(f"job {job_id!r} is running; try again when it has finished")
+        if row.paused:
+            raise Conflict(f"job {job_id!r} is paused; resume it first")
+        await conn.execute(_RUN_NOW, {"job_id": job_id, "now": now})
+        await conn.execute(_WAKE)
+
+
+async def set_paused(engine: AsyncEngine, job_id: str, paused: bool) -> None:
+    """Pause or resume a job. Raises NotFound for an unknown job."""
+    async with engine.begin() as conn:
+        if (await conn.execute(_PAUSE, {"job_id": job_id, "paused": paused})).first() is None:
+            raise NotFound(f"no job with id {job_id!r}; `python -m app jobs` lists them")
+        await conn.execute(_WAKE)
+
+
+async def leader(engine: AsyncEngine) -> dict[str, Any]:
+    """The holder of the leader key (None fields when nobody leads) and the number of
+    standbys waiting for it, from pg_locks and pg_stat_activity."""
+    async with engine.connect() as conn:
+        holder = (await conn.execute(_LEADER, {"key": SCHEDULER_LEADER_KEY})).first()
+        standbys = (await conn.execute(_STANDBYS, {"key": SCHEDULER_LEADER_KEY})).scalar_one()
+    info: dict[str, Any] = {
+        "pid": None,
+        "application_name": None,
+        "host": None,
+        "client_addr": None,
+        "backend_pid": None,
+        "since": None,
+    }
+    if holder is not None:
+        info |= dict(holder._mapping)
+    return info | {"standbys": standbys}
+
+
+async def outbox_summary(engine: AsyncEngine, now: datetime) -> list[dict[str, Any]]:
+    """Per outbox: counts by status, the oldest pending age in seconds, the last drain."""
+    summary: dict[str, dict[str, Any]] = {}
+    async with engine.connect() as conn:
+        for row in await conn.execute(_OUTBOXES):
+            entry = summary.setdefault(row.outbox, _empty_outbox(row.outbox))
+            entry["counts"][row.status] = row.messages
+            if row.oldest_pending is not None:
+                entry["oldest_pending_seconds"] = (now - row.oldest_pending).total_seconds()
+        for row in await conn.execute(_DRAINS):
+            entry = summary.setdefault(row.outbox, _empty_outbox(row.outbox))
+            entry["last_drain_at"] = row.last_drain_at
+    return [summary[name] for name in sorted(summary)]
+
+
+def _empty_outbox(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "counts": {"pending": 0, "delivered": 0, "stuck": 0},
+        "oldest_pending_seconds": None,
+        "last_drain_at": None,
+    }
+
+
+async def _require_outbox(engine: AsyncEngine, outbox: str) -> None:
+    async with engine.connect() as conn:
+        if not (await conn.execute(_KNOWN_OUTBOX, {"outbox": outbox})).scalar():
+            raise NotFound(f"no outbox named {outbox!r}; `python -m app outbox stuck` lists them")
+
+
+async def stuck_messages(
+    engine: AsyncEngine, outbox: str | None = None, *, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Stuck rows, oldest first, of one outbox or all. Raises NotFound for an unknown one."""
+    if outbox is not None:
+        await _require_outbox(engine, outbox)
+    async with engine.connect() as conn:
+        return _rows(await conn.execute(_STUCK, {"outbox": outbox, "limit": limit}))
+
+
+async def reset_outbox_message(
+    engine: AsyncEngine, outbox: str, message_id: int, now: datetime
+) -> None:
+    """Make a row pending, attempts 0, due now. NotFound for an unknown outbox or id,
+    Conflict for a delivered row."""
+    await _require_outbox(engine, outbox)
+    try:
+        await reset_message(engine, outbox, message_id, now)
+    except UnknownMessageError as exc:
+        raise NotFound(str(exc)) from None
+    except MessageDeliveredError as exc:
+        raise Conflict(str(exc)) from None

@@ -1,7 +1,10 @@
-"""`python -m app`: serve (the default) and migrate.
+"""`python -m app`: serve (the default), migrate, and the operator commands.
 
     python -m app [serve] [--host 127.0.0.1] [--port 8000] [--workers 2]
     python -m app migrate
+    python -m app jobs | jobs run ID | jobs history ID
+    python -m app outbox stuck [NAME] | outbox reset NAME ID
+    python -m app leader
 
 Without DATABASE_URL both start the embedded PostgreSQL (see app/embedded.py); serve
 migrates it to head first. With DATABASE_URL nothing is started and serve migrates
@@ -21,6 +24,8 @@ from types import FrameType
 
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from .admin import AdminError
+from .cli_admin import COMMANDS, add_commands, main_async
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
 from .localpg import LocalPostgresError
@@ -36,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         target.add_argument("--port", type=int, default=8000)
         target.add_argument("--workers", type=int, default=2)
     commands.add_parser("migrate", help="upgrade the database to head")
+    add_commands(commands)
     return parser
 
 
@@ -100,8 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
         if args.command == "migrate":
             _migrate(settings)
+        elif args.command in COMMANDS:
+            print(main_async(settings, args))
         else:
             _serve(args, settings)
+    except AdminError as exc:
+        print(f"regent: error: {exc}", file=sys.stderr)
+        return 1
     except (SettingsError, DatabaseError, LocalPostgresError) as exc:
         print(f"regent: error: {exc}", file=sys.stderr)
         return 2

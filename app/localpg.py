@@ -244,6 +244,31 @@ class LocalPostgres:
         self.stop()
         self.start(timeout)
 
+    def replica(self, data_dir: Path, *, port: int) -> LocalPostgres:
+        """A streaming replica of this server in ``data_dir`` (pg_basebackup -R), not
+        started yet. Read-only once started: pg_is_in_recovery() is true there."""
+        data_dir.mkdir(parents=True, mode=0o700)
+        if self.account is not None:
+            os.chown(data_dir, self.account.pw_uid, self.account.pw_gid)
+        result = subprocess.run(
+            [
+                str(self.bindir / "pg_basebackup"),
+                f"--pgdata={data_dir}",
+                "--host=127.0.0.1",
+                f"--port={self.port}",
+                f"--username={_DB_USER}",
+                "--write-recovery-conf",
+                "--checkpoint=fast",
+            ],
+            capture_output=True,
+            text=True,
+            preexec_fn=_child_setup(self.account, signal.SIGKILL),
+            check=False,
+        )
+        if result.returncode != 0:
+            raise LocalPostgresError(f"pg_basebackup failed: {result.stderr.strip()}")
+        return LocalPostgres(data_dir, port=port, fsync=self.fsync, bindir=self.bindir)
+
     def _prepare_data_dir(self) -> None:
         fresh = not self.data_dir.exists()
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -81,6 +81,15 @@ class TestServer:
         assert self.local is not None, "only a server the suite started can crash"
         self.local.crash()
 
+    def replica(self) -> LocalPostgres:
+        """A started streaming replica of this server (stop it when done)."""
+        assert self.local is not None and self._tmp is not None
+        replica = self.local.replica(
+            self._tmp / f"replica-{uuid.uuid4().hex[:6]}", port=free_port()
+        )
+        replica.start()
+        return replica
+
     def start(self) -> None:
         """Start again after crash()."""
         assert self.local is not None

@@ -16,9 +16,10 @@ from app.outbox import MessageDeliveredError, UnknownMessageError, reset_message
 from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.keys import SCHEDULER_LEADER_KEY
 
-from .errors import Conflict, NotFound
+from .errors import AdminError, Conflict, NotFound
 
 __all__ = [
+    "AdminError",
     "job_runs",
     "leader",
     "list_jobs",

@@ -53,6 +53,7 @@ column or a receiver-side UNIQUE, never this lock (see DESIGN.md).
 
 from .clock import Clock, FakeClock, SystemClock
 from .context import JobContext, ServiceContext
+from .election import UnsafeLockConnectionError
 from .errors import InvalidJobError, SchedulerError
 from .scheduler import Scheduler
 from .supervisor import Role, SchedulerConfig
@@ -72,6 +73,7 @@ __all__ = [
     "ServiceContext",
     "SystemClock",
     "Trigger",
+    "UnsafeLockConnectionError",
     "cron",
     "every",
 ]

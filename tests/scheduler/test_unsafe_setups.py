@@ -13,13 +13,13 @@ from ..pgserver import TestServer
 
 
 def test_a_backend_pid_that_changes_between_statements_is_a_pooling_proxy() -> None:
-    with pytest.raises(UnsafeLockConnectionError, match="transaction-pooling proxy.*directly"):
+    with pytest.raises(UnsafeLockConnectionError, match=r"transaction-pooling proxy.*directly"):
         check_pooling(101, 202)
     check_pooling(101, 101)
 
 
 def test_a_server_in_recovery_is_refused() -> None:
-    with pytest.raises(UnsafeLockConnectionError, match="read-only replica.*primary"):
+    with pytest.raises(UnsafeLockConnectionError, match=r"read-only replica.*primary"):
         check_primary(True)
     check_primary(False)
 

@@ -17,8 +17,10 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from types import FrameType
 
@@ -79,17 +81,26 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
         else:
             asyncio.run(_check_at_head(url, settings.DATABASE_CONNECT_TIMEOUT_SECONDS))
         os.environ["DATABASE_URL"] = url
+        # Workers share metrics through this directory (prometheus multiprocess mode).
+        metrics_dir = None
+        if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+            metrics_dir = tempfile.mkdtemp(prefix="regent-metrics-")
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         print(
             f"regent: serving on http://{args.host}:{args.port} with {args.workers} worker(s)",
             file=sys.stderr,
         )
-        uvicorn.run(
-            "app.main:app",
-            host=args.host,
-            port=args.port,
-            workers=args.workers,
-            log_level=settings.LOG_LEVEL.lower(),
-        )
+        try:
+            uvicorn.run(
+                "app.main:app",
+                host=args.host,
+                port=args.port,
+                workers=args.workers,
+                log_level=settings.LOG_LEVEL.lower(),
+            )
+        finally:
+            if metrics_dir is not None:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def _migrate(settings: Settings) -> None:

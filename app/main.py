@@ -7,7 +7,9 @@ API.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -15,10 +17,13 @@ from zoneinfo import ZoneInfo
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from prometheus_client import multiprocess
 
 from .admin import AdminError, admin_error_response, api_router, health_router
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
 from .logging import configure_logging
+from .metrics import instrument, measure_loop_lag
+from .metrics import router as metrics_router
 from .outbox import Outbox, OutboxError, UnregisteredDrainError
 from .scheduler import Scheduler, SchedulerConfig, SystemClock
 from .settings import Settings, load_settings
@@ -110,6 +115,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         except OutboxError:
             await database.dispose()
             raise
+        lag = asyncio.create_task(measure_loop_lag(), name="loop-lag")
         if scheduler is not None:
             try:
                 await scheduler.start(
@@ -125,7 +131,11 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         finally:
             if scheduler is not None:
                 await scheduler.stop()
+            lag.cancel()
+            await asyncio.gather(lag, return_exceptions=True)
             await database.dispose()
+            if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+                multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
     app = FastAPI(title="Regent", lifespan=lifespan)
     app.state.settings = resolved
@@ -134,6 +144,9 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     app.state.zone = ZoneInfo(resolved.TIMEZONE)
     app.include_router(api_router)
     app.include_router(health_router)
+    app.include_router(metrics_router)
+    if scheduler is not None:
+        instrument(scheduler)
     app.add_exception_handler(AdminError, admin_error_response)
 
     @app.get("/healthz")

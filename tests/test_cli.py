@@ -145,3 +145,15 @@ def test_second_run_on_the_same_data_directory_is_refused(embedded_app: Embedded
     assert result.returncode == 2
     assert "in use by `python -m app`" in result.stderr
     assert embedded_app.process.poll() is None
+
+
+def test_metrics_are_aggregated_across_workers(embedded_app: EmbeddedApp) -> None:
+    url = f"http://127.0.0.1:{embedded_app.http_port}/metrics"
+    deadline = time.monotonic() + 20
+    while "regent_is_leader 1.0" not in httpx.get(url).text:
+        assert time.monotonic() < deadline, "no leader reported"
+        time.sleep(0.05)
+    # Fresh connections land on both workers; the standby must report the leader too.
+    bodies = [httpx.get(url, headers={"Connection": "close"}).text for _ in range(10)]
+    assert all("regent_is_leader 1.0" in body for body in bodies)
+    assert all("regent_event_loop_lag_seconds" in body for body in bodies)

@@ -55,6 +55,7 @@ from .clock import Clock, FakeClock, SystemClock
 from .context import JobContext, ServiceContext
 from .election import UnsafeLockConnectionError
 from .errors import InvalidJobError, SchedulerError
+from .events import RunFinished
 from .scheduler import Scheduler
 from .supervisor import Role, SchedulerConfig
 from .triggers import Cron, Interval, Trigger, cron, every
@@ -67,6 +68,7 @@ __all__ = [
     "InvalidJobError",
     "JobContext",
     "Role",
+    "RunFinished",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerError",

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import Clock
 from .context import JobContext, ServiceContext
+from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
 from .store import JobStore, format_error
 
@@ -61,7 +62,9 @@ class Runner:
         zone: ZoneInfo,
         sessions: async_sessionmaker[AsyncSession],
         sync_sessions: sessionmaker[Session],
+        observers: Observers | None = None,
     ) -> None:
+        self.observers = observers or Observers()
         self.store = store
         self.clock = clock
         self.zone = zone
@@ -103,6 +106,7 @@ class Runner:
                 self.store.pid,
                 extra={"action": "job.missed", "job_id": spec.id, "pid": self.store.pid},
             )
+            self._observe(spec, "missed", 0.0, now - latest)
             return Claim(run_id, latest, next_slot, runs=False)
         missed_before = None
         if grace is not None and passed:
@@ -138,7 +142,10 @@ class Runner:
             fence_pid=fence_pid,
             error="the previous run was still going",
         )
-        return None if run_id is None else Claim(run_id, latest, next_slot, runs=False)
+        if run_id is None:
+            return None
+        self._observe(spec, "skipped_overlap", 0.0, now - latest)
+        return Claim(run_id, latest, next_slot, runs=False)
 
     async def fire_replica(self, spec: JobSpec, slot: datetime) -> None:
         """Run a per-replica job's slot on this worker: no claim, no lock."""
@@ -199,6 +206,7 @@ class Runner:
             _sync_sessions=None if spec.is_async else self.sync_sessions,
         )
         started = time.perf_counter()
+        lateness = self.clock.now() - slot
         status, error = "ok", None
         thread: asyncio.Future[None] | None = None
         try:
@@ -226,16 +234,23 @@ class Runner:
         except asyncio.CancelledError:
             status, error = "cancelled", "cancelled: this worker stopped leading or shut down"
             await self._record(spec, run_id, status, started, error)
+            self._observe(spec, status, time.perf_counter() - started, lateness)
             raise
         except Exception as exc:
             status, error = "error", format_error(exc)
             log.exception('Job "%s" raised', spec.name, extra={"action": "job.error"})
         await self._record(spec, run_id, status, started, error)
+        self._observe(spec, status, time.perf_counter() - started, lateness)
         if status == "timeout":
             log.warning('Job "%s" timed out: %s', spec.name, error, extra={"action": "job.timeout"})
             if thread is not None:
                 # The job stays busy until its thread ends, so it never overlaps itself.
                 await asyncio.wait({thread})
+
+    def _observe(self, spec: JobSpec, status: str, duration: float, lateness: timedelta) -> None:
+        self.observers.run_finished(
+            RunFinished(spec.id, status, duration, max(0.0, lateness.total_seconds()))
+        )
 
     async def _record(
         self, spec: JobSpec, run_id: int, status: str, started: float, error: str | None

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import Clock, SystemClock
 from .errors import SchedulerError
+from .events import Observers, RunFinished
 from .registry import JobSpec, Registry, ServiceSpec
 from .runner import Runner
 from .store import JobStore
@@ -40,6 +41,7 @@ class Scheduler:
 
     def __init__(self) -> None:
         self.registry = Registry()
+        self.observers = Observers()
         self.supervisor: Supervisor | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -93,6 +95,19 @@ class Scheduler:
 
         return register
 
+    def observe(
+        self,
+        *,
+        on_run: Callable[[RunFinished], None] | None = None,
+        on_role: Callable[[str], None] | None = None,
+    ) -> None:
+        """Call ``on_run`` after every slot's outcome and ``on_role`` on each role change
+        of this worker (``"leader"``, ``"standby"``, ...). Observers must not block."""
+        if on_run is not None:
+            self.observers.on_run.append(on_run)
+        if on_role is not None:
+            self.observers.on_role.append(on_role)
+
     @property
     def jobs(self) -> dict[str, JobSpec]:
         """Registered jobs by id."""
@@ -126,7 +141,12 @@ class Scheduler:
         clock = clock or SystemClock()
         store = JobStore(engine, pid=os.getpid(), host=socket.gethostname())
         runner = Runner(
-            store, clock=clock, zone=config.zone, sessions=sessions, sync_sessions=sync_sessions
+            store,
+            clock=clock,
+            zone=config.zone,
+            sessions=sessions,
+            sync_sessions=sync_sessions,
+            observers=self.observers,
         )
         self.supervisor = Supervisor(self.registry, runner, store, config, clock)
         self._task = asyncio.create_task(self._supervise(self.supervisor), name="scheduler")

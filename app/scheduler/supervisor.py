@@ -447,8 +447,11 @@ class Supervisor:
 
     async def _set_role(self, role: Role) -> None:
         async with self._role_changed:
+            changed = role is not self.role
             self.role = role
             self._role_changed.notify_all()
+        if changed:
+            self.runner.observers.role_changed(role.value)
 
 
 async def _first(*awaitables: Awaitable[object]) -> int:

@@ -1,0 +1,131 @@
+"""Prometheus metrics, correct across uvicorn workers.
+
+With PROMETHEUS_MULTIPROC_DIR set (``python -m app serve`` sets it), every worker
+writes its samples to that directory and ``GET /metrics`` on any worker aggregates all
+of them: job series come from the leader's process whichever worker answers. Without it
+(plain uvicorn) each worker reports only itself. Outbox series are read from the
+database at scrape time, so they are the same from every worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .admin import queries
+from .scheduler import Clock, RunFinished, Scheduler
+
+__all__ = ["instrument", "measure_loop_lag", "router"]
+
+JOB_RUNS = Counter("regent_job_runs", "Slots run or skipped, by outcome", ["job", "status"])
+JOB_DURATION = Histogram("regent_job_duration_seconds", "Job body duration", ["job"])
+JOB_LATENESS = Histogram(
+    "regent_job_lateness_seconds",
+    "Body start minus the slot's due time",
+    ["job"],
+    buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+IS_LEADER = Gauge(
+    "regent_is_leader",
+    "1 in the process that leads (summed over live workers)",
+    multiprocess_mode="livesum",
+)
+LEADER_CHANGES = Counter("regent_leader_changes", "Promotions of this deployment's workers")
+LOOP_LAG = Gauge(
+    "regent_event_loop_lag_seconds",
+    "Worst event-loop lag in the last second, over workers",
+    multiprocess_mode="livemax",
+)
+
+
+def instrument(scheduler: Scheduler) -> None:
+    """Feed the scheduler's runs and role changes into the metrics above."""
+
+    def on_run(event: RunFinished) -> None:
+        JOB_RUNS.labels(event.job_id, event.status).inc()
+        if event.status not in ("missed", "skipped_overlap"):
+            JOB_DURATION.labels(event.job_id).observe(event.duration_seconds)
+            JOB_LATENESS.labels(event.job_id).observe(event.lateness_seconds)
+
+    def on_role(role: str) -> None:
+        leading = role in ("leader", "unguarded")
+        IS_LEADER.set(1 if leading else 0)
+        if leading:
+            LEADER_CHANGES.inc()
+
+    scheduler.observe(on_run=on_run, on_role=on_role)
+
+
+async def measure_loop_lag(interval: float = 0.1, window: float = 1.0) -> None:
+    """Sample this worker's loop lag every ``interval``; publish the worst per window.
+
+    Runs until cancelled (the lifespan owns it).
+    """
+    worst, window_end = 0.0, time.monotonic() + window
+    while True:
+        due = time.monotonic() + interval
+        await asyncio.sleep(interval)
+        worst = max(worst, time.monotonic() - due)
+        if time.monotonic() >= window_end:
+            LOOP_LAG.set(worst)
+            worst, window_end = 0.0, time.monotonic() + window
+
+
+class _OutboxCollector(Collector):
+    def __init__(self, summary: list[dict[str, Any]]) -> None:
+        self.summary = summary
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        messages = GaugeMetricFamily(
+            "regent_outbox_messages", "Outbox rows by status", labels=["outbox", "status"]
+        )
+        oldest = GaugeMetricFamily(
+            "regent_outbox_oldest_pending_seconds",
+            "Age of the oldest pending row",
+            labels=["outbox"],
+        )
+        for entry in self.summary:
+            for status, count in entry["counts"].items():
+                messages.add_metric([entry["name"], status], count)
+            oldest.add_metric([entry["name"]], entry["oldest_pending_seconds"] or 0.0)
+        yield messages
+        yield oldest
+
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus text: job, leader and loop series from every worker; outbox series from
+    the database."""
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        body = generate_latest(registry)
+    else:
+        body = generate_latest(REGISTRY)
+    clock: Clock = request.app.state.clock
+    now: datetime = clock.now()
+    summary = await queries.outbox_summary(request.app.state.database.engine, now)
+    outboxes = CollectorRegistry()
+    outboxes.register(_OutboxCollector(summary))
+    return Response(body + generate_latest(outboxes), media_type=CONTENT_TYPE_LATEST)

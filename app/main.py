@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import multiprocess
 
-from .admin import AdminError, admin_error_response, api_router, health_router
+from .admin import AdminError, admin_error_response, api_router, health_router, page_router
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
 from .logging import configure_logging
 from .metrics import instrument, measure_loop_lag
@@ -144,6 +144,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     app.state.zone = ZoneInfo(resolved.TIMEZONE)
     app.include_router(api_router)
     app.include_router(health_router)
+    app.include_router(page_router)
     app.include_router(metrics_router)
     if scheduler is not None:
         instrument(scheduler)

@@ -5,6 +5,7 @@ from .api import admin_error_response
 from .api import router as api_router
 from .errors import AdminError, Conflict, NotFound
 from .health import router as health_router
+from .page import router as page_router
 
 __all__ = [
     "AdminError",
@@ -13,4 +14,5 @@ __all__ = [
     "admin_error_response",
     "api_router",
     "health_router",
+    "page_router",
 ]

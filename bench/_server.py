@@ -10,8 +10,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.db import migrate
+from app.db import Database, asyncpg_dsn, migrate
 from app.localpg import LocalPostgres, free_port
+from app.scheduler import Role, Scheduler, SchedulerConfig
 
 
 @contextlib.contextmanager
@@ -32,3 +33,14 @@ def percentile(values: list[float], fraction: float) -> float:
     """Nearest-rank percentile of ``values`` (fraction in 0..1)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def start_leading(scheduler: Scheduler, database: Database) -> None:
+    """Start ``scheduler`` on ``database`` with no handover grace; return once it leads."""
+    supervisor = await scheduler.start(
+        SchedulerConfig(lock_dsn=asyncpg_dsn(database.url), handover_grace_seconds=0),
+        engine=database.engine,
+        sessions=database.sessions,
+        sync_sessions=database.sync_sessions,
+    )
+    await supervisor.wait_for_role(Role.LEADER)

@@ -14,10 +14,10 @@ import asyncio
 import time
 from datetime import UTC, datetime
 
-from _server import migrated_database, percentile
+from _server import migrated_database, percentile, start_leading
 
-from app.db import Database, asyncpg_dsn
-from app.scheduler import JobContext, Role, Scheduler, SchedulerConfig, cron, every
+from app.db import Database
+from app.scheduler import JobContext, Scheduler, cron, every
 
 
 def _record(into: list[float], slot: datetime) -> None:
@@ -44,13 +44,7 @@ async def _measure(url: str, minutes: float) -> dict[str, list[float]]:
         _record(results["cron('* * * * *')"], ctx.scheduled_at)
 
     database = Database.from_url(url)
-    supervisor = await scheduler.start(
-        SchedulerConfig(lock_dsn=asyncpg_dsn(url), handover_grace_seconds=0),
-        engine=database.engine,
-        sessions=database.sessions,
-        sync_sessions=database.sync_sessions,
-    )
-    await supervisor.wait_for_role(Role.LEADER)
+    await start_leading(scheduler, database)
     baseline: list[float] = []
     stop = asyncio.Event()
     sleeper = asyncio.create_task(_baseline(baseline, stop))

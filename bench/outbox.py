@@ -19,12 +19,12 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-from _server import migrated_database, percentile
+from _server import migrated_database, percentile, start_leading
 from sqlalchemy import text
 
 from app.db import Database, asyncpg_dsn
 from app.outbox import Message, Outbox, sql
-from app.scheduler import Role, Scheduler, SchedulerConfig
+from app.scheduler import Scheduler
 
 FILL = text(
     """
@@ -100,13 +100,7 @@ async def _latency(database: Database, url: str, events: int, notify: bool) -> l
     outbox.bind(database.engine, listen_dsn=asyncpg_dsn(url))
     tick: asyncio.Task[None] | None = None
     if notify:
-        supervisor = await scheduler.start(
-            SchedulerConfig(lock_dsn=asyncpg_dsn(url), handover_grace_seconds=0),
-            engine=database.engine,
-            sessions=database.sessions,
-            sync_sessions=database.sync_sessions,
-        )
-        await supervisor.wait_for_role(Role.LEADER)
+        await start_leading(scheduler, database)
     else:
 
         async def every_minute() -> None:

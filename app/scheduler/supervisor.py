@@ -38,6 +38,9 @@ __all__ = ["Role", "SchedulerConfig", "Supervisor"]
 logger = logging.getLogger("app.scheduler")
 
 _RETRY_BACKOFF = (0.5, 1.0, 2.0, 4.0, 5.0)
+# A lock-check error is a set-up problem that rarely clears by itself: outside
+# production, fire unguarded this long between checks.
+_FAIL_OPEN_SECONDS = 60.0
 # The server cannot be reached, is going away or is full: retry, whatever ENVIRONMENT.
 _UNREACHABLE = (
     OSError,
@@ -173,13 +176,13 @@ class Supervisor:
                 await self._back_off("scheduler.fail_closed", exc)
                 return
             logger.warning(
-                "scheduler.fail_open: the lock check failed (%s); firing unguarded for %s s, "
-                "slot claims still fire each slot once",
+                "scheduler.fail_open: the lock check failed (%s); firing unguarded for %s s "
+                "before checking again; slot claims still fire each slot once",
                 exc,
-                self._next_backoff(),
+                _FAIL_OPEN_SECONDS,
                 extra={"action": "scheduler.fail_open", "pid": os.getpid()},
             )
-            until = self.clock.now() + timedelta(seconds=self._next_backoff())
+            until = self.clock.now() + timedelta(seconds=_FAIL_OPEN_SECONDS)
             await self._lead(None, until=until)
             return
         finally:
@@ -382,13 +385,16 @@ class Supervisor:
         specs = self.replica_jobs
         if not specs:
             return
+        failures = 0
         while True:
             try:
                 await self.store.register_replica_jobs(specs, self.clock.now(), self.config.zone)
                 break
             except Exception as exc:
-                await self._back_off("scheduler.replica_jobs_waiting", exc)
-        self._failures = 0
+                delay = _RETRY_BACKOFF[min(failures, len(_RETRY_BACKOFF) - 1)]
+                failures += 1
+                _log_retry("scheduler.replica_jobs_waiting", exc, delay)
+                await self.clock.sleep(delay)
         async with asyncio.TaskGroup() as group:
             for spec in specs:
                 group.create_task(self._replica_loop(spec), name=f"replica-loop:{spec.id}")
@@ -433,15 +439,7 @@ class Supervisor:
     async def _back_off(self, action: str, exc: BaseException) -> None:
         delay = self._next_backoff()
         self._failures += 1
-        logger.warning(
-            "%s: %s: %s; retrying in %s s (pid=%s)",
-            action,
-            exc.__class__.__name__,
-            exc,
-            delay,
-            os.getpid(),
-            extra={"action": action, "pid": os.getpid()},
-        )
+        _log_retry(action, exc, delay)
         await self._set_role(Role.STANDBY)
         await _first(self.clock.sleep(delay), self._stopping.wait())
 
@@ -452,6 +450,18 @@ class Supervisor:
             self._role_changed.notify_all()
         if changed:
             self.runner.observers.role_changed(role.value)
+
+
+def _log_retry(action: str, exc: BaseException, delay: float) -> None:
+    logger.warning(
+        "%s: %s: %s; retrying in %s s (pid=%s)",
+        action,
+        exc.__class__.__name__,
+        exc,
+        delay,
+        os.getpid(),
+        extra={"action": action, "pid": os.getpid()},
+    )
 
 
 async def _first(*awaitables: Awaitable[object]) -> int:

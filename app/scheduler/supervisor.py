@@ -41,6 +41,7 @@ _RETRY_BACKOFF = (0.5, 1.0, 2.0, 4.0, 5.0)
 # A lock-check error is a set-up problem that rarely clears by itself: outside
 # production, fire unguarded this long between checks.
 _FAIL_OPEN_SECONDS = 60.0
+_GRACEFUL = ("stopped", "unguarded period over")
 # The server cannot be reached, is going away or is full: retry, whatever ENVIRONMENT.
 _UNREACHABLE = (
     OSError,
@@ -107,7 +108,6 @@ class Supervisor:
         self.config = config
         self.clock = clock
         self.role = Role.STARTING
-        self.leader_changes = 0
         self.lock: LockConnection | None = None
         self._role_changed = asyncio.Condition()
         self._stopping = asyncio.Event()
@@ -244,7 +244,6 @@ class Supervisor:
         self.lock = lock
         if lock is not None:
             lock.on_lost(self._mark_lost)
-        self.leader_changes += 1
         await self._set_role(Role.LEADER if lock is not None else Role.UNGUARDED)
         logger.info(
             "scheduler.promoted (pid=%s, lock_backend_pid=%s)",
@@ -317,8 +316,9 @@ class Supervisor:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         if self._bodies:
-            if not self._lost.is_set():
-                # Graceful: give running jobs the shutdown grace before cancelling them.
+            if reason in _GRACEFUL:
+                # We still own the schedule: give running jobs the shutdown grace. After
+                # a loss another leader may already run, so they are cancelled at once.
                 await asyncio.wait(self._bodies, timeout=self.config.shutdown_grace_seconds)
             for task in self._bodies:
                 task.cancel()

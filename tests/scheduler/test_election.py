@@ -19,7 +19,7 @@ from app.scheduler import FakeClock, JobContext, Role, Scheduler, SchedulerConfi
 from app.scheduler.election import LockConnection
 from app.scheduler.keys import SCHEDULER_LEADER_KEY
 
-from .conftest import StartScheduler, holder_count
+from .conftest import StartScheduler, holder_count, wait_for_runs
 
 APP_DIR = Path(__file__).resolve().parents[2] / "app"
 
@@ -189,3 +189,35 @@ async def _until_waiting(engine: AsyncEngine) -> None:
     async with asyncio.timeout(5):
         while await count() == 0:
             await asyncio.sleep(0.01)
+
+
+async def test_lock_loss_cancels_running_async_jobs_at_once(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock()
+    scheduler = Scheduler()
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    @scheduler.job(every(seconds=10), id="long_running")
+    async def long_running(ctx: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    supervisor = await start_scheduler(scheduler, clock=clock, shutdown_grace_seconds=30)
+    await supervisor.wait_until_firing()
+    await clock.wait_for_sleepers(2)
+    clock.advance(10)
+    await asyncio.wait_for(started.wait(), 10)
+    assert supervisor.lock is not None
+    async with engine.connect() as conn:
+        await conn.execute(
+            text("SELECT pg_terminate_backend(:pid)"), {"pid": supervisor.lock.backend_pid}
+        )
+    # Not after the 30 s shutdown grace: another leader may already be firing.
+    await asyncio.wait_for(cancelled.wait(), 5)
+    history = await wait_for_runs(engine, "long_running", 1)
+    assert history[0][0] == "cancelled"

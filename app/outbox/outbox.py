@@ -101,15 +101,6 @@ class Outbox:
         """Every outbox that exists in this process."""
         return list(_LIVE.values())
 
-    @classmethod
-    def named(cls, name: str) -> Outbox:
-        """The outbox called ``name``. Raises OutboxError listing the known names."""
-        try:
-            return _LIVE[name]
-        except KeyError:
-            known = ", ".join(sorted(_LIVE)) or "none"
-            raise OutboxError(f"no outbox named {name!r}; known outboxes: {known}") from None
-
     def register(self, scheduler: Scheduler) -> None:
         """Put the drain job and the NOTIFY wake-up service on ``scheduler``."""
         scheduler.job(self.drain_every, id=self.drain_job_id, name=f"Deliver queued {self.name}")(

@@ -30,6 +30,8 @@ import asyncpg
 from .clock import Clock
 from .election import LockConnection, UnsafeLockConnectionError
 from .registry import JobSpec, Registry
+from .replicas import run_replica_jobs
+from .retry import backoff_delay, log_retry
 from .runner import Runner
 from .store import JobRow, JobStore
 
@@ -37,7 +39,6 @@ __all__ = ["Role", "SchedulerConfig", "Supervisor"]
 
 logger = logging.getLogger("app.scheduler")
 
-_RETRY_BACKOFF = (0.5, 1.0, 2.0, 4.0, 5.0)
 # A lock-check error is a set-up problem that rarely clears by itself: outside
 # production, fire unguarded this long between checks.
 _FAIL_OPEN_SECONDS = 60.0
@@ -138,7 +139,16 @@ class Supervisor:
 
     async def run(self) -> None:
         """Elect and lead until stop(); never raises but CancelledError."""
-        replicas = asyncio.create_task(self._run_replica_jobs(), name="replica-jobs")
+        replicas = asyncio.create_task(
+            run_replica_jobs(
+                self.replica_jobs,
+                store=self.store,
+                runner=self.runner,
+                clock=self.clock,
+                zone=self.config.zone,
+            ),
+            name="replica-jobs",
+        )
         try:
             while not self._stopping.is_set():
                 await self.run_once()
@@ -381,39 +391,6 @@ class Supervisor:
                 self._bodies.add(body)
                 body.add_done_callback(self._bodies.discard)
 
-    async def _run_replica_jobs(self) -> None:
-        specs = self.replica_jobs
-        if not specs:
-            return
-        failures = 0
-        while True:
-            try:
-                await self.store.register_replica_jobs(specs, self.clock.now(), self.config.zone)
-                break
-            except Exception as exc:
-                delay = _RETRY_BACKOFF[min(failures, len(_RETRY_BACKOFF) - 1)]
-                failures += 1
-                _log_retry("scheduler.replica_jobs_waiting", exc, delay)
-                await self.clock.sleep(delay)
-        async with asyncio.TaskGroup() as group:
-            for spec in specs:
-                group.create_task(self._replica_loop(spec), name=f"replica-loop:{spec.id}")
-
-    async def _replica_loop(self, spec: JobSpec) -> None:
-        zone = self.config.zone
-        now = self.clock.now()
-        due = now + timedelta(seconds=spec.first_run) if spec.first_run is not None else None
-        slot = due or spec.trigger.first_slot(now, zone)
-        while True:
-            jitter = random.uniform(0, spec.jitter) if spec.jitter else 0.0
-            await self.clock.sleep((slot - self.clock.now()).total_seconds() + jitter)
-            latest, _ = spec.trigger.latest_slot(slot, self.clock.now(), zone)
-            try:
-                await self.runner.fire_replica(spec, latest)
-            except Exception:
-                logger.warning("replica job %s could not start", spec.id, exc_info=True)
-            slot = spec.trigger.next_after(latest, zone)
-
     async def _wait(self, seconds: float) -> bool:
         """Sleep on the clock; True when woken early by loss of the lock or stop()."""
         return (
@@ -434,12 +411,12 @@ class Supervisor:
         self._lost.set()
 
     def _next_backoff(self) -> float:
-        return _RETRY_BACKOFF[min(self._failures, len(_RETRY_BACKOFF) - 1)]
+        return backoff_delay(self._failures)
 
     async def _back_off(self, action: str, exc: BaseException) -> None:
         delay = self._next_backoff()
         self._failures += 1
-        _log_retry(action, exc, delay)
+        log_retry(action, exc, delay)
         await self._set_role(Role.STANDBY)
         await _first(self.clock.sleep(delay), self._stopping.wait())
 
@@ -450,18 +427,6 @@ class Supervisor:
             self._role_changed.notify_all()
         if changed:
             self.runner.observers.role_changed(role.value)
-
-
-def _log_retry(action: str, exc: BaseException, delay: float) -> None:
-    logger.warning(
-        "%s: %s: %s; retrying in %s s (pid=%s)",
-        action,
-        exc.__class__.__name__,
-        exc,
-        delay,
-        os.getpid(),
-        extra={"action": action, "pid": os.getpid()},
-    )
 
 
 async def _first(*awaitables: Awaitable[object]) -> int:

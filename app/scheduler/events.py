@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["Observers", "RunFinished"]
 
@@ -42,7 +43,7 @@ class Observers:
             self._call(callback, role)
 
     @staticmethod
-    def _call(callback: Callable[[object], None] | Callable[..., None], value: object) -> None:
+    def _call(callback: Callable[[Any], None], value: object) -> None:
         try:
             callback(value)
         except Exception:

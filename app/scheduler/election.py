@@ -44,6 +44,12 @@ OWNERSHIP_SQL = """
 """
 
 
+_POOLER_SYMPTOMS = (
+    asyncpg.exceptions.InvalidSQLStatementNameError,
+    asyncpg.exceptions.DuplicatePreparedStatementError,
+)
+
+
 class UnsafeLockConnectionError(SchedulerError):
     """LOCK_DATABASE_URL reaches something a session lock cannot live on: a
     transaction-pooling proxy or a read-only replica."""
@@ -97,6 +103,14 @@ class LockConnection:
             backend_pid = await connection.fetchval("SELECT pg_backend_pid()")
             check_pooling(backend_pid, await connection.fetchval("SELECT pg_backend_pid()"))
             check_primary(await connection.fetchval("SELECT pg_is_in_recovery()"))
+        except _POOLER_SYMPTOMS as exc:
+            # A statement prepared on one backend and run on another: a pooler.
+            connection.terminate()
+            raise UnsafeLockConnectionError(
+                "LOCK_DATABASE_URL goes through a transaction-pooling proxy (a prepared "
+                f"statement vanished between two round trips: {exc}); a session advisory "
+                "lock would be lost; point LOCK_DATABASE_URL at PostgreSQL directly"
+            ) from exc
         except BaseException:
             connection.terminate()
             raise

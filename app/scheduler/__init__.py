@@ -8,6 +8,13 @@ dedicated *lock connection* (asyncpg, outside the pool, ``application_name =
 'scheduler-leader:<pid>'``, ``idle_session_timeout`` = the lease) and asks for session
 advisory lock 911000001.
 
+At connect the lock connection proves it can hold a session lock: two statements must
+run on one backend (else LOCK_DATABASE_URL goes through a transaction-pooling proxy)
+and the server must not be in recovery (a replica). Either failure stops the scheduler
+with ``scheduler.refused``; the API keeps serving. The leader's lock connection also
+LISTENs on ``regent_scheduler``, so an operator's pause, resume or run-now reaches it at
+once (LISTEN opens no transaction).
+
 States::
 
     STARTING -> STANDBY -(key granted)-> LEADER -(lost | stop)-> STANDBY ... -> STOPPED

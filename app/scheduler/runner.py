@@ -9,6 +9,7 @@ reaches the supervisor, so the next slot still fires.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -233,6 +234,9 @@ class Runner:
                     )
         except asyncio.CancelledError:
             status, error = "cancelled", "cancelled: this worker stopped leading or shut down"
+            if thread is not None and not thread.done():
+                # The thread runs on; whatever it ends with is logged, not lost.
+                thread.add_done_callback(functools.partial(_log_abandoned, spec))
             await self._record(spec, run_id, status, started, error)
             self._observe(spec, status, time.perf_counter() - started, lateness)
             raise
@@ -246,6 +250,13 @@ class Runner:
             if thread is not None:
                 # The job stays busy until its thread ends, so it never overlaps itself.
                 await asyncio.wait({thread})
+                if not thread.cancelled() and thread.exception() is not None:
+                    log.warning(
+                        'Job "%s" raised after its timeout',
+                        spec.name,
+                        exc_info=thread.exception(),
+                        extra={"action": "job.error"},
+                    )
 
     def _observe(self, spec: JobSpec, status: str, duration: float, lateness: timedelta) -> None:
         self.observers.run_finished(
@@ -275,6 +286,16 @@ class Runner:
                 exc_info=True,
                 extra={"action": "job.record_failed", "job_id": spec.id},
             )
+
+
+def _log_abandoned(spec: JobSpec, thread: asyncio.Future[None]) -> None:
+    if not thread.cancelled() and thread.exception() is not None:
+        logger.warning(
+            'Job "%s" raised in its thread after the run was cancelled',
+            spec.name,
+            exc_info=thread.exception(),
+            extra={"action": "job.error", "job_id": spec.id},
+        )
 
 
 def _adapter(name: str, job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:

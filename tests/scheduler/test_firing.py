@@ -6,6 +6,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -231,6 +232,28 @@ async def test_thread_job_past_its_timeout_blocks_its_next_run_until_it_ends(
     history = await wait_for_runs(engine, "slow_thread", 3)
     assert history[2] == ("ok", T0 + timedelta(seconds=30))
     assert entered.acquire(timeout=0) and entered.acquire(timeout=0)
+
+
+async def test_thread_job_that_raises_after_its_timeout_is_logged(
+    start_scheduler: StartScheduler, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    release = threading.Event()
+
+    @scheduler.job(every(seconds=10), id="late_raiser", timeout=0.1)
+    def late_raiser(ctx: JobContext) -> None:
+        release.wait(30)
+        raise RuntimeError("failed after the timeout")
+
+    supervisor = await _leading(start_scheduler, scheduler, clock)
+    clock.advance(10)
+    assert (await wait_for_runs(engine, "late_raiser", 1))[0][0] == "timeout"
+    release.set()
+    async with asyncio.timeout(10):
+        while "late_raiser" in supervisor.running_job_ids:
+            await asyncio.sleep(0.01)
+    assert "failed after the timeout" in caplog.text
 
 
 async def test_sync_job_runs_in_a_thread_not_on_the_loop(

@@ -3,10 +3,13 @@
 import asyncio
 import random
 import re
+import subprocess
+import sys
 from datetime import timedelta
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -309,3 +312,32 @@ async def test_sync_enqueue_from_a_thread_job_is_delivered(
     await asyncio.to_thread(thread_job)
     assert (await outbox.drain_once()).delivered == 1
     assert [message.key for message in receiver.calls] == ["from-thread"]
+
+
+@pytest.mark.multiprocess
+def test_four_drain_processes_deliver_every_key_exactly_once(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE received (key text NOT NULL, pid int NOT NULL)")
+        conn.execute(
+            "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
+            " next_attempt_at, created_at, updated_at)"
+            " SELECT 'shared', 'k' || n, '{}', 'pending', 0, now(), now(), now()"
+            " FROM generate_series(1, 2000) AS n"
+        )
+    workers = [
+        subprocess.Popen([sys.executable, "-m", "tests.procs.drain_worker", database_url, str(n)])
+        for n in range(4)
+    ]
+    assert [worker.wait(180) for worker in workers] == [0, 0, 0, 0]
+    with psycopg.connect(database_url) as conn:
+        twice = conn.execute("SELECT key FROM received GROUP BY key HAVING count(*) > 1").fetchall()
+        delivered = conn.execute("SELECT count(DISTINCT key) FROM received").fetchone()
+        drains = {pid for (pid,) in conn.execute("SELECT DISTINCT pid FROM received")}
+        statuses = conn.execute(
+            "SELECT status, count(*) FROM outbox_messages GROUP BY status"
+        ).fetchall()
+    assert twice == []
+    assert delivered == (2000,)
+    assert statuses == [("delivered", 2000)]
+    assert len(drains) > 1, "only one process delivered anything"
+    assert drains <= {worker.pid for worker in workers}

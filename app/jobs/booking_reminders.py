@@ -4,6 +4,10 @@ A booking due for its 24 h (or 1 h) reminder and whose stamp column is NULL gets
 SMS; the column is stamped and committed row by row, right after the send. Two runs,
 or two processes at once, send one SMS per booking per window: the row is claimed with
 FOR UPDATE SKIP LOCKED, so a concurrent run skips it, and a later run finds it stamped.
+
+A booking gets the reminder of the window it is in: one made 30 minutes ahead gets the
+1 h reminder only. SMS is at-least-once: a crash between the send and the commit sends
+that one reminder again on the next run (money uses claim-before-send instead).
 """
 
 from __future__ import annotations
@@ -22,15 +26,15 @@ __all__ = ["WINDOWS", "register", "send_due_reminders"]
 
 logger = logging.getLogger("app.jobs.booking_reminders")
 
-# window name -> (stamp column, how long before the start it is due)
-WINDOWS: dict[str, tuple[str, timedelta]] = {
-    "24h": ("reminder_24h_sent_at", timedelta(hours=24)),
-    "1h": ("reminder_1h_sent_at", timedelta(hours=1)),
+# window name -> (stamp column, nearest and farthest start it covers)
+WINDOWS: dict[str, tuple[str, timedelta, timedelta]] = {
+    "24h": ("reminder_24h_sent_at", timedelta(hours=1), timedelta(hours=24)),
+    "1h": ("reminder_1h_sent_at", timedelta(0), timedelta(hours=1)),
 }
 
 _NEXT_DUE = """
     SELECT id, phone, starts_at FROM bookings
-    WHERE {column} IS NULL AND starts_at > :now AND starts_at <= :horizon
+    WHERE {column} IS NULL AND starts_at > :nearest AND starts_at <= :horizon
       AND id <> ALL(:failed)
     ORDER BY starts_at, id
     LIMIT 1
@@ -46,14 +50,14 @@ async def send_due_reminders(session: AsyncSession, sms: SmsGateway, now: dateti
     that booking; the others still go out.
     """
     sent = 0
-    for window, (column, lead) in WINDOWS.items():
+    for window, (column, nearest, farthest) in WINDOWS.items():
         failed: list[int] = []
         while True:
             async with session.begin():
                 row = (
                     await session.execute(
                         text(_NEXT_DUE.format(column=column)),
-                        {"now": now, "horizon": now + lead, "failed": failed},
+                        {"nearest": now + nearest, "horizon": now + farthest, "failed": failed},
                     )
                 ).first()
                 if row is None:

@@ -35,11 +35,10 @@ async def test_two_reminder_runs_send_one_sms_per_booking_and_window(
     for _ in range(2):
         async with database.sessions() as session:
             await send_due_reminders(session, sms, NOW)
-    # The 30-minute booking is due for both windows; the 5-hour one for 24 h only.
-    assert sorted(phone for phone, _ in sms.sent) == [
-        "+41790000001",
-        "+41790000001",
-        "+41790000002",
+    # The 30-minute booking is in the 1 h window, the 5-hour one in the 24 h window.
+    assert sorted((phone, "1h" in text) for phone, text in sms.sent) == [
+        ("+41790000001", True),
+        ("+41790000002", False),
     ]
 
 

@@ -342,3 +342,26 @@ async def test_job_session_is_closed_after_the_body(
     session = seen[0].session
     assert not session.in_transaction()
     assert session.sync_session.get_bind() is not None
+
+
+async def test_jitter_delays_the_fire_but_keeps_the_slot(
+    start_scheduler: StartScheduler, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Randomness, like time, is a fixture: the draw is the largest the jitter allows.
+    monkeypatch.setattr("app.scheduler.supervisor.random.uniform", lambda low, high: high)
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    slots: list[datetime] = []
+
+    @scheduler.job(every(seconds=10), id="jittered", jitter=5)
+    async def jittered(ctx: JobContext) -> None:
+        slots.append(ctx.scheduled_at)
+
+    await _leading(start_scheduler, scheduler, clock)
+    clock.advance(14)
+    await clock.wait_for_sleepers(2)
+    assert slots == []
+    clock.advance(1)
+    history = await wait_for_runs(engine, "jittered", 1)
+    assert history == [("ok", T0 + timedelta(seconds=10))]
+    assert slots == [T0 + timedelta(seconds=10)]

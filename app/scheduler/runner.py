@@ -86,19 +86,26 @@ class Runner:
         latest, passed = spec.trigger.latest_slot(due, now, self.zone)
         next_slot = spec.trigger.next_after(latest, self.zone)
         grace = spec.misfire_grace
-        if grace is not None and (now - latest).total_seconds() > grace:
-            run_id = await self.store.claim(
-                spec,
-                due=due,
-                next_slot=next_slot,
-                run_slot=latest,
-                now=now,
-                status="missed",
-                fence_pid=fence_pid,
-                error=f"{passed + 1} slot(s) later than misfire_grace ({grace:g} s) skipped",
-            )
-            if run_id is None:
-                return None
+        missed = grace is not None and (now - latest).total_seconds() > grace
+        error = missed_before = None
+        if missed:
+            error = f"{passed + 1} slot(s) later than misfire_grace ({grace:g} s) skipped"
+        elif grace is not None and passed:
+            missed_before = (due, f"{passed} slot(s) later than misfire_grace ({grace:g} s)")
+        run_id = await self.store.claim(
+            spec,
+            due=due,
+            next_slot=next_slot,
+            run_slot=latest,
+            now=now,
+            status="missed" if missed else "running",
+            fence_pid=fence_pid,
+            error=error,
+            missed_before=missed_before,
+        )
+        if run_id is None:
+            return None
+        if missed:
             logger.warning(
                 'Missed job "%s" (id=%s, slot=%s, pid=%s)',
                 spec.name,
@@ -108,23 +115,7 @@ class Runner:
                 extra={"action": "job.missed", "job_id": spec.id, "pid": self.store.pid},
             )
             self._observe(spec, "missed", 0.0, now - latest)
-            return Claim(run_id, latest, next_slot, runs=False)
-        missed_before = None
-        if grace is not None and passed:
-            missed_before = (due, f"{passed} slot(s) later than misfire_grace ({grace:g} s)")
-        run_id = await self.store.claim(
-            spec,
-            due=due,
-            next_slot=next_slot,
-            run_slot=latest,
-            now=now,
-            status="running",
-            fence_pid=fence_pid,
-            missed_before=missed_before,
-        )
-        if run_id is None:
-            return None
-        return Claim(run_id, latest, next_slot, runs=True)
+        return Claim(run_id, latest, next_slot, runs=not missed)
 
     async def skip_overlap(
         self, spec: JobSpec, due: datetime, fence_pid: int | None

@@ -365,3 +365,23 @@ async def test_jitter_delays_the_fire_but_keeps_the_slot(
     history = await wait_for_runs(engine, "jittered", 1)
     assert history == [("ok", T0 + timedelta(seconds=10))]
     assert slots == [T0 + timedelta(seconds=10)]
+
+
+async def test_a_slot_weeks_late_is_claimed_and_the_job_moves_on(
+    database: Database, engine: AsyncEngine
+) -> None:
+    """A history row never blocks a claim: lateness past int4 milliseconds (24.8 days)
+    is recorded, and the job's next slot moves forward."""
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(every(minutes=15), id="late", misfire_grace=3600)(lambda ctx: None)
+    spec = scheduler.jobs["late"]
+    runner = _runner(database, clock, 1)
+    rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    clock.advance(timedelta(days=26).total_seconds())
+    claim = await runner.claim_leader(spec, rows["late"].next_run_at, None)
+    assert claim is not None
+    assert claim.next_slot > clock.now()
+    assert (await runner.store.load(["late"]))["late"].next_run_at == claim.next_slot
+    # The slots the outage passed over, then the run of the latest one.
+    assert [status for status, _ in await runs(engine, "late")] == ["missed", "running"]

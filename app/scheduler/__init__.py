@@ -55,7 +55,7 @@ nothing when it wakes. The countdown lives in that row, so a restart does not re
 it; ``scheduler_runs`` has a unique index on (job, slot) for leader runs as well.
 
 The scheduler does not make jobs idempotent: a job's idempotency is a committed
-column or a receiver-side UNIQUE, never this lock (see DESIGN.md).
+column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
 """
 
 from .clock import Clock, FakeClock, SystemClock

@@ -1,7 +1,7 @@
 """Every PostgreSQL advisory lock key this codebase owns, in one table.
 
 A reused key silently disables whichever side loses the race, so a new key is added
-here and to DESIGN.md's table, never inlined.
+here and to docs/DESIGN.md's table, never inlined.
 
 | key       | kind    | meaning                                   |
 |-----------|---------|-------------------------------------------|

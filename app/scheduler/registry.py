@@ -8,24 +8,56 @@ job id in the message, never later at 3 a.m. in a log.
 from __future__ import annotations
 
 import inspect
+import math
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from .errors import InvalidJobError
 from .triggers import Trigger
 
-__all__ = ["JobSpec", "Registry", "ServiceSpec"]
+__all__ = ["ID_PATTERN", "MAX_SECONDS", "JobSpec", "Registry", "ServiceSpec"]
 
 JobFunc = Callable[..., Any]
 ServiceFunc = Callable[..., Awaitable[None]]
 
+# Every id must be addressable by the admin routes and the CLI, and printable in a log.
+ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,200}$"
+_ID = re.compile(ID_PATTERN)
+_NAME_LIMIT = 200
+# Ten years: beyond it a duration is a typo, and datetime arithmetic would overflow.
+MAX_SECONDS = 10 * 366 * 86400.0
 
-def _seconds(value: float | timedelta | None) -> float | None:
+
+def _seconds(job_id: str, option: str, value: object) -> float | None:
+    """``value`` as seconds; raises InvalidJobError unless it is None or a finite number
+    from 0 to MAX_SECONDS."""
     if value is None:
         return None
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise InvalidJobError(
+            job_id, f"{option} must be a number of seconds or a timedelta, got {value!r}"
+        )
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_SECONDS):
+        raise InvalidJobError(
+            job_id,
+            f"{option} must be a number of seconds from 0 to {MAX_SECONDS:g} (ten years), "
+            f"got {value!r}",
+        )
+    return seconds
+
+
+def _is_async(func: object) -> bool:
+    """True for an ``async def``, a partial of one, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+        getattr(func, "__call__", None)  # noqa: B004
+    )
 
 
 @dataclass(frozen=True)
@@ -44,8 +76,8 @@ class JobSpec:
 
     @property
     def is_async(self) -> bool:
-        """True for ``async def`` jobs."""
-        return inspect.iscoroutinefunction(self.func)
+        """True for ``async def`` jobs (or objects with an ``async def __call__``)."""
+        return _is_async(self.func)
 
 
 @dataclass(frozen=True)
@@ -79,8 +111,15 @@ class Registry:
     ) -> JobSpec:
         """Validate and store a job. Raises InvalidJobError naming the id and the fix."""
         self._check_id(id)
+        self._check_name(id, name)
         if not callable(func):
             raise InvalidJobError(id, f"{func!r} is not callable; decorate a function")
+        if inspect.isasyncgenfunction(func) or inspect.isgeneratorfunction(func):
+            raise InvalidJobError(
+                id,
+                f"{func!r} is an async generator or a generator, whose body would never "
+                "run; declare the job as `async def` (or `def`) returning None",
+            )
         if not isinstance(trigger, Trigger):
             raise InvalidJobError(
                 id, f"trigger {trigger!r} is not a trigger; use every(...) or cron(...)"
@@ -90,14 +129,11 @@ class Registry:
         except ValueError as exc:
             raise InvalidJobError(id, str(exc)) from None
         options = {
-            "first_run": _seconds(first_run),
-            "timeout": _seconds(timeout),
-            "jitter": _seconds(jitter),
-            "misfire_grace": _seconds(misfire_grace),
+            "first_run": _seconds(id, "first_run", first_run),
+            "timeout": _seconds(id, "timeout", timeout),
+            "jitter": _seconds(id, "jitter", jitter),
+            "misfire_grace": _seconds(id, "misfire_grace", misfire_grace),
         }
-        for option, value in options.items():
-            if value is not None and value < 0:
-                raise InvalidJobError(id, f"{option} must not be negative, got {value:g} s")
         if options["timeout"] == 0:
             raise InvalidJobError(id, "timeout must be above zero, or None for no timeout")
         spec = JobSpec(
@@ -117,16 +153,38 @@ class Registry:
     def add_service(self, func: object, *, id: str, name: str | None) -> ServiceSpec:
         """Validate and store a service. Raises InvalidJobError naming the id and the fix."""
         self._check_id(id)
-        if not inspect.iscoroutinefunction(func):
+        self._check_name(id, name)
+        if not _is_async(func):
             raise InvalidJobError(id, f"a service must be an async def function, got {func!r}")
-        spec = ServiceSpec(id=id, name=name or id, func=func)
+        spec = ServiceSpec(id=id, name=name or id, func=cast(ServiceFunc, func))
         self.services[id] = spec
         return spec
 
     def _check_id(self, job_id: object) -> None:
-        if not isinstance(job_id, str) or not job_id.strip():
-            raise InvalidJobError(str(job_id), "id must be a non-empty string")
+        if not isinstance(job_id, str) or not _ID.fullmatch(job_id):
+            printable = isinstance(job_id, str) and job_id.isprintable()
+            raise InvalidJobError(
+                str(job_id) if printable else repr(job_id),
+                "id must be 1 to 200 characters of A-Z, a-z, 0-9, '_', '.', ':' or '-', "
+                "so the admin page, its API and the CLI can address it",
+            )
         if job_id in self.jobs or job_id in self.services:
             raise InvalidJobError(
                 job_id, "id is already registered; every job and service needs its own id"
+            )
+
+    @staticmethod
+    def _check_name(job_id: str, name: object) -> None:
+        if name is None:
+            return
+        if (
+            not isinstance(name, str)
+            or not name.strip()
+            or len(name) > _NAME_LIMIT
+            or not name.isprintable()
+        ):
+            raise InvalidJobError(
+                job_id,
+                f"name must be printable text of 1 to {_NAME_LIMIT} characters (it is the "
+                f"log string monitors match on), got {name!r}",
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import Clock
 from .context import JobContext, ServiceContext
+from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
 from .store import JobStore, format_error
@@ -47,7 +49,15 @@ class Claim:
 
 def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
     try:
-        func(ctx)
+        result = func(ctx)
+        if inspect.isawaitable(result):
+            # A plain def that returns a coroutine never ran its body: not a success.
+            if inspect.iscoroutine(result):
+                result.close()
+            raise SchedulerError(
+                f'job "{ctx.job_id}" is a plain def that returned {type(result).__name__}, '
+                "so its body never ran; declare it `async def`"
+            )
     finally:
         ctx.close_sync()
 

@@ -14,14 +14,20 @@ DST, for cron: slots are computed in the job's IANA zone and compared in UTC.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterError, croniter
 
 __all__ = ["Cron", "Interval", "Trigger", "cron", "every"]
+
+# A cron expression must produce a slot from here on; croniter gives up after years.
+_VALIDATION_MOMENT = datetime(2000, 1, 1, tzinfo=UTC)
+_UNIT_SECONDS = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
+_MAX_PERIOD_SECONDS = 10 * 366 * 86400
 
 
 class Trigger(ABC):
@@ -107,6 +113,13 @@ class Cron(Trigger):
                 raise ValueError(
                     f"unknown time zone {self.tz!r}; use an IANA name such as 'Europe/Zurich'"
                 ) from None
+        try:
+            self.next_after(_VALIDATION_MOMENT, ZoneInfo("UTC"))
+        except CroniterError:
+            raise ValueError(
+                f"cron expression {self.expression!r} is never due (no date matches its "
+                "day-of-month and month, e.g. February 30th); fix the day or the month"
+            ) from None
 
     @property
     def _hour_is_elapsed_time(self) -> bool:
@@ -143,7 +156,16 @@ def _second_occurrence(moment: datetime, zone: ZoneInfo) -> bool:
 
 def every(*, seconds: float = 0, minutes: float = 0, hours: float = 0, days: float = 0) -> Interval:
     """A trigger due every so much elapsed time; the first slot is one period after
-    registration (or ``first_run`` after boot). Validated when the job registers."""
+    registration (or ``first_run`` after boot). Validated when the job registers;
+    raises ValueError at once for a part that is not a finite number of at most ten years.
+    """
+    parts = {"seconds": seconds, "minutes": minutes, "hours": hours, "days": days}
+    for unit, value in parts.items():
+        if not math.isfinite(value) or abs(value) * _UNIT_SECONDS[unit] > _MAX_PERIOD_SECONDS:
+            raise ValueError(
+                f"every({unit}={value!r}): {unit} must be a finite number and the period at "
+                "most ten years"
+            )
     return Interval(timedelta(seconds=seconds, minutes=minutes, hours=hours, days=days))
 
 

@@ -385,3 +385,32 @@ async def test_a_slot_weeks_late_is_claimed_and_the_job_moves_on(
     assert (await runner.store.load(["late"]))["late"].next_run_at == claim.next_slot
     # The slots the outage passed over, then the run of the latest one.
     assert [status for status, _ in await runs(engine, "late")] == ["missed", "running"]
+
+
+async def test_a_def_that_returns_a_coroutine_is_recorded_as_an_error_not_ok(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    """A body that never ran must not be recorded as a success."""
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    ran = threading.Event()
+
+    async def body() -> None:
+        ran.set()
+
+    @scheduler.job(every(seconds=10), id="forgot_async")
+    def forgot_async(ctx: JobContext) -> object:
+        return body()
+
+    await _leading(start_scheduler, scheduler, clock)
+    clock.advance(10)
+    history = await wait_for_runs(engine, "forgot_async", 1)
+    assert [status for status, _ in history] == ["error"]
+    async with engine.connect() as conn:
+        error = (
+            await conn.execute(
+                text("SELECT last_error FROM scheduler_jobs WHERE id = 'forgot_async'")
+            )
+        ).scalar_one()
+    assert "async def" in error
+    assert not ran.is_set()

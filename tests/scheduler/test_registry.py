@@ -67,3 +67,55 @@ def test_registration_returns_the_function_unchanged() -> None:
     assert scheduler.job(every(minutes=1), id="noop", name="No-op")(_noop) is _noop
     assert scheduler.jobs["noop"].name == "No-op"
     assert scheduler.jobs["noop"].is_async
+
+
+@pytest.mark.parametrize(
+    "job_id",
+    ["nul\x00byte", "tab\tid", "new\nline", "space id", "slash/id", "ü-umlaut", "x" * 201, ""],
+)
+def test_an_id_the_admin_cannot_address_is_refused(job_id: str) -> None:
+    with pytest.raises(InvalidJobError, match="id must be"):
+        Scheduler().job(every(minutes=1), id=job_id)(_noop)
+
+
+def test_a_name_with_control_characters_is_refused() -> None:
+    with pytest.raises(InvalidJobError, match=r'job "named": name must be'):
+        Scheduler().job(every(minutes=1), id="named", name="two\nlines")(_noop)
+
+
+@pytest.mark.parametrize("expression", ["0 0 30 2 *", "0 0 31 4 *", "0 0 31 2,4,6,9,11 *"])
+def test_a_cron_that_is_never_due_is_refused(expression: str) -> None:
+    with pytest.raises(InvalidJobError, match="never"):
+        Scheduler().job(cron(expression), id="never")(_noop)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf"), 1e300])
+@pytest.mark.parametrize("unit", ["seconds", "minutes", "hours", "days"])
+def test_an_interval_that_is_not_a_finite_sane_number_is_refused(unit: str, value: float) -> None:
+    with pytest.raises((InvalidJobError, ValueError), match="every"):
+        Scheduler().job(every(**{unit: value}), id="tick")(_noop)
+
+
+@pytest.mark.parametrize("option", ["first_run", "timeout", "jitter", "misfire_grace"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 1e300])
+def test_an_option_that_is_not_a_finite_sane_number_is_refused(option: str, value: float) -> None:
+    with pytest.raises(InvalidJobError, match=rf'job "opt": {option} must be'):
+        Scheduler().job(every(minutes=1), id="opt", **{option: value})(_noop)  # type: ignore[arg-type]
+
+
+def test_an_async_generator_is_refused() -> None:
+    async def generate(ctx: JobContext):  # type: ignore[no-untyped-def]
+        yield None
+
+    with pytest.raises(InvalidJobError, match="async generator"):
+        Scheduler().job(every(minutes=1), id="gen")(generate)
+
+
+def test_an_object_with_an_async_call_runs_on_the_loop() -> None:
+    class Job:
+        async def __call__(self, ctx: JobContext) -> None:
+            return None
+
+    scheduler = Scheduler()
+    scheduler.job(every(minutes=1), id="callable")(Job())
+    assert scheduler.jobs["callable"].is_async

@@ -22,8 +22,10 @@ class JobContext:
 
     ``scheduled_at`` is the slot's due time (aware, UTC), not the time the body
     started; ``zone`` is the scheduler's default zone (the TIMEZONE setting). Sessions
-    are opened on first use and closed by the runner after the body returns:
-    ``session`` in async jobs, ``sync_session`` in thread jobs.
+    are opened on first use: ``session`` in async jobs, ``sync_session`` in thread jobs.
+    The runner commits the session when the body returns normally and rolls it back
+    when the body raises, times out or is cancelled; then it closes it. A body may
+    also commit itself (per row, say); what it committed stays committed.
     """
 
     job_id: str
@@ -59,13 +61,24 @@ class JobContext:
             self._sync_session = self._sync_sessions()
         return self._sync_session
 
+    async def commit(self) -> None:
+        """Commit the async session if one was opened (the runner does, on success)."""
+        if self._session is not None:
+            await self._session.commit()
+
     async def aclose(self) -> None:
-        """Close the async session if one was opened."""
+        """Close the async session if one was opened, rolling back what is uncommitted."""
         if self._session is not None:
             await self._session.close()
 
+    def commit_sync(self) -> None:
+        """Commit the sync session if one was opened (in the job's thread, on success)."""
+        if self._sync_session is not None:
+            self._sync_session.commit()
+
     def close_sync(self) -> None:
-        """Close the sync session if one was opened (call in the job's thread)."""
+        """Close the sync session if one was opened, rolling back what is uncommitted
+        (call in the job's thread)."""
         if self._sync_session is not None:
             self._sync_session.close()
 

@@ -1,7 +1,8 @@
 """One fire of one job: claim the slot, run the body, record the outcome.
 
 Async bodies run on the event loop; sync bodies run through ``asyncio.to_thread`` and
-never on the loop. The runner opens the job's sessions lazily and always closes them.
+never on the loop. The runner opens the job's sessions lazily, commits them when the
+body returns normally, and always closes them (rolling back whatever is uncommitted).
 A body that raises is logged with its traceback and recorded as ``error``; it never
 reaches the supervisor, so the next slot still fires.
 """
@@ -58,6 +59,7 @@ def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
                 f'job "{ctx.job_id}" is a plain def that returned {type(result).__name__}, '
                 "so its body never ran; declare it `async def`"
             )
+        ctx.commit_sync()
     finally:
         ctx.close_sync()
 
@@ -216,6 +218,7 @@ class Runner:
                 try:
                     async with asyncio.timeout(spec.timeout) as deadline:
                         await spec.func(ctx)
+                        await ctx.commit()
                 except TimeoutError:
                     if not deadline.expired():
                         raise

@@ -2,7 +2,9 @@
 
 With PROMETHEUS_MULTIPROC_DIR set (``python -m app serve`` sets it), every worker
 writes its samples to that directory and ``GET /metrics`` on any worker aggregates all
-of them: job series come from the leader's process whichever worker answers. Without it
+of them: job series come from the leader's process whichever worker answers. A worker
+that died without a clean exit (SIGKILL) is forgotten at the next scrape, so the leader
+gauge counts live processes only. Without it
 (plain uvicorn) each worker reports only itself. Outbox series are read from the
 database at scrape time, so they are the same from every worker.
 """
@@ -11,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -33,7 +37,7 @@ from prometheus_client.registry import Collector
 from .admin import queries
 from .scheduler import Clock, RunFinished, Scheduler
 
-__all__ = ["instrument", "measure_loop_lag", "router"]
+__all__ = ["forget_dead_workers", "instrument", "measure_loop_lag", "router"]
 
 JOB_RUNS = Counter("regent_job_runs", "Slots run or skipped, by outcome", ["job", "status"])
 JOB_DURATION = Histogram("regent_job_duration_seconds", "Job body duration", ["job"])
@@ -89,6 +93,34 @@ async def measure_loop_lag(interval: float = 0.1, window: float = 1.0) -> None:
             worst, window_end = 0.0, time.monotonic() + window
 
 
+_SAMPLE_FILE = re.compile(r"^gauge_live\w*?_(\d+)\.db$")
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs on this host (a zombie, killed but not reaped, is dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return ") Z " not in stat
+
+
+def forget_dead_workers(directory: str) -> list[int]:
+    """Drop the live gauges (leader, loop lag) of workers that died without a clean exit
+    (SIGKILL, OOM), so a dead leader no longer counts. Returns the pids forgotten.
+
+    Counters and histograms of dead workers stay: what they counted did happen.
+    """
+    dead = {
+        int(match.group(1))
+        for name in os.listdir(directory)
+        if (match := _SAMPLE_FILE.match(name)) and not _alive(int(match.group(1)))
+    }
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+    return sorted(dead)
+
+
 class _OutboxCollector(Collector):
     def __init__(self, summary: list[dict[str, Any]]) -> None:
         self.summary = summary
@@ -118,6 +150,7 @@ async def metrics(request: Request) -> Response:
     """Prometheus text: job, leader and loop series from every worker; outbox series from
     the database."""
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        forget_dead_workers(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         body = generate_latest(registry)

@@ -1,6 +1,7 @@
 """`python -m app`: the embedded default end to end, and clean errors."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -157,3 +158,32 @@ def test_metrics_are_aggregated_across_workers(embedded_app: EmbeddedApp) -> Non
     bodies = [httpx.get(url, headers={"Connection": "close"}).text for _ in range(10)]
     assert all("regent_is_leader 1.0" in body for body in bodies)
     assert all("regent_event_loop_lag_seconds" in body for body in bodies)
+
+
+def _promoted_pids(embedded_app: EmbeddedApp) -> list[int]:
+    log = (embedded_app.data_dir / "app.log").read_text(errors="replace")
+    return [int(pid) for pid in re.findall(r"scheduler\.promoted \(pid=(\d+)", log)]
+
+
+def test_metrics_count_one_leader_after_the_leader_worker_is_killed(
+    embedded_app: EmbeddedApp,
+) -> None:
+    url = f"http://127.0.0.1:{embedded_app.http_port}/metrics"
+    deadline = time.monotonic() + 20
+    while "regent_is_leader 1.0" not in httpx.get(url).text or not _promoted_pids(embedded_app):
+        assert time.monotonic() < deadline, "no leader reported"
+        time.sleep(0.05)
+    killed = _promoted_pids(embedded_app)[-1]
+    os.kill(killed, signal.SIGKILL)
+    while _promoted_pids(embedded_app)[-1] == killed:
+        assert time.monotonic() < deadline + 20, "no worker took over"
+        time.sleep(0.05)
+    # Every worker that answers must count exactly one live leader, for good.
+    while True:
+        bodies = [httpx.get(url, headers={"Connection": "close"}).text for _ in range(10)]
+        if all("regent_is_leader 1.0" in body for body in bodies):
+            break
+        assert time.monotonic() < deadline + 40, [
+            line for line in bodies[-1].splitlines() if line.startswith("regent_is_leader")
+        ]
+        time.sleep(0.1)

@@ -22,6 +22,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import FrameType
 
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -72,6 +73,20 @@ async def _check_at_head(url: str, timeout: float) -> None:
         await engine.dispose()
 
 
+_METRICS_PREFIX = "regent-metrics-"
+
+
+def _remove_orphaned_metrics_dirs() -> None:
+    """Remove the metrics directories of earlier runs whose process is gone (kill -9
+    skips the clean-up in ``_serve``). Only where /proc tells which processes live."""
+    if not Path("/proc/self").exists():
+        return
+    for path in Path(tempfile.gettempdir()).glob(f"{_METRICS_PREFIX}*-*"):
+        owner = path.name.removeprefix(_METRICS_PREFIX).split("-", 1)[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _serve(args: argparse.Namespace, settings: Settings) -> None:
     import uvicorn
 
@@ -84,7 +99,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
         # Workers share metrics through this directory (prometheus multiprocess mode).
         metrics_dir = None
         if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
-            metrics_dir = tempfile.mkdtemp(prefix="regent-metrics-")
+            _remove_orphaned_metrics_dirs()
+            metrics_dir = tempfile.mkdtemp(prefix=f"{_METRICS_PREFIX}{os.getpid()}-")
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         print(
             f"regent: serving on http://{args.host}:{args.port} with {args.workers} worker(s)",

@@ -10,8 +10,6 @@ runs as an unprivileged user, because initdb and postgres refuse root. It listen
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import importlib.util
 import os
 import pwd
@@ -26,9 +24,10 @@ from pathlib import Path
 
 import psycopg
 
+from .parent_death import set_parent_death_signal
+
 __all__ = ["LocalPostgres", "LocalPostgresError", "find_bindir", "free_port"]
 
-_PR_SET_PDEATHSIG = 1
 _UNPRIVILEGED_USERS = ("postgres", "nobody")
 _DB_USER = "regent"
 
@@ -112,15 +111,13 @@ def _server_account() -> pwd.struct_passwd | None:
 
 
 def _child_setup(account: pwd.struct_passwd | None, death_signal: int) -> Callable[[], None]:
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
     def setup() -> None:
         if account is not None:
             os.setgroups([])
             os.setgid(account.pw_gid)
             os.setuid(account.pw_uid)
         # Set after setuid: a credential change clears the parent-death signal.
-        libc.prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
+        set_parent_death_signal(death_signal)
 
     return setup
 

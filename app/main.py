@@ -25,6 +25,7 @@ from .logging import configure_logging
 from .metrics import instrument, measure_loop_lag
 from .metrics import router as metrics_router
 from .outbox import Outbox, OutboxError, UnregisteredDrainError
+from .parent_death import worker_dies_with_parent
 from .scheduler import Scheduler, SchedulerConfig, SystemClock
 from .settings import Settings, load_settings
 
@@ -94,6 +95,9 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # A worker of `uvicorn --workers N` (or `python -m app`) must not outlive its
+        # supervisor: a SIGKILLed parent would leave it serving on the port.
+        worker_dies_with_parent()
         if resolved.DATABASE_URL is None:
             raise DatabaseError(
                 "DATABASE_URL is not set; set it to postgresql://user:pass@host:5432/db, "

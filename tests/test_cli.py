@@ -187,3 +187,38 @@ def test_metrics_count_one_leader_after_the_leader_worker_is_killed(
             line for line in bodies[-1].splitlines() if line.startswith("regent_is_leader")
         ]
         time.sleep(0.1)
+
+
+def test_a_killed_app_leaves_no_worker_and_restarts_at_once(embedded_app: EmbeddedApp) -> None:
+    tree = _descendants(embedded_app.process.pid)
+    metrics_dirs = set(
+        Path(tempfile.gettempdir()).glob(f"regent-metrics-{embedded_app.process.pid}-*")
+    )
+    assert metrics_dirs, "python -m app made no metrics directory"
+    embedded_app.process.kill()
+    embedded_app.process.wait(10)
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in tree):
+        assert time.monotonic() < deadline, [pid for pid in tree if _alive(pid)]
+        time.sleep(0.05)
+    restarted = subprocess.Popen(
+        [sys.executable, "-m", "app", "--port", str(embedded_app.http_port), "--workers", "2"],
+        env=embedded_app.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        while True:
+            assert restarted.poll() is None, "the restart failed (port or data directory taken)"
+            try:
+                url = f"http://127.0.0.1:{embedded_app.http_port}/readyz"
+                if httpx.get(url).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline + 60, "the restarted app did not become ready"
+            time.sleep(0.1)
+        assert not any(path.exists() for path in metrics_dirs)
+    finally:
+        restarted.terminate()
+        restarted.wait(60)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import os
 import shutil
 import signal
@@ -43,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
         target.add_argument("--host", default="127.0.0.1")
         target.add_argument("--port", type=int, default=8000)
         target.add_argument("--workers", type=int, default=2)
+        target.add_argument(
+            "--app",
+            default=None,
+            help="module:attribute of an ASGI app built with create_app(...) "
+            "(default: REGENT_APP, else app.main:app)",
+        )
     commands.add_parser("migrate", help="upgrade the database to head")
     add_commands(commands)
     return parser
@@ -74,6 +81,11 @@ async def _check_at_head(url: str, timeout: float) -> None:
 
 
 _METRICS_PREFIX = "regent-metrics-"
+DEFAULT_APP = "app.main:app"
+
+
+class AppTargetError(Exception):
+    """--app (or REGENT_APP) does not name an importable ASGI app."""
 
 
 def _remove_orphaned_metrics_dirs() -> None:
@@ -87,8 +99,34 @@ def _remove_orphaned_metrics_dirs() -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _app_target(args: argparse.Namespace, settings: Settings) -> str:
+    """The app to serve, checked by importing it here so a typo fails in one line."""
+    from uvicorn.importer import ImportFromStringError, import_from_string
+
+    target: str = args.app or settings.REGENT_APP
+    if target == DEFAULT_APP:
+        return target
+    option = "--app" if args.app else "REGENT_APP"
+    try:
+        app = import_from_string(target)
+    except ImportFromStringError as exc:
+        raise AppTargetError(f"{option}={target!r}: {exc}") from None
+    except Exception as exc:
+        raise AppTargetError(
+            f"{option}={target!r}: importing it raised {exc.__class__.__name__}: {exc}"
+        ) from None
+    if inspect.isclass(app) or not callable(app):
+        raise AppTargetError(
+            f"{option}={target!r} is a {type(app).__name__}, not an ASGI app; point it at "
+            "the object create_app(...) returned"
+        )
+    return target
+
+
 def _serve(args: argparse.Namespace, settings: Settings) -> None:
     import uvicorn
+
+    target = _app_target(args, settings)
 
     with _database_url(settings) as (url, embedded):
         if embedded:
@@ -103,12 +141,13 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
             metrics_dir = tempfile.mkdtemp(prefix=f"{_METRICS_PREFIX}{os.getpid()}-")
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
         print(
-            f"regent: serving on http://{args.host}:{args.port} with {args.workers} worker(s)",
+            f"regent: serving {target} on http://{args.host}:{args.port} "
+            f"with {args.workers} worker(s)",
             file=sys.stderr,
         )
         try:
             uvicorn.run(
-                "app.main:app",
+                target,
                 host=args.host,
                 port=args.port,
                 workers=args.workers,
@@ -140,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AdminError as exc:
         print(f"regent: error: {exc}", file=sys.stderr)
         return 1
-    except (SettingsError, DatabaseError, LocalPostgresError) as exc:
+    except (SettingsError, DatabaseError, LocalPostgresError, AppTargetError) as exc:
         print(f"regent: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

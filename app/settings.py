@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     REGENT_DATA_DIR: Path | None = Field(
         default=None, description="where the embedded PostgreSQL keeps its data"
     )
+    REGENT_APP: str = Field(
+        default="app.main:app",
+        description="module:attribute of the ASGI app `python -m app` serves",
+    )
     REGENT_PG_PORT: int = Field(
         default=54320, ge=1, le=65535, description="port of the embedded PostgreSQL"
     )

@@ -15,8 +15,7 @@ from app.db import Database, asyncpg_dsn
 from app.scheduler import Clock, FakeClock, Scheduler, SchedulerConfig
 from app.scheduler.supervisor import Supervisor
 from app.settings import Settings
-
-from .pgserver import TestServer, start_test_server
+from app.testing import TestServer
 
 
 @pytest.fixture(autouse=True)
@@ -27,14 +26,13 @@ def _forget_dead_outboxes() -> Iterator[None]:
     gc.collect()
 
 
+pytest_plugins = ["app.testing.plugin"]
+
+
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[TestServer]:
-    """The session's PostgreSQL server."""
-    server = start_test_server()
-    try:
-        yield server
-    finally:
-        server.close()
+def pg_server(regent_server: TestServer) -> TestServer:
+    """The session's PostgreSQL server: the shipped test kit's."""
+    return regent_server
 
 
 @pytest.fixture

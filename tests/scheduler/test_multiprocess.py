@@ -15,7 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from ..pgserver import TestServer
+from app.testing import TestServer
+
 from ..procs.cluster import LEASE_SECONDS, PROBE_TABLE_SQL, Cluster
 
 pytestmark = pytest.mark.multiprocess

@@ -19,8 +19,7 @@ from app.main import create_app
 from app.scheduler import Role, Scheduler, UnsafeLockConnectionError
 from app.scheduler.election import check_pooling, check_primary
 from app.settings import Settings
-
-from ..pgserver import TestServer
+from app.testing import TestServer
 
 
 def test_a_backend_pid_that_changes_between_statements_is_a_pooling_proxy() -> None:

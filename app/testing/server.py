@@ -1,6 +1,7 @@
-"""The test suite's PostgreSQL: a throwaway local server, or TEST_DATABASE_URL's.
+"""A throwaway PostgreSQL for tests, or the server TEST_DATABASE_URL names.
 
-Each test gets a database of its own, cloned from a template migrated once to head.
+Each test gets a database of its own, cloned from a template migrated once to head, so
+a test starts from an empty schema at head in a few milliseconds.
 """
 
 from __future__ import annotations
@@ -17,9 +18,16 @@ from sqlalchemy.engine import make_url
 from app.db import migrate
 from app.localpg import LocalPostgres, free_port
 
+__all__ = ["TestServer", "start_test_server"]
+
 
 class TestServer:
-    """One PostgreSQL server for the whole test session."""
+    """One PostgreSQL server for a whole test session.
+
+    Without ``external_url`` it initdb's and starts a local server in a temporary
+    directory (as root, as an unprivileged user: initdb refuses root) and deletes it at
+    close(). With one, it creates and drops only its own databases there.
+    """
 
     __test__ = False
 
@@ -116,5 +124,9 @@ class TestServer:
 
 
 def start_test_server() -> TestServer:
-    """The server for this session, per TEST_DATABASE_URL."""
+    """The server for this session: TEST_DATABASE_URL's when set, else a local one.
+
+    Raises LocalPostgresError when no PostgreSQL binaries can be found (the `embedded`
+    extra ships them).
+    """
     return TestServer(os.environ.get("TEST_DATABASE_URL") or None)

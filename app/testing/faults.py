@@ -1,0 +1,31 @@
+"""Faults a test can cause on purpose: the leader's lock connection cut from outside.
+
+Restarting or crashing the server is ``TestServer.restart()`` / ``crash()`` / ``start()``
+(only on the throwaway server the kit started).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.scheduler.keys import SCHEDULER_LEADER_KEY
+
+__all__ = ["terminate_leader_connection"]
+
+_TERMINATE_HOLDERS = text(
+    """
+    SELECT pg_terminate_backend(pid) FROM pg_locks
+    WHERE locktype = 'advisory' AND classid = 0 AND objid = :key AND objsubid = 1 AND granted
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    """
+)
+
+
+async def terminate_leader_connection(engine: AsyncEngine) -> int:
+    """``pg_terminate_backend`` the connection that holds the leader key in ``engine``'s
+    database, as an operator or a server-side timeout would; returns how many were
+    terminated (0 when nobody leads). The leader demotes; a standby takes over."""
+    async with engine.connect() as conn:
+        result = await conn.execute(_TERMINATE_HOLDERS, {"key": SCHEDULER_LEADER_KEY})
+        return len(result.all())

@@ -1,0 +1,101 @@
+"""Run one fire of one job, the way the leader would, and return what it recorded."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import text
+
+from app.db import Database
+from app.scheduler import Clock, FakeClock, Scheduler, SchedulerError
+from app.scheduler.runner import Claim, Runner
+from app.scheduler.store import JobStore
+
+__all__ = ["RunRecord", "run_job"]
+
+_MAKE_DUE = text("UPDATE scheduler_jobs SET next_run_at = :now WHERE id = :job_id")
+_RUN = text(
+    "SELECT id, slot, status, error, duration_ms, started_at, finished_at"
+    " FROM scheduler_runs WHERE id = :run_id"
+)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as the history table holds it."""
+
+    run_id: int
+    slot: datetime
+    status: str
+    error: str | None
+    duration_ms: int | None
+    started_at: datetime
+    finished_at: datetime | None
+
+
+async def run_job(
+    scheduler: Scheduler,
+    job_id: str,
+    *,
+    database: Database,
+    at: datetime | None = None,
+    clock: Clock | None = None,
+    zone: ZoneInfo | None = None,
+) -> RunRecord:
+    """Fire ``job_id`` once, at ``at``, through the real slot claim and runner.
+
+    The job's row is registered as a leader would register it, made due at ``at``
+    (default: the clock's now), claimed and run; the body sees ``ctx.scheduled_at ==
+    at`` and ``ctx.clock`` is ``clock`` (a FakeClock set to ``at`` when none is given).
+    A per-worker job (``leader_only=False``) runs as a worker would run it, unclaimed.
+    Returns the run's record; a body that raised is ``status == "error"``, not an
+    exception here. Raises SchedulerError for an unknown job id, or when the claim
+    matched nothing (the job is paused).
+    """
+    spec = scheduler.jobs.get(job_id)
+    if spec is None:
+        raise SchedulerError(
+            f"no job {job_id!r} on this scheduler; it has {sorted(scheduler.jobs)}"
+        )
+    if clock is None:
+        clock = FakeClock(at) if at is not None else FakeClock()
+    elif at is not None and isinstance(clock, FakeClock):
+        clock.set(at)
+    now = at or clock.now()
+    zone = zone or ZoneInfo("UTC")
+    store = JobStore(database.engine, pid=os.getpid(), host=socket.gethostname())
+    runner = Runner(
+        store,
+        clock=clock,
+        zone=zone,
+        sessions=database.sessions,
+        sync_sessions=database.sync_sessions,
+        observers=scheduler.observers,
+    )
+    if spec.leader_only:
+        await store.register_leader_jobs([spec], now, zone)
+        async with database.engine.begin() as conn:
+            await conn.execute(_MAKE_DUE, {"now": now, "job_id": job_id})
+        claim = await runner.claim_leader(spec, now, None)
+        if claim is None:
+            raise SchedulerError(f"job {job_id!r} could not be claimed: is it paused?")
+    else:
+        await store.register_replica_jobs([spec], now, zone)
+        run_id = await store.start_replica_run(spec, now, now)
+        claim = Claim(run_id, now, now, runs=True)
+    await runner.execute(spec, claim)
+    async with database.engine.connect() as conn:
+        row = (await conn.execute(_RUN, {"run_id": claim.run_id})).one()
+    return RunRecord(
+        run_id=row.id,
+        slot=row.slot,
+        status=row.status,
+        error=row.error,
+        duration_ms=row.duration_ms,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+    )

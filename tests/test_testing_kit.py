@@ -1,0 +1,115 @@
+"""The shipped test kit works the way the README tells a user to use it."""
+
+import asyncio
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import text
+
+from app.db import Database, asyncpg_dsn
+from app.outbox import Outbox
+from app.scheduler import JobContext, Role, Scheduler, SchedulerConfig, SchedulerError, every
+from app.testing import RecordingReceiver, drain, run_job, terminate_leader_connection
+
+AT = datetime(2026, 3, 1, 6, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def scheduler() -> Scheduler:
+    scheduler = Scheduler()
+
+    @scheduler.job(every(hours=1), id="writes")
+    async def writes(ctx: JobContext) -> None:
+        await ctx.session.execute(
+            text("CREATE TABLE IF NOT EXISTS kit_notes (slot timestamptz PRIMARY KEY)")
+        )
+        await ctx.session.execute(
+            text("INSERT INTO kit_notes VALUES (:slot)"), {"slot": ctx.scheduled_at}
+        )
+
+    @scheduler.job(every(hours=1), id="raises")
+    def raises(ctx: JobContext) -> None:
+        raise RuntimeError("the gateway said no")
+
+    @scheduler.job(every(minutes=5), id="sweep", leader_only=False)
+    async def sweep(ctx: JobContext) -> None:
+        return None
+
+    return scheduler
+
+
+async def test_run_job_fires_one_slot_and_returns_its_record(
+    scheduler: Scheduler, regent_database: Database
+) -> None:
+    record = await run_job(scheduler, "writes", database=regent_database, at=AT)
+    assert (record.status, record.slot, record.error) == ("ok", AT, None)
+    assert record.duration_ms is not None and record.finished_at is not None
+    async with regent_database.engine.connect() as conn:
+        slots = (await conn.execute(text("SELECT slot FROM kit_notes"))).scalars().all()
+    assert slots == [AT]
+
+
+async def test_run_job_reports_a_raising_body_as_an_error_record(
+    scheduler: Scheduler, regent_database: Database
+) -> None:
+    record = await run_job(scheduler, "raises", database=regent_database, at=AT)
+    assert record.status == "error"
+    assert record.error is not None and "the gateway said no" in record.error
+
+
+async def test_run_job_runs_a_per_worker_job(
+    scheduler: Scheduler, regent_database: Database
+) -> None:
+    record = await run_job(scheduler, "sweep", database=regent_database, at=AT)
+    assert record.status == "ok"
+
+
+async def test_run_job_names_the_jobs_of_the_scheduler_for_an_unknown_id(
+    scheduler: Scheduler, regent_database: Database
+) -> None:
+    with pytest.raises(SchedulerError, match="'writes'"):
+        await run_job(scheduler, "wirtes", database=regent_database)
+
+
+async def test_drain_delivers_to_a_recording_receiver(regent_database: Database) -> None:
+    receiver = RecordingReceiver()
+    outbox = Outbox("kit_mails", receiver)
+    async with regent_database.sessions() as session:
+        await outbox.enqueue(session, {"to": "ada@example.com"}, key="mail-1")
+        await session.commit()
+    report = await drain(outbox, database=regent_database)
+    assert report.delivered == 1
+    assert receiver.delivered == {"mail-1": 1}
+
+
+async def test_terminating_the_leader_connection_demotes_the_leader(
+    scheduler: Scheduler, regent_database: Database, regent_database_url: str
+) -> None:
+    config = SchedulerConfig(
+        lock_dsn=asyncpg_dsn(regent_database_url),
+        lease_seconds=6,
+        leader_tick_seconds=1,
+        handover_grace_seconds=0,
+    )
+    roles: list[str] = []
+    promoted_again = asyncio.Event()
+
+    def on_role(role: str) -> None:
+        roles.append(role)
+        if roles.count("leader") == 2:
+            promoted_again.set()
+
+    scheduler.observe(on_role=on_role)
+    supervisor = await scheduler.start(
+        config,
+        engine=regent_database.engine,
+        sessions=regent_database.sessions,
+        sync_sessions=regent_database.sync_sessions,
+    )
+    try:
+        await supervisor.wait_for_role(Role.LEADER)
+        assert await terminate_leader_connection(regent_database.engine) == 1
+        await asyncio.wait_for(promoted_again.wait(), 10)
+        assert roles == ["leader", "standby", "leader"]
+    finally:
+        await scheduler.stop()

@@ -7,9 +7,11 @@
 STANDBY waits inside ``pg_advisory_lock`` on its own lock connection, so the server
 wakes it the moment the key is released. LEADER waits HANDOVER_GRACE_SECONDS, then
 runs one loop per leader-only job and one task per service, and checks every
-LEADER_TICK_SECONDS that its lock connection still owns the key. The termination
-listener of that connection demotes at once; the fence in every slot claim makes a
-leader that lost the key unable to claim anything even before it notices.
+LEADER_TICK_SECONDS that its lock connection still owns the key, through the handover
+and shutdown graces too (the check is what keeps the idle connection inside its
+lease). The termination listener of that connection demotes at once; the fence in
+every slot claim makes a leader that lost the key unable to claim anything even before
+it notices. UNGUARDED fires jobs but starts no service.
 """
 
 from __future__ import annotations

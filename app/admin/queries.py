@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.outbox import MessageDeliveredError, UnknownMessageError, reset_message
 from app.scheduler.election import WAKE_CHANNEL
-from app.scheduler.keys import SCHEDULER_LEADER_KEY
+from app.scheduler.keys import LEADER_KEY_LOCKS
 
 from .errors import AdminError, Conflict, NotFound
 
@@ -57,21 +57,17 @@ _PAUSE = text(
 )
 _WAKE = text(f"NOTIFY {WAKE_CHANNEL}")
 _LEADER = text(
-    """
+    f"""
     SELECT a.pid AS backend_pid, a.application_name, a.client_addr::text AS client_addr,
         s.pid, s.host, s.since
-    FROM pg_locks l
+    FROM (SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted) l
     JOIN pg_stat_activity a ON a.pid = l.pid
     LEFT JOIN scheduler_leadership s ON s.backend_pid = l.pid
-    WHERE l.locktype = 'advisory' AND l.objid = :key AND l.granted
-      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
     """
 )
 _STANDBYS = text(
-    """
-    SELECT count(*) FROM pg_locks
-    WHERE locktype = 'advisory' AND objid = :key AND NOT granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    f"""
+    SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND NOT granted
     """
 )
 _OUTBOXES = text(
@@ -151,8 +147,8 @@ async def leader(engine: AsyncEngine) -> dict[str, Any]:
     """The holder of the leader key (None fields when nobody leads) and the number of
     standbys waiting for it, from pg_locks and pg_stat_activity."""
     async with engine.connect() as conn:
-        holder = (await conn.execute(_LEADER, {"key": SCHEDULER_LEADER_KEY})).first()
-        standbys = (await conn.execute(_STANDBYS, {"key": SCHEDULER_LEADER_KEY})).scalar_one()
+        holder = (await conn.execute(_LEADER)).first()
+        standbys = (await conn.execute(_STANDBYS)).scalar_one()
     info: dict[str, Any] = {
         "pid": None,
         "application_name": None,

@@ -5,15 +5,18 @@ How it stays correct
 
 Every worker (uvicorn process) runs one supervisor task. The supervisor opens a
 dedicated *lock connection* (asyncpg, outside the pool, ``application_name =
-'scheduler-leader:<pid>'``, ``idle_session_timeout`` = the lease) and asks for session
-advisory lock 911000001.
+'scheduler-leader:<pid>'``, ``idle_session_timeout`` = the lease, ``lock_timeout`` and
+``statement_timeout`` = 0 so that no role or database default cuts a standby's wait)
+and asks for session advisory lock 911000001.
 
-At connect the lock connection proves it can hold a session lock: two statements must
-run on one backend (else LOCK_DATABASE_URL goes through a transaction-pooling proxy)
-and the server must not be in recovery (a replica). Either failure stops the scheduler
-with ``scheduler.refused``; the API keeps serving. The leader's lock connection also
-LISTENs on ``regent_scheduler``, so an operator's pause, resume or run-now reaches it at
-once (LISTEN opens no transaction).
+At connect the lock connection proves it can hold a session lock that the slot claims
+will see: two statements must run on one backend (else LOCK_DATABASE_URL goes through a
+transaction-pooling proxy), the server must not be in recovery (a replica), and it must
+reach the same database of the same running server as the app's engine (else the
+claims' fence, which looks for the key in the app's database, matches nothing and the
+leader never fires). Any failure stops the scheduler with ``scheduler.refused``; the
+API keeps serving. The leader's lock connection also LISTENs on ``regent_scheduler``, so
+an operator's pause, resume or run-now reaches it at once (LISTEN opens no transaction).
 
 States::
 
@@ -24,8 +27,14 @@ States::
 - **Leader** waits ``HANDOVER_GRACE_SECONDS`` (so an old leader that is about to
   notice its loss has stopped), upserts its jobs' rows, then runs one loop per job and
   one task per service. Every ``LEADER_TICK_SECONDS`` it checks ownership with the
-  seed's pg_locks query (with the current-database predicate); that query also renews
-  the lease.
+  seed's pg_locks query on one shared predicate (``keys.LEADER_KEY_LOCKS``: this
+  database, and the one-bigint key form only, so that ``pg_advisory_lock(0, 911000001)``
+  is not taken for it); that query also renews the lease. It ticks through every wait,
+  the handover and shutdown graces included, so no grace, however long, outlasts the
+  lease of an idle connection.
+- **Unguarded** (outside production, after a lock-check error): fires its jobs for one
+  period without the key, the claims still firing each slot once; it starts no
+  service, since services (long-poll consumers) must run on one process at most.
 
 The lease and what happens on each fault:
 
@@ -40,7 +49,9 @@ The lease and what happens on each fault:
 - *PostgreSQL restart*: every lock connection dies; all workers reconnect with
   backoff and exactly one wins the key.
 - *graceful shutdown*: the leader stops firing, gives running jobs
-  ``SHUTDOWN_GRACE_SECONDS``, unlocks and closes; a standby takes over at once.
+  ``SHUTDOWN_GRACE_SECONDS`` while it keeps checking ownership every tick (a standby
+  cannot be promoted while a body still runs; a lock lost meanwhile cancels them at
+  once), unlocks and closes; a standby takes over at once.
 
 Why a double fire is harmless anyway
 ====================================

@@ -5,7 +5,19 @@ names its process in ``application_name`` before it takes the lock, never opens 
 transaction (so it sits "idle", not "idle in transaction"), and carries
 ``idle_session_timeout`` = the lease: a leader that stops talking to the server for a
 lease (hung loop, SIGSTOP, partition) is disconnected by the server, which releases
-the key for a standby.
+the key for a standby. So a leader talks to the server at least every
+LEADER_TICK_SECONDS through every wait, the handover and shutdown graces included.
+
+Its startup packet also sets ``lock_timeout`` and ``statement_timeout`` to 0 (and
+``transaction_timeout`` where the server has it): a standby waits inside
+``pg_advisory_lock`` for as long as the leader leads, and a timeout set on the role
+or database would cut that wait. Startup settings override role and database
+defaults.
+
+At connect it refuses (UnsafeLockConnectionError) a transaction-pooling proxy, a
+replica, and a server or database other than the app's: the slot claims' fence looks
+for the key in the app's database, so a key held anywhere else would make a leader
+that never fires.
 """
 
 from __future__ import annotations
@@ -14,19 +26,26 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .errors import SchedulerError
-from .keys import SCHEDULER_LEADER_KEY
+from .keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
 
 __all__ = [
     "OWNERSHIP_SQL",
     "WAKE_CHANNEL",
+    "DatabaseIdentity",
     "LockConnection",
     "UnsafeLockConnectionError",
     "check_pooling",
     "check_primary",
+    "check_same_database",
+    "engine_identity",
 ]
 
 # NOTIFY on this channel makes the leader reload its job rows now (pause, run now).
@@ -34,14 +53,22 @@ WAKE_CHANNEL = "regent_scheduler"
 
 logger = logging.getLogger("app.scheduler")
 
-# The seed's ownership query. pg_locks is cluster-wide and an advisory key is per
-# database, so the database predicate is always there.
-OWNERSHIP_SQL = """
-    SELECT count(*) FROM pg_locks
-    WHERE locktype = 'advisory' AND objid = $1 AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND pid = pg_backend_pid()
-"""
+# The seed's ownership query, on the shared pg_locks predicate.
+OWNERSHIP_SQL = (
+    f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted AND pid = pg_backend_pid()"
+)
+
+# A standby's wait lasts as long as the leader leads: no timeout may cut it.
+_NO_TIMEOUTS = {"lock_timeout": "0", "statement_timeout": "0"}
+# transaction_timeout (PostgreSQL 17) also bounds a single statement; older servers
+# refuse the name in a startup packet, so it is set only where it exists.
+_NO_TRANSACTION_TIMEOUT = (
+    "SELECT set_config('transaction_timeout', '0', false)"
+    " WHERE current_setting('transaction_timeout', true) IS NOT NULL"
+)
+
+_IDENTITY_SQL = "SELECT current_database(), pg_postmaster_start_time()"
+_SYSTEM_IDENTIFIER_SQL = "SELECT system_identifier FROM pg_control_system()"
 
 
 _POOLER_SYMPTOMS = (
@@ -52,7 +79,75 @@ _POOLER_SYMPTOMS = (
 
 class UnsafeLockConnectionError(SchedulerError):
     """LOCK_DATABASE_URL reaches something a session lock cannot live on: a
-    transaction-pooling proxy or a read-only replica."""
+    transaction-pooling proxy, a read-only replica, or another server or database than
+    DATABASE_URL."""
+
+
+@dataclass(frozen=True)
+class DatabaseIdentity:
+    """Which database of which running server a connection reached."""
+
+    database: str
+    server_started: datetime
+    # None where the role may not call pg_control_system().
+    system_identifier: int | None
+
+    def same_as(self, other: DatabaseIdentity) -> bool:
+        """True for the same database of the same running server.
+
+        The start time of the server tells two running servers apart even where the
+        role may not read the system identifier; the identifier, where both sides may
+        read it, tells apart clusters that happen to share the start time.
+        """
+        if self.database != other.database or self.server_started != other.server_started:
+            return False
+        if self.system_identifier is None or other.system_identifier is None:
+            return True
+        return self.system_identifier == other.system_identifier
+
+    def describe(self) -> str:
+        """The database and its server, for an error message."""
+        server = f"started {self.server_started.isoformat()}"
+        if self.system_identifier is not None:
+            server = f"system identifier {self.system_identifier}, {server}"
+        return f'database "{self.database}" (server {server})'
+
+
+async def _identity(connection: asyncpg.Connection) -> DatabaseIdentity:
+    database, started = await connection.fetchrow(_IDENTITY_SQL)
+    try:
+        system_identifier = await connection.fetchval(_SYSTEM_IDENTIFIER_SQL)
+    except (asyncpg.InsufficientPrivilegeError, asyncpg.UndefinedFunctionError):
+        # Some hosted servers revoke it; the start time still tells servers apart.
+        system_identifier = None
+    return DatabaseIdentity(database, started, system_identifier)
+
+
+async def engine_identity(engine: AsyncEngine) -> DatabaseIdentity:
+    """The database and server the app's engine reaches (DATABASE_URL).
+
+    Raises ConnectionError when the app database cannot be asked now.
+    """
+    try:
+        async with engine.connect() as conn:
+            raw = await conn.get_raw_connection()
+            # The driver's own connection: no transaction is open on it, so a refused
+            # pg_control_system() leaves it usable.
+            return await _identity(raw.driver_connection)
+    except DBAPIError as exc:
+        raise ConnectionError(f"the app database did not answer: {exc}") from exc
+
+
+def check_same_database(lock: DatabaseIdentity, app: DatabaseIdentity) -> None:
+    """Raise UnsafeLockConnectionError when the lock connection and the app's engine
+    reach different servers or databases."""
+    if not lock.same_as(app):
+        raise UnsafeLockConnectionError(
+            f"LOCK_DATABASE_URL reaches {lock.describe()} but DATABASE_URL reaches "
+            f"{app.describe()}; the slot claims look for the leader key in the app's "
+            "database, so this leader would never fire; point LOCK_DATABASE_URL at the "
+            "same server and database as DATABASE_URL (it may only bypass a pooling proxy)"
+        )
 
 
 def check_pooling(first_pid: int, second_pid: int) -> None:
@@ -77,15 +172,22 @@ def check_primary(in_recovery: bool) -> None:
 class LockConnection:
     """A dedicated connection that can hold the scheduler's session advisory lock."""
 
-    def __init__(self, connection: asyncpg.Connection, backend_pid: int) -> None:
+    def __init__(
+        self,
+        connection: asyncpg.Connection,
+        backend_pid: int,
+        identity: DatabaseIdentity | None = None,
+    ) -> None:
         self._connection = connection
         self._closing = False
         self.backend_pid = backend_pid
+        self.identity = identity
         self.key = SCHEDULER_LEADER_KEY
 
     @classmethod
     async def connect(cls, dsn: str, *, lease_seconds: int, timeout: float = 10) -> LockConnection:
-        """Open the connection with the lease and the holder's name set at connect.
+        """Open the connection with the lease, no statement or lock timeout, and the
+        holder's name set at connect.
 
         Raises OSError, asyncpg errors or TimeoutError when the server cannot be reached,
         and UnsafeLockConnectionError behind a transaction-pooling proxy or on a replica.
@@ -96,13 +198,19 @@ class LockConnection:
             server_settings={
                 "application_name": f"scheduler-leader:{os.getpid()}",
                 "idle_session_timeout": str(lease_seconds * 1000),
+                # Never bites: the lock connection opens no transaction. It overrides a
+                # shorter role default all the same, and equals the lease should one
+                # ever be left open.
                 "idle_in_transaction_session_timeout": str(lease_seconds * 1000),
+                **_NO_TIMEOUTS,
             },
         )
         try:
             backend_pid = await connection.fetchval("SELECT pg_backend_pid()")
             check_pooling(backend_pid, await connection.fetchval("SELECT pg_backend_pid()"))
             check_primary(await connection.fetchval("SELECT pg_is_in_recovery()"))
+            await connection.execute(_NO_TRANSACTION_TIMEOUT)
+            identity = await _identity(connection)
         except _POOLER_SYMPTOMS as exc:
             # A statement prepared on one backend and run on another: a pooler.
             connection.terminate()
@@ -114,7 +222,20 @@ class LockConnection:
         except BaseException:
             connection.terminate()
             raise
-        return cls(connection, backend_pid)
+        return cls(connection, backend_pid, identity)
+
+    async def check_same_database(self, app: DatabaseIdentity) -> None:
+        """Raise UnsafeLockConnectionError unless this connection reached the app's
+        database on the app's server (``app``, read after this connection opened).
+
+        A server restart between the two reads would make a healthy set-up look wrong;
+        it also killed this connection, so a mismatch is reported only after this
+        connection proves alive (else asyncpg's connection error is raised: retry).
+        """
+        assert self.identity is not None, "identity is read by connect()"
+        if not self.identity.same_as(app):
+            await self._connection.fetchval("SELECT 1")
+        check_same_database(self.identity, app)
 
     async def on_wake(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on every NOTIFY to WAKE_CHANNEL (LISTEN opens no transaction)."""
@@ -147,7 +268,7 @@ class LockConnection:
         """
         try:
             async with asyncio.timeout(timeout):
-                count = await self._connection.fetchval(OWNERSHIP_SQL, self.key)
+                count = await self._connection.fetchval(OWNERSHIP_SQL)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
             return False
         return bool(count == 1)

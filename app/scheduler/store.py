@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .keys import SCHEDULER_LEADER_KEY
+from .keys import LEADER_KEY_LOCKS
 from .registry import JobSpec
 
 __all__ = ["JobRow", "JobStore", "format_error"]
@@ -56,11 +56,9 @@ _CLAIM = """
         updated_at = now()
     WHERE id = :job_id AND next_run_at = :due AND NOT paused {fence}
     """
-_FENCE = """
+_FENCE = f"""
       AND EXISTS (
-        SELECT 1 FROM pg_locks
-        WHERE locktype = 'advisory' AND objid = :key AND granted AND pid = :fence_pid
-          AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted AND pid = :fence_pid)
     """
 _CLAIM_UNFENCED = text(_CLAIM.format(fence=""))
 _CLAIM_FENCED = text(_CLAIM.format(fence=_FENCE))
@@ -230,7 +228,7 @@ class JobStore:
         statement = _CLAIM_UNFENCED
         if fence_pid is not None:
             statement = _CLAIM_FENCED
-            params |= {"key": SCHEDULER_LEADER_KEY, "fence_pid": fence_pid}
+            params |= {"fence_pid": fence_pid}
         async with self.engine.begin() as conn:
             if (await conn.execute(statement, params)).rowcount != 1:
                 return None

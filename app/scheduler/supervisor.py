@@ -7,9 +7,11 @@
 STANDBY waits inside ``pg_advisory_lock`` on its own lock connection, so the server
 wakes it the moment the key is released. LEADER waits HANDOVER_GRACE_SECONDS, then
 runs one loop per leader-only job and one task per service, and checks every
-LEADER_TICK_SECONDS that its lock connection still owns the key. The termination
-listener of that connection demotes at once; the fence in every slot claim makes a
-leader that lost the key unable to claim anything even before it notices.
+LEADER_TICK_SECONDS that its lock connection still owns the key, through the handover
+and shutdown graces too (the check is what keeps the idle connection inside its
+lease). The termination listener of that connection demotes at once; the fence in
+every slot claim makes a leader that lost the key unable to claim anything even before
+it notices. UNGUARDED fires jobs but starts no service.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from zoneinfo import ZoneInfo
 import asyncpg
 
 from .clock import Clock
-from .election import LockConnection, UnsafeLockConnectionError
+from .election import LockConnection, UnsafeLockConnectionError, engine_identity
 from .registry import JobSpec, Registry
 from .replicas import run_replica_jobs
 from .retry import backoff_delay, log_retry
@@ -133,6 +135,12 @@ class Supervisor:
         return [spec for spec in self.registry.jobs.values() if not spec.leader_only]
 
     @property
+    def firing(self) -> bool:
+        """True while this worker leads with its job loops running; False from the moment
+        it starts to step down."""
+        return self._firing.is_set()
+
+    @property
     def running_job_ids(self) -> set[str]:
         """Ids of the jobs whose body runs in this process now."""
         return {task.get_name() for task in self._bodies if not task.done()}
@@ -230,6 +238,7 @@ class Supervisor:
             # The server answered and refused: a wrong database name or password.
             raise _LockCheckError(f"{exc.__class__.__name__}: {exc}") from exc
         try:
+            await lock.check_same_database(await engine_identity(self.store.engine))
             if not await lock.try_acquire():
                 await self._set_role(Role.STANDBY)
                 logger.info(
@@ -238,7 +247,7 @@ class Supervisor:
                     extra={"action": "scheduler.standby", "pid": os.getpid()},
                 )
                 await lock.wait_acquire()
-        except _UNREACHABLE:
+        except (*_UNREACHABLE, UnsafeLockConnectionError):
             lock.close()
             raise
         except asyncpg.PostgresError as exc:
@@ -264,10 +273,10 @@ class Supervisor:
         loops: list[asyncio.Task[None]] = []
         reason = "stopped"
         try:
-            if await self._wait(self.config.handover_grace_seconds):
-                return
-            if lock is not None and not await lock.holds_lock(self.config.leader_tick_seconds):
+            if not await self._hold(lock, self.config.handover_grace_seconds):
                 reason = "lock lost during handover"
+                return
+            if self._stopping.is_set():
                 return
             now = self.clock.now()
             self._rows = await self.store.register_leader_jobs(
@@ -281,10 +290,13 @@ class Supervisor:
                 asyncio.create_task(self._job_loop(spec, fence), name=f"job-loop:{spec.id}")
                 for spec in self.leader_jobs
             ]
-            loops += [
-                asyncio.create_task(self.runner.run_service(spec), name=f"service:{spec.id}")
-                for spec in self.registry.services.values()
-            ]
+            if lock is not None:
+                # Services (long-poll consumers) run on one process at most: never
+                # unguarded, where another worker may lead.
+                loops += [
+                    asyncio.create_task(self.runner.run_service(spec), name=f"service:{spec.id}")
+                    for spec in self.registry.services.values()
+                ]
             self._firing.set()
             reason = await self._tick_until_done(lock, until)
         except Exception as exc:
@@ -329,7 +341,7 @@ class Supervisor:
             if reason in _GRACEFUL:
                 # We still own the schedule: give running jobs the shutdown grace. After
                 # a loss another leader may already run, so they are cancelled at once.
-                await asyncio.wait(self._bodies, timeout=self.config.shutdown_grace_seconds)
+                await self._shutdown_grace(lock)
             for task in self._bodies:
                 task.cancel()
             await asyncio.gather(*self._bodies, return_exceptions=True)
@@ -391,11 +403,51 @@ class Supervisor:
                 self._bodies.add(body)
                 body.add_done_callback(self._bodies.discard)
 
-    async def _wait(self, seconds: float) -> bool:
-        """Sleep on the clock; True when woken early by loss of the lock or stop()."""
-        return (
-            await _first(self.clock.sleep(seconds), self._lost.wait(), self._stopping.wait()) != 0
+    async def _hold(self, lock: LockConnection | None, seconds: float) -> bool:
+        """Wait ``seconds`` on the clock (less after stop()), checking ownership every
+        leader tick: the check keeps the idle lock connection inside its lease. False
+        once the lock is lost."""
+        deadline = self.clock.now() + timedelta(seconds=seconds)
+        while (left := (deadline - self.clock.now()).total_seconds()) > 0:
+            woken = await _first(
+                self.clock.sleep(min(left, self.config.leader_tick_seconds)),
+                self._lost.wait(),
+                self._stopping.wait(),
+            )
+            if woken == 2:
+                break
+            if woken == 1:
+                return False
+            if lock is not None and not await lock.holds_lock(self.config.leader_tick_seconds):
+                return False
+        return lock is None or (
+            not self._lost.is_set() and await lock.holds_lock(self.config.leader_tick_seconds)
         )
+
+    async def _shutdown_grace(self, lock: LockConnection | None) -> None:
+        """Let running bodies finish for up to the shutdown grace while this worker
+        still owns the key, checking that every leader tick (which keeps the lock
+        connection inside its lease); return early once it is lost."""
+        # The whole grace in real time, as the process manager that stops us counts it.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.shutdown_grace_seconds):
+                await self._tick_while_bodies_run(lock)
+
+    async def _tick_while_bodies_run(self, lock: LockConnection | None) -> None:
+        while self._bodies:
+            woken = await _first(
+                asyncio.wait(self._bodies),
+                self.clock.sleep(self.config.leader_tick_seconds),
+                self._lost.wait(),
+            )
+            if woken == 2:
+                return
+            if (
+                woken == 1
+                and lock is not None
+                and not await lock.holds_lock(self.config.leader_tick_seconds)
+            ):
+                return
 
     async def _wait_or_refresh(self, seconds: float) -> bool:
         """Sleep on the clock; True when woken early because the job rows were reloaded."""

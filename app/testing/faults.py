@@ -9,16 +9,12 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.scheduler.keys import SCHEDULER_LEADER_KEY
+from app.scheduler.keys import LEADER_KEY_LOCKS
 
 __all__ = ["terminate_leader_connection"]
 
 _TERMINATE_HOLDERS = text(
-    """
-    SELECT pg_terminate_backend(pid) FROM pg_locks
-    WHERE locktype = 'advisory' AND classid = 0 AND objid = :key AND objsubid = 1 AND granted
-      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-    """
+    f"SELECT pg_terminate_backend(pid) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted"
 )
 
 
@@ -27,5 +23,5 @@ async def terminate_leader_connection(engine: AsyncEngine) -> int:
     database, as an operator or a server-side timeout would; returns how many were
     terminated (0 when nobody leads). The leader demotes; a standby takes over."""
     async with engine.connect() as conn:
-        result = await conn.execute(_TERMINATE_HOLDERS, {"key": SCHEDULER_LEADER_KEY})
+        result = await conn.execute(_TERMINATE_HOLDERS)
         return len(result.all())

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from app.localpg import free_port
-from app.scheduler.keys import SCHEDULER_LEADER_KEY
+from app.scheduler.keys import LEADER_KEY_LOCKS
 
 LEASE_SECONDS = 4
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -28,10 +28,9 @@ PROBE_TABLE_SQL = (
     " fired_at timestamptz NOT NULL DEFAULT clock_timestamp())"
 )
 
-HOLDER_SQL = """
-    SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-    WHERE l.locktype = 'advisory' AND l.objid = %s AND l.granted
-      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+HOLDER_SQL = f"""
+    SELECT a.application_name FROM pg_stat_activity a
+    WHERE a.pid IN (SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted)
 """
 
 
@@ -91,7 +90,7 @@ class Cluster:
     def holders(self) -> list[int]:
         """pids of the processes holding the key in this database."""
         try:
-            rows = self.query(HOLDER_SQL, SCHEDULER_LEADER_KEY)
+            rows = self.query(HOLDER_SQL)
         except psycopg.OperationalError:
             return []
         return [int(str(name).rsplit(":", 1)[1]) for (name,) in rows]
@@ -132,11 +131,7 @@ class Cluster:
 
     def lock_backend_pid(self) -> int:
         """Backend pid of the leader's lock connection."""
-        rows = self.query(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            SCHEDULER_LEADER_KEY,
-        )
+        rows = self.query(f"SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted")
         return int(rows[0][0])
 
     def slots_fired_twice(self) -> list[tuple[Any, ...]]:

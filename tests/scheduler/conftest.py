@@ -10,22 +10,19 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.scheduler.keys import SCHEDULER_LEADER_KEY
+from app.scheduler.keys import LEADER_KEY_LOCKS
 
 from ..conftest import StartScheduler
 
 __all__ = ["StartScheduler", "eventually", "holder_count", "runs", "wait_for_runs"]
 
-HOLDERS_SQL = text(
-    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = :key AND granted"
-    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-)
+HOLDERS_SQL = text(f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted")
 
 
 async def holder_count(engine: AsyncEngine) -> int:
     """How many sessions hold the leader key in this database (the seed's query)."""
     async with engine.connect() as conn:
-        count: int = (await conn.execute(HOLDERS_SQL, {"key": SCHEDULER_LEADER_KEY})).scalar_one()
+        count: int = (await conn.execute(HOLDERS_SQL)).scalar_one()
         return count
 
 

@@ -7,19 +7,25 @@ import asyncio
 import logging
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo
 
 import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import asyncpg_dsn
+from app.admin.queries import leader
+from app.db import Database, asyncpg_dsn
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, SchedulerConfig, every
 from app.scheduler.election import LockConnection
-from app.scheduler.keys import SCHEDULER_LEADER_KEY
+from app.scheduler.keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
+from app.scheduler.store import JobStore
+from app.scheduler.supervisor import Supervisor
 
-from .conftest import StartScheduler, holder_count, wait_for_runs
+from .conftest import StartScheduler, eventually, holder_count, wait_for_runs
 
 APP_DIR = Path(__file__).resolve().parents[2] / "app"
 
@@ -178,10 +184,9 @@ async def _until_waiting(engine: AsyncEngine) -> None:
                 (
                     await conn.execute(
                         text(
-                            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                            " AND objid = :key AND NOT granted"
-                        ),
-                        {"key": SCHEDULER_LEADER_KEY},
+                            f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS}"
+                            " AND NOT granted"
+                        )
                     )
                 ).scalar_one()
             )
@@ -221,3 +226,142 @@ async def test_lock_loss_cancels_running_async_jobs_at_once(
     await asyncio.wait_for(cancelled.wait(), 5)
     history = await wait_for_runs(engine, "long_running", 1)
     assert history[0][0] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    "lookalike",
+    [
+        pytest.param("SELECT pg_advisory_lock(0, $1)", id="two-int4-keys"),
+        pytest.param("SELECT pg_advisory_lock((5::bigint << 32) + $1)", id="bigint-high-bits"),
+    ],
+)
+async def test_an_advisory_lock_that_only_shares_the_objid_is_not_the_leader_key(
+    lookalike: str, database: Database, engine: AsyncEngine, database_url: str
+) -> None:
+    """pg_locks shows another key with the same objid; no reader may take it for ours."""
+    other = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await other.execute(lookalike, SCHEDULER_LEADER_KEY)
+        other_pid = await other.fetchval("SELECT pg_backend_pid()")
+        clock = FakeClock()
+        scheduler = Scheduler()
+        scheduler.job(every(seconds=10), id="fenced")(lambda ctx: None)
+        store = JobStore(database.engine, pid=1, host="test")
+        rows = await store.register_leader_jobs(
+            scheduler.jobs.values(), clock.now(), ZoneInfo("UTC")
+        )
+        due = rows["fenced"].next_run_at
+        claimed = await store.claim(
+            scheduler.jobs["fenced"],
+            due=due,
+            next_slot=due + timedelta(seconds=10),
+            run_slot=due,
+            now=due,
+            status="running",
+            fence_pid=other_pid,
+        )
+        assert claimed is None, "the fence took a lookalike lock for the leader key"
+        assert not await LockConnection(other, other_pid).holds_lock(timeout=5)
+        assert (await leader(engine))["backend_pid"] is None
+        assert await holder_count(engine) == 0
+    finally:
+        await other.close()
+
+
+async def _not_firing(supervisor: Supervisor) -> bool:
+    return not supervisor.firing
+
+
+async def _server_seconds_pass(engine: AsyncEngine, seconds: float) -> None:
+    """Return once ``seconds`` have passed by the server's clock (the lease's clock)."""
+    async with engine.connect() as conn:
+        start = (await conn.execute(text("SELECT clock_timestamp()"))).scalar_one()
+
+    async def passed() -> bool:
+        async with engine.connect() as conn:
+            return bool(
+                (
+                    await conn.execute(
+                        text("SELECT clock_timestamp() - :start > make_interval(secs => :seconds)"),
+                        {"start": start, "seconds": seconds},
+                    )
+                ).scalar_one()
+            )
+
+    await eventually(passed, seconds + 10, f"{seconds} s on the server's clock")
+
+
+# Two seconds of idleness and the server drops the lock connection: the lease.
+SHORT_LEASE: dict[str, Any] = {"lease_seconds": 2, "leader_tick_seconds": 1}
+
+
+async def test_a_handover_grace_longer_than_the_lease_still_fires(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    scheduler = Scheduler()
+    scheduler.job(every(seconds=1), id="after_grace")(lambda ctx: None)
+    await start_scheduler(scheduler, handover_grace_seconds=3, **SHORT_LEASE)
+    await wait_for_runs(engine, "after_grace", 1, timeout=20)
+
+
+async def test_a_stopping_leader_keeps_the_key_until_its_body_finishes(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    first = Scheduler()
+    started, finish, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    @first.job(every(seconds=1), id="longer_than_the_lease")
+    async def longer_than_the_lease(ctx: JobContext) -> None:
+        started.set()
+        await finish.wait()
+        finished.set()
+
+    second = Scheduler()
+    promotions: list[bool] = []
+
+    def on_role(role: str) -> None:
+        if role == "leader":
+            promotions.append(finished.is_set())
+
+    second.observe(on_role=on_role)
+    leading = await start_scheduler(first, shutdown_grace_seconds=30, **SHORT_LEASE)
+    await leading.wait_for_role(Role.LEADER)
+    standby = await start_scheduler(second, **SHORT_LEASE)
+    await standby.wait_for_role(Role.STANDBY)
+    await asyncio.wait_for(started.wait(), 10)
+    stopping = asyncio.create_task(first.stop())
+    await _server_seconds_pass(engine, 2 * SHORT_LEASE["lease_seconds"])
+    assert standby.role is Role.STANDBY, "promoted while the old leader's body still ran"
+    assert await holder_count(engine) == 1
+    finish.set()
+    await stopping
+    await standby.wait_for_role(Role.LEADER)
+    assert promotions == [True]
+
+
+async def test_a_stopping_leader_that_loses_its_lock_cancels_at_once(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    scheduler = Scheduler()
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    @scheduler.job(every(seconds=1), id="endless")
+    async def endless(ctx: JobContext) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    supervisor = await start_scheduler(scheduler, shutdown_grace_seconds=60)
+    await asyncio.wait_for(started.wait(), 10)
+    assert supervisor.lock is not None
+    backend_pid = supervisor.lock.backend_pid
+    stopping = asyncio.create_task(scheduler.stop())
+    await eventually(lambda: _not_firing(supervisor), 5, "the stop to begin")
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": backend_pid})
+    # Not after the 60 s grace: another worker may lead already.
+    await asyncio.wait_for(cancelled.wait(), 5)
+    await stopping

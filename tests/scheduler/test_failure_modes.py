@@ -7,11 +7,12 @@ import logging
 import httpx
 import pytest
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import asyncpg_dsn
 from app.localpg import free_port
 from app.main import create_app
-from app.scheduler import FakeClock, JobContext, Role, Scheduler, every
+from app.scheduler import FakeClock, JobContext, Role, Scheduler, ServiceContext, every
 from app.settings import Settings
 
 from .conftest import StartScheduler, wait_for_runs
@@ -81,3 +82,27 @@ async def test_unreachable_lock_server_is_retried_while_the_api_serves(
         assert scheduler.supervisor is not None
         await scheduler.supervisor.wait_for_role(Role.STANDBY)
     assert any("scheduler.lock_unreachable" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_unguarded_worker_starts_no_service(
+    start_scheduler: StartScheduler, database_url: str, engine: AsyncEngine
+) -> None:
+    """Services (long-poll consumers) must run on at most one process: never unguarded."""
+    clock = FakeClock()
+    scheduler = Scheduler()
+    service_started = asyncio.Event()
+    scheduler.job(every(seconds=10), id="unguarded")(lambda ctx: None)
+
+    @scheduler.service(id="long_poll")
+    async def long_poll(ctx: ServiceContext) -> None:
+        service_started.set()
+        await asyncio.Event().wait()
+
+    supervisor = await start_scheduler(
+        scheduler, clock=clock, lock_dsn=_missing_database(database_url), fail_closed=False
+    )
+    await supervisor.wait_for_role(Role.UNGUARDED)
+    await clock.wait_for_sleepers(2)
+    clock.advance(10)
+    await wait_for_runs(engine, "unguarded", 1)
+    assert not service_started.is_set()

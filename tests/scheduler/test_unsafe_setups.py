@@ -1,25 +1,33 @@
 """The scheduler refuses a lock server a session lock cannot live on; the API serves."""
 
+import asyncio
 import os
 import shutil
 import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db import asyncpg_dsn
 from app.localpg import free_port
 from app.main import create_app
-from app.scheduler import Role, Scheduler, UnsafeLockConnectionError
+from app.scheduler import Role, Scheduler, ServiceContext, UnsafeLockConnectionError
 from app.scheduler.election import check_pooling, check_primary
+from app.scheduler.keys import LEADER_KEY_LOCKS
 from app.settings import Settings
 from app.testing import TestServer
+
+from .conftest import StartScheduler, eventually, holder_count
 
 
 def test_a_backend_pid_that_changes_between_statements_is_a_pooling_proxy() -> None:
@@ -78,7 +86,8 @@ def pooler(server: TestServer, database_url: str) -> Iterator[str]:
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"auth_type = trust\nauth_file = {tmp_path / 'users.txt'}\n"
         "pool_mode = transaction\nserver_round_robin = 1\ndefault_pool_size = 4\n"
-        "ignore_startup_parameters = idle_session_timeout,idle_in_transaction_session_timeout\n"
+        "ignore_startup_parameters = idle_session_timeout,idle_in_transaction_session_timeout,"
+        "lock_timeout,statement_timeout\n"
     )
     as_user = "postgres" if os.geteuid() == 0 else None
     process = subprocess.Popen(
@@ -128,3 +137,107 @@ async def test_lock_url_through_a_transaction_pooler_refuses_the_scheduler(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             assert (await client.get("/healthz")).status_code == 200
+
+
+def _database_of(url: str) -> str:
+    database = make_url(url).database
+    assert database is not None
+    return database
+
+
+def _with_service(started: list[str], worker: str) -> Scheduler:
+    scheduler = Scheduler()
+
+    @scheduler.service(id="long_poll")
+    async def long_poll(ctx: ServiceContext) -> None:
+        started.append(worker)
+        await asyncio.Event().wait()
+
+    return scheduler
+
+
+_WAITING_SINCE_SQL = text(
+    f"""
+    SELECT coalesce(extract(epoch FROM clock_timestamp() - max(a.query_start)), 0)
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+    WHERE {LEADER_KEY_LOCKS} AND NOT l.granted
+    """
+)
+
+
+@pytest.mark.parametrize("setting", ["lock_timeout", "statement_timeout"])
+async def test_a_database_timeout_does_not_cut_a_standbys_wait(
+    setting: str, start_scheduler: StartScheduler, engine: AsyncEngine, database_url: str
+) -> None:
+    """A timeout set on the database (or role) would cancel pg_advisory_lock; the lock
+    connection overrides it, so the standby keeps waiting and never fires unguarded."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(f"ALTER DATABASE \"{_database_of(database_url)}\" SET {setting} = '300ms'")
+        )
+    started: list[str] = []
+    leading = await start_scheduler(_with_service(started, "leader"))
+    await leading.wait_for_role(Role.LEADER)
+    standby = await start_scheduler(_with_service(started, "standby"))
+    await standby.wait_for_role(Role.STANDBY)
+
+    async def waited_past_the_timeout() -> bool:
+        assert standby.role is Role.STANDBY, f"the standby became {standby.role.value}"
+        async with engine.connect() as conn:
+            return float((await conn.execute(_WAITING_SINCE_SQL)).scalar_one()) > 1.5
+
+    await eventually(waited_past_the_timeout, 15, f"a standby wait longer than {setting}")
+    assert await holder_count(engine) == 1
+    assert started == ["leader"]
+
+
+async def test_a_lock_url_on_another_database_refuses_the_scheduler(
+    start_scheduler: StartScheduler, database_url: str, empty_database_url: str
+) -> None:
+    """The slot claims' fence looks for the key in the app's database: a key held in
+    another one would make a leader that never fires."""
+    supervisor = await start_scheduler(Scheduler(), lock_dsn=asyncpg_dsn(empty_database_url))
+    await supervisor.wait_for_role(Role.STOPPED)
+    refusal = supervisor.refusal or ""
+    assert "LOCK_DATABASE_URL" in refusal
+    assert _database_of(empty_database_url) in refusal
+    assert _database_of(database_url) in refusal
+
+
+@pytest.fixture
+def unprivileged_lock_url(pg_server: TestServer, database_url: str) -> Iterator[str]:
+    """URL of ``database_url`` as a login role that may not call pg_control_system()."""
+    role = f"regent_plain_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN'.encode())
+    try:
+        yield make_url(database_url).set(username=role, password=None).render_as_string(False)
+    finally:
+        with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP ROLE IF EXISTS "{role}"'.encode())
+
+
+def _revoke_pg_control_system(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC")
+
+
+async def test_a_lock_role_without_pg_control_system_is_checked_all_the_same(
+    start_scheduler: StartScheduler,
+    pg_server: TestServer,
+    database_url: str,
+    empty_database_url: str,
+    unprivileged_lock_url: str,
+) -> None:
+    for url in (database_url, empty_database_url):
+        _revoke_pg_control_system(url)
+    same = Scheduler()
+    leading = await start_scheduler(same, lock_dsn=asyncpg_dsn(unprivileged_lock_url))
+    await leading.wait_for_role(Role.LEADER)
+    await same.stop()
+    elsewhere = make_url(unprivileged_lock_url).set(database=_database_of(empty_database_url))
+    refused = await start_scheduler(
+        Scheduler(), lock_dsn=asyncpg_dsn(elsewhere.render_as_string(False))
+    )
+    await refused.wait_for_role(Role.STOPPED)
+    assert _database_of(empty_database_url) in (refused.refusal or "")

@@ -7,10 +7,11 @@ job id in the message, never later at 3 a.m. in a log.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .errors import InvalidJobError
@@ -19,6 +20,8 @@ from .triggers import Trigger
 __all__ = ["JobSpec", "Registry", "ServiceSpec"]
 
 JobFunc = Callable[..., Any]
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ServiceFunc = Callable[..., Awaitable[None]]
 
 
@@ -46,6 +49,19 @@ class JobSpec:
     def is_async(self) -> bool:
         """True for ``async def`` jobs."""
         return inspect.iscoroutinefunction(self.func)
+
+    def jitter_delay(self, slot: datetime) -> float:
+        """Seconds to wait after ``slot`` before firing it, in [0, jitter).
+
+        Drawn once per (job id, slot): a hash, not a random draw, so every wake-up of the
+        job loop and every leader after a failover waits the same delay for the same
+        slot, and the delays of successive slots spread uniformly over the jitter.
+        """
+        if not self.jitter:
+            return 0.0
+        micros = (slot - _EPOCH) // timedelta(microseconds=1)
+        digest = hashlib.blake2b(f"{self.id}\x00{micros}".encode(), digest_size=8).digest()
+        return self.jitter * int.from_bytes(digest, "big") / 2**64
 
 
 @dataclass(frozen=True)

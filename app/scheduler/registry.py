@@ -33,7 +33,12 @@ def _seconds(value: float | timedelta | None) -> float | None:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One registered job. ``is_async`` jobs run on the loop, the rest in a thread."""
+    """One registered job. ``is_async`` jobs run on the loop, the rest in a thread.
+
+    Times are seconds. ``first_run``: the first slot is this long after the job's row is
+    created (once per row; per worker boot for a ``leader_only=False`` job), instead of
+    the trigger's first slot. ``jitter``: see ``jitter_delay``.
+    """
 
     id: str
     name: str

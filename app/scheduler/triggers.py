@@ -142,8 +142,8 @@ def _second_occurrence(moment: datetime, zone: ZoneInfo) -> bool:
 
 
 def every(*, seconds: float = 0, minutes: float = 0, hours: float = 0, days: float = 0) -> Interval:
-    """A trigger due every so much elapsed time; the first slot is one period after
-    registration (or ``first_run`` after boot). Validated when the job registers."""
+    """A trigger due every so much elapsed time; the first slot is one period after the
+    job's row is created (or ``first_run`` after it). Validated when the job registers."""
     return Interval(timedelta(seconds=seconds, minutes=minutes, hours=hours, days=days))
 
 

@@ -116,6 +116,25 @@ async def test_first_run_brings_a_job_forward_after_boot(database: Database) -> 
     assert rows["warm"].next_run_at == T0 + timedelta(seconds=30)
 
 
+async def test_first_run_applies_once_per_job_row_not_at_each_promotion(
+    database: Database,
+) -> None:
+    clock = FakeClock(T0)
+    spec = JobSpec(
+        id="warm", name="Warm", func=lambda ctx: None, trigger=every(hours=1), first_run=30
+    )
+    runner = _runner(database, clock, 1)
+    rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    clock.advance(30)
+    claim = await runner.claim_leader(spec, rows["warm"].next_run_at, None)
+    assert claim is not None and claim.next_slot == T0 + timedelta(hours=1, seconds=30)
+    # Later promotions and restarts (every 60 s while unguarded) keep the countdown.
+    for _ in range(5):
+        clock.advance(60)
+        rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+        assert rows["warm"].next_run_at == claim.next_slot
+
+
 async def test_outage_coalesces_missed_slots_into_one_run(
     start_scheduler: StartScheduler, engine: AsyncEngine
 ) -> None:

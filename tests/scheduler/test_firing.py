@@ -11,11 +11,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database
-from app.scheduler import FakeClock, JobContext, Role, Scheduler, every
+from app.scheduler import FakeClock, JobContext, Role, Scheduler, cron, every
 from app.scheduler.registry import JobSpec
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
 from app.scheduler.supervisor import Supervisor
+from app.scheduler.triggers import COUNTED_SLOTS
 
 from .conftest import StartScheduler, runs, wait_for_runs
 
@@ -169,6 +170,27 @@ async def test_slots_later_than_the_grace_are_recorded_missed(
     history = await wait_for_runs(engine, "graced", 1)
     assert history == [("missed", T0 + timedelta(seconds=90))]
     assert not ran.is_set()
+
+
+async def test_a_long_cron_outage_is_caught_up_at_once_and_noted_as_at_least(
+    database: Database, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(cron("* * * * *", tz="Europe/Zurich"), id="minutely", misfire_grace=3600)(
+        lambda ctx: None
+    )
+    spec = scheduler.jobs["minutely"]
+    runner = _runner(database, clock, 1)
+    rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    clock.advance(timedelta(days=30, seconds=30).total_seconds())
+    claim = await runner.claim_leader(spec, rows["minutely"].next_run_at, None)
+    assert claim is not None
+    assert claim.slot == T0 + timedelta(days=30)
+    missed = "SELECT error FROM scheduler_runs WHERE job_id = 'minutely' AND status = 'missed'"
+    async with engine.connect() as conn:
+        note = (await conn.execute(text(missed))).scalar_one()
+    assert note.startswith(f"at least {COUNTED_SLOTS} slot(s) ")
 
 
 async def test_raising_job_is_recorded_and_its_next_slot_fires(

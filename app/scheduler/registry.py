@@ -20,9 +20,9 @@ from .triggers import Trigger
 __all__ = ["JobSpec", "Registry", "ServiceSpec"]
 
 JobFunc = Callable[..., Any]
+ServiceFunc = Callable[..., Awaitable[None]]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-ServiceFunc = Callable[..., Awaitable[None]]
 
 
 def _seconds(value: float | timedelta | None) -> float | None:

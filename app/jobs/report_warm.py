@@ -1,8 +1,8 @@
 """Report warm: an expensive aggregate computed by a job, read by GET /api/stats.
 
 A read endpoint people poll is a job, not a request: the aggregate runs once per
-REPORT_WARM_INTERVAL_MINUTES (first 30 s after boot), one commit per workspace, and the
-endpoint reads one row.
+REPORT_WARM_INTERVAL_MINUTES (first 30 s after the first boot), one commit per
+workspace, and the endpoint reads one row.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ async def warm_report_stats(session: AsyncSession, now: datetime) -> int:
 
 
 def register(scheduler: Scheduler, interval_minutes: float) -> None:
-    """Every ``interval_minutes``, first 30 s after boot: "Warm report statistics"."""
+    """Every ``interval_minutes``, first 30 s after the first boot: "Warm report statistics"."""
 
     @scheduler.job(
         every(minutes=interval_minutes),

@@ -7,12 +7,13 @@ job id in the message, never later at 3 a.m. in a log.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from .errors import InvalidJobError
@@ -29,6 +30,7 @@ _ID = re.compile(ID_PATTERN)
 _NAME_LIMIT = 200
 # Ten years: beyond it a duration is a typo, and datetime arithmetic would overflow.
 MAX_SECONDS = 10 * 366 * 86400.0
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _seconds(job_id: str, option: str, value: object) -> float | None:
@@ -62,7 +64,12 @@ def _is_async(func: object) -> bool:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """One registered job. ``is_async`` jobs run on the loop, the rest in a thread."""
+    """One registered job. ``is_async`` jobs run on the loop, the rest in a thread.
+
+    Times are seconds. ``first_run``: the first slot is this long after the job's row is
+    created (once per row; per worker boot for a ``leader_only=False`` job), instead of
+    the trigger's first slot. ``jitter``: see ``jitter_delay``.
+    """
 
     id: str
     name: str
@@ -78,6 +85,19 @@ class JobSpec:
     def is_async(self) -> bool:
         """True for ``async def`` jobs (or objects with an ``async def __call__``)."""
         return _is_async(self.func)
+
+    def jitter_delay(self, slot: datetime) -> float:
+        """Seconds to wait after ``slot`` before firing it, in [0, jitter).
+
+        Drawn once per (job id, slot): a hash, not a random draw, so every wake-up of the
+        job loop and every leader after a failover waits the same delay for the same
+        slot, and the delays of successive slots spread uniformly over the jitter.
+        """
+        if not self.jitter:
+            return 0.0
+        micros = (slot - _EPOCH) // timedelta(microseconds=1)
+        digest = hashlib.blake2b(f"{self.id}\x00{micros}".encode(), digest_size=8).digest()
+        return self.jitter * int.from_bytes(digest, "big") / 2**64
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
 from .store import JobStore, format_error
+from .triggers import COUNTED_SLOTS
 
 __all__ = ["Claim", "Runner"]
 
@@ -100,10 +101,15 @@ class Runner:
         grace = spec.misfire_grace
         missed = grace is not None and (now - latest).total_seconds() > grace
         error = missed_before = None
+        # Past COUNTED_SLOTS the trigger stopped counting: the note says "at least".
+        at_least = "at least " if passed >= COUNTED_SLOTS else ""
         if missed:
-            error = f"{passed + 1} slot(s) later than misfire_grace ({grace:g} s) skipped"
+            error = f"{at_least}{passed + 1} slot(s) later than misfire_grace ({grace:g} s) skipped"
         elif grace is not None and passed:
-            missed_before = (due, f"{passed} slot(s) later than misfire_grace ({grace:g} s)")
+            missed_before = (
+                due,
+                f"{at_least}{passed} slot(s) later than misfire_grace ({grace:g} s)",
+            )
         run_id = await self.store.claim(
             spec,
             due=due,

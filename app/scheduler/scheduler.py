@@ -61,6 +61,11 @@ class Scheduler:
 
         ``name`` is the human log string monitors match on (default: the id). An
         ``async def`` runs on the loop; a plain ``def`` runs in a worker thread.
+        ``first_run`` is the delay from the first boot of the deployment (when the job's
+        row is created) to its first slot, once per job row: a later restart or promotion
+        never brings the job forward again. A ``leader_only=False`` job keeps its slots
+        per worker, so there it is the delay after that worker boots. ``jitter`` delays
+        each slot's fire by a fixed amount in [0, jitter) drawn from (id, slot).
         Raises InvalidJobError at once, naming the id, for a bad trigger, a duplicate
         id, a negative option or a non-callable.
         """

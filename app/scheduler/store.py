@@ -34,9 +34,7 @@ _UPSERT = text(
         leader_only = excluded.leader_only,
         trigger = excluded.trigger,
         next_run_at = CASE
-            WHEN scheduler_jobs.trigger <> excluded.trigger THEN excluded.next_run_at
-            WHEN CAST(:first_run_due AS timestamptz) IS NOT NULL
-                THEN LEAST(scheduler_jobs.next_run_at, CAST(:first_run_due AS timestamptz))
+            WHEN scheduler_jobs.trigger <> excluded.trigger THEN CAST(:reset_slot AS timestamptz)
             ELSE scheduler_jobs.next_run_at
         END,
         updated_at = now()
@@ -141,15 +139,17 @@ class JobStore:
     ) -> dict[str, JobRow]:
         """Upsert the leader's jobs; keep each stored countdown unless its trigger changed.
 
-        A job with ``first_run`` is brought forward to now + first_run if it was due
-        later than that; nothing is ever pushed back by a restart.
+        ``first_run`` places the first slot of a job whose row does not exist yet (the
+        first boot of the deployment): once per job row. A promotion or a restart never
+        moves a stored slot, and a changed trigger restarts from its own first slot.
         """
         rows: dict[str, JobRow] = {}
         async with self.engine.begin() as conn:
             for spec in specs:
-                first_run_due = (
-                    now + timedelta(seconds=spec.first_run) if spec.first_run is not None else None
-                )
+                own_first_slot = spec.trigger.first_slot(now, zone)
+                first_slot = own_first_slot
+                if spec.first_run is not None:
+                    first_slot = now + timedelta(seconds=spec.first_run)
                 result = await conn.execute(
                     _UPSERT,
                     {
@@ -157,8 +157,8 @@ class JobStore:
                         "name": spec.name,
                         "trigger": spec.trigger.describe(),
                         "leader_only": True,
-                        "first_slot": first_run_due or spec.trigger.first_slot(now, zone),
-                        "first_run_due": first_run_due,
+                        "first_slot": first_slot,
+                        "reset_slot": own_first_slot,
                     },
                 )
                 row = result.one()

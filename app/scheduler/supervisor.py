@@ -21,7 +21,6 @@ import contextlib
 import enum
 import logging
 import os
-import random
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -367,8 +366,7 @@ class Supervisor:
             if row.paused:
                 await self._wait_or_refresh(self.config.leader_tick_seconds)
                 continue
-            jitter = random.uniform(0, spec.jitter) if spec.jitter else 0.0
-            fire_at = row.next_run_at + timedelta(seconds=jitter)
+            fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
             delay = (fire_at - self.clock.now()).total_seconds()
             if delay > 0 and await self._wait_or_refresh(delay):
                 continue

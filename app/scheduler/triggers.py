@@ -4,12 +4,21 @@ Trigger math is pure: ``next_after(moment, zone)`` returns the first slot strict
 after ``moment`` as an aware UTC datetime. Due times always come from the schedule
 (the previous slot), never from "last run + interval", so nothing drifts.
 
-DST, for cron: slots are computed in the job's IANA zone and compared in UTC.
-- A wall time inside a spring-forward gap fires once, at the first valid instant
-  after the gap (croniter does this).
+DST, for cron: the expression matches wall times in the job's IANA zone; each matching
+wall time fires at the instant(s) below, compared in UTC. One rule for fixed, wildcard
+and step hours alike:
+- A wall time that exists once fires at that instant.
+- A wall time inside a spring-forward gap fires at the first valid instant after the
+  gap (the transition). Several gap wall times, and a matching wall time at that
+  instant, are all that one slot: it fires once. So ``0 * * * *`` in
+  Australia/Lord_Howe fires 01:00, 02:30, 03:00 on the night the clock jumps from 02:00
+  to 02:30, ``0 */2 * * *`` fires 02:30, and ``30 2 * * *`` in Europe/Zurich fires 03:00.
 - A wall time repeated by a fall-back fires once, in its first occurrence, when the
   hour field is fixed. An hour field that is a wildcard or a step (``*/30 * * * *``)
   measures elapsed time and fires in both occurrences: the classic cron rule.
+No slot is lost and none fires twice; two fires are never further apart than the
+expression's own gap plus the DST shift. ``next_after`` and ``latest_slot`` apply the
+rule from either direction, so a catch-up never walks an outage slot by slot.
 """
 
 from __future__ import annotations
@@ -22,7 +31,15 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
 
-__all__ = ["Cron", "Interval", "Trigger", "cron", "every"]
+__all__ = ["COUNTED_SLOTS", "Cron", "Interval", "Trigger", "cron", "every"]
+
+# A catch-up counts the slots an outage passed over one by one up to this many, then
+# reports "at least" this many: the count is a note, and must never stall the loop.
+COUNTED_SLOTS = 100
+# Fall-backs are looked for this far from a moment: longer than any since 1900.
+_LOOKAHEAD = timedelta(days=1)
+_ONE_SECOND = timedelta(seconds=1)
+_ONE_MINUTE = timedelta(minutes=1)
 
 # A cron expression must produce a slot from here on; croniter gives up after years.
 _VALIDATION_MOMENT = datetime(2000, 1, 1, tzinfo=UTC)
@@ -52,13 +69,13 @@ class Trigger(ABC):
         """The slot a newly registered job is first due at."""
         return self.next_after(now, zone)
 
+    @abstractmethod
     def latest_slot(self, due: datetime, now: datetime, zone: ZoneInfo) -> tuple[datetime, int]:
-        """The last slot at or before ``now``, starting from slot ``due``, and how many
-        slots were passed over before it (missed during an outage)."""
-        latest, passed = due, 0
-        while (following := self.next_after(latest, zone)) <= now:
-            latest, passed = following, passed + 1
-        return latest, passed
+        """The last slot at or before ``now`` (``due`` itself when none follows it by
+        then), and how many slots after ``due`` were passed over to reach it (missed
+        during an outage). The count is exact below COUNTED_SLOTS; at or above it, it
+        means at least that many. Cheap whatever the outage: never a walk of it.
+        """
 
 
 @dataclass(frozen=True)
@@ -128,35 +145,104 @@ class Cron(Trigger):
 
     def next_after(self, moment: datetime, zone: ZoneInfo) -> datetime:
         """The next matching wall time in the zone, with the DST rules above."""
-        local_zone = ZoneInfo(self.tz) if self.tz is not None else zone
-        iterator = croniter(self.expression, moment.astimezone(local_zone))
+        local_zone = self._zone(zone)
+        moment = moment.astimezone(UTC)
+        # A wall time below the moment's can still fall after it, in the second pass of a
+        # fall-back ahead: start from the smallest offset ahead.
+        offsets = _offsets_around(moment, local_zone, _LOOKAHEAD)
+        start = _wall(moment, local_zone) - (_offset(moment, local_zone) - min(offsets))
+        walls = croniter(self.expression, start - _ONE_SECOND)
+        best: datetime | None = None
         while True:
-            candidate: datetime = iterator.get_next(datetime)
-            if self._hour_is_elapsed_time or not _second_occurrence(candidate, local_zone):
-                result = candidate.astimezone(UTC)
-                if result > moment:
-                    return result
+            wall: datetime = walls.get_next(datetime)
+            for instant in self._instants(wall, local_zone):
+                if instant > moment and (best is None or instant < best):
+                    best = instant
+                    offsets.append(_offset(instant, local_zone))
+            # The next wall time is a minute later at least: can it still fall earlier?
+            if best is not None and (wall + _ONE_MINUTE - max(offsets)).replace(tzinfo=UTC) > best:
+                return best
+
+    def latest_slot(self, due: datetime, now: datetime, zone: ZoneInfo) -> tuple[datetime, int]:
+        """Found from ``now`` backwards, never by walking the outage: the slots passed
+        over are counted up to COUNTED_SLOTS, a count that reaches it meaning at least."""
+        if now < due:
+            return due, 0
+        latest = max(due, self._at_or_before(now, self._zone(zone)))
+        passed, slot = 0, due
+        while slot < latest and passed < COUNTED_SLOTS:
+            slot = self.next_after(slot, zone)
+            passed += 1
+        return latest, passed
 
     def describe(self) -> str:
         """``cron '0 6 * * *' Europe/Zurich``; no zone means the scheduler's default."""
         return f"cron {self.expression!r} {self.tz or 'default-zone'}"
 
+    def _zone(self, default: ZoneInfo) -> ZoneInfo:
+        return ZoneInfo(self.tz) if self.tz is not None else default
 
-def _second_occurrence(moment: datetime, zone: ZoneInfo) -> bool:
-    """True when ``moment`` is the repeat of a wall time that a fall-back shows twice."""
-    wall = moment.astimezone(zone).replace(tzinfo=None)
-    first = wall.replace(fold=0, tzinfo=zone)
-    second = wall.replace(fold=1, tzinfo=zone)
-    if first.utcoffset() == second.utcoffset():
-        return False
-    return moment.utcoffset() == second.utcoffset() and moment.astimezone(UTC) != first.astimezone(
-        UTC
-    )
+    def _at_or_before(self, moment: datetime, local_zone: ZoneInfo) -> datetime:
+        """The last slot at or before ``moment``: ``next_after`` read backwards."""
+        moment = moment.astimezone(UTC)
+        # A wall time above the moment's can still fall before it, in the first pass of
+        # a fall-back behind: start from the largest offset behind.
+        offsets = _offsets_around(moment, local_zone, -_LOOKAHEAD)
+        start = _wall(moment, local_zone) + (max(offsets) - _offset(moment, local_zone))
+        walls = croniter(self.expression, start + _ONE_SECOND)
+        best: datetime | None = None
+        while True:
+            wall: datetime = walls.get_prev(datetime)
+            for instant in self._instants(wall, local_zone):
+                if instant <= moment and (best is None or instant > best):
+                    best = instant
+                    offsets.append(_offset(instant, local_zone))
+            if best is not None and (wall - _ONE_MINUTE - min(offsets)).replace(tzinfo=UTC) < best:
+                return best
+
+    def _instants(self, wall: datetime, zone: ZoneInfo) -> list[datetime]:
+        """The instants (UTC) at which a matching wall time fires, by the rules above."""
+        first = wall.replace(tzinfo=zone, fold=0).astimezone(UTC)
+        second = wall.replace(tzinfo=zone, fold=1).astimezone(UTC)
+        if first == second:
+            return [first]
+        if _wall(first, zone) != wall:
+            return [_gap_end(min(first, second), max(first, second), zone)]
+        return [first, second] if self._hour_is_elapsed_time else [first]
+
+
+def _offset(moment: datetime, zone: ZoneInfo) -> timedelta:
+    offset = moment.astimezone(zone).utcoffset()
+    assert offset is not None
+    return offset
+
+
+def _wall(moment: datetime, zone: ZoneInfo) -> datetime:
+    return moment.astimezone(zone).replace(tzinfo=None)
+
+
+def _offsets_around(moment: datetime, zone: ZoneInfo, reach: timedelta) -> list[timedelta]:
+    """The offsets in force at ``moment`` and at a few points up to ``reach`` from it."""
+    return [_offset(moment + reach * part, zone) for part in (0, 0.125, 1)]
+
+
+def _gap_end(before: datetime, after: datetime, zone: ZoneInfo) -> datetime:
+    """The first instant in (before, after] with the offset in force at ``after``: the
+    first valid instant after a spring-forward gap, to the second."""
+    target = _offset(after, zone)
+    low, high = int(before.timestamp()), int(after.timestamp())
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _offset(datetime.fromtimestamp(middle, UTC), zone) == target:
+            high = middle
+        else:
+            low = middle
+    return datetime.fromtimestamp(high, UTC)
 
 
 def every(*, seconds: float = 0, minutes: float = 0, hours: float = 0, days: float = 0) -> Interval:
-    """A trigger due every so much elapsed time; the first slot is one period after
-    registration (or ``first_run`` after boot). Validated when the job registers;
+    """A trigger due every so much elapsed time; the first slot is one period after the
+    job's row is created (or ``first_run`` after it). Validated when the job registers;
     raises ValueError at once for a part that is not a finite number of at most ten years.
     """
     parts = {"seconds": seconds, "minutes": minutes, "hours": hours, "days": days}

@@ -44,19 +44,24 @@ async def test_lock_connection_is_idle_and_named_after_its_process(
     supervisor = await start_scheduler(Scheduler())
     await supervisor.wait_for_role(Role.LEADER)
     assert supervisor.lock is not None
-    async with engine.connect() as conn:
-        row = (
-            await conn.execute(
-                text(
-                    "SELECT state, application_name, "
-                    "current_setting('idle_session_timeout') AS unused "
-                    "FROM pg_stat_activity WHERE pid = :pid"
-                ),
-                {"pid": supervisor.lock.backend_pid},
-            )
-        ).one()
-    assert row.state == "idle"
-    assert row.application_name == f"scheduler-leader:{os.getpid()}"
+    backend_pid = supervisor.lock.backend_pid
+    names: list[str] = []
+
+    async def idle() -> bool:
+        # Between its ownership checks the connection is idle, never idle in transaction.
+        async with engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    text("SELECT state, application_name FROM pg_stat_activity WHERE pid = :pid"),
+                    {"pid": backend_pid},
+                )
+            ).one()
+        names.append(row.application_name)
+        assert row.state in ("idle", "active"), row.state
+        return bool(row.state == "idle")
+
+    await eventually(idle, what="the lock connection idle between checks")
+    assert names[-1] == f"scheduler-leader:{os.getpid()}"
 
 
 async def test_guarded_job_runs_body_when_uncontended(

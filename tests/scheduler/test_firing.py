@@ -11,11 +11,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database
-from app.scheduler import FakeClock, JobContext, Role, Scheduler, every
+from app.scheduler import FakeClock, JobContext, Role, Scheduler, cron, every
 from app.scheduler.registry import JobSpec
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
 from app.scheduler.supervisor import Supervisor
+from app.scheduler.triggers import COUNTED_SLOTS
 
 from .conftest import StartScheduler, runs, wait_for_runs
 
@@ -116,6 +117,25 @@ async def test_first_run_brings_a_job_forward_after_boot(database: Database) -> 
     assert rows["warm"].next_run_at == T0 + timedelta(seconds=30)
 
 
+async def test_first_run_applies_once_per_job_row_not_at_each_promotion(
+    database: Database,
+) -> None:
+    clock = FakeClock(T0)
+    spec = JobSpec(
+        id="warm", name="Warm", func=lambda ctx: None, trigger=every(hours=1), first_run=30
+    )
+    runner = _runner(database, clock, 1)
+    rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    clock.advance(30)
+    claim = await runner.claim_leader(spec, rows["warm"].next_run_at, None)
+    assert claim is not None and claim.next_slot == T0 + timedelta(hours=1, seconds=30)
+    # Later promotions and restarts (every 60 s while unguarded) keep the countdown.
+    for _ in range(5):
+        clock.advance(60)
+        rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+        assert rows["warm"].next_run_at == claim.next_slot
+
+
 async def test_outage_coalesces_missed_slots_into_one_run(
     start_scheduler: StartScheduler, engine: AsyncEngine
 ) -> None:
@@ -150,6 +170,27 @@ async def test_slots_later_than_the_grace_are_recorded_missed(
     history = await wait_for_runs(engine, "graced", 1)
     assert history == [("missed", T0 + timedelta(seconds=90))]
     assert not ran.is_set()
+
+
+async def test_a_long_cron_outage_is_caught_up_at_once_and_noted_as_at_least(
+    database: Database, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(cron("* * * * *", tz="Europe/Zurich"), id="minutely", misfire_grace=3600)(
+        lambda ctx: None
+    )
+    spec = scheduler.jobs["minutely"]
+    runner = _runner(database, clock, 1)
+    rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    clock.advance(timedelta(days=30, seconds=30).total_seconds())
+    claim = await runner.claim_leader(spec, rows["minutely"].next_run_at, None)
+    assert claim is not None
+    assert claim.slot == T0 + timedelta(days=30)
+    missed = "SELECT error FROM scheduler_runs WHERE job_id = 'minutely' AND status = 'missed'"
+    async with engine.connect() as conn:
+        note = (await conn.execute(text(missed))).scalar_one()
+    assert note.startswith(f"at least {COUNTED_SLOTS} slot(s) ")
 
 
 async def test_raising_job_is_recorded_and_its_next_slot_fires(
@@ -345,10 +386,8 @@ async def test_job_session_is_closed_after_the_body(
 
 
 async def test_jitter_delays_the_fire_but_keeps_the_slot(
-    start_scheduler: StartScheduler, engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+    start_scheduler: StartScheduler, engine: AsyncEngine
 ) -> None:
-    # Randomness, like time, is a fixture: the draw is the largest the jitter allows.
-    monkeypatch.setattr("app.scheduler.supervisor.random.uniform", lambda low, high: high)
     clock = FakeClock(T0)
     scheduler = Scheduler()
     slots: list[datetime] = []
@@ -357,14 +396,77 @@ async def test_jitter_delays_the_fire_but_keeps_the_slot(
     async def jittered(ctx: JobContext) -> None:
         slots.append(ctx.scheduled_at)
 
+    slot = T0 + timedelta(seconds=10)
+    delay = scheduler.jobs["jittered"].jitter_delay(slot)
+    assert delay > 0
     await _leading(start_scheduler, scheduler, clock)
-    clock.advance(14)
+    clock.set(slot + timedelta(seconds=delay * 0.99))
     await clock.wait_for_sleepers(2)
     assert slots == []
-    clock.advance(1)
+    clock.set(slot + timedelta(seconds=delay))
     history = await wait_for_runs(engine, "jittered", 1)
-    assert history == [("ok", T0 + timedelta(seconds=10))]
-    assert slots == [T0 + timedelta(seconds=10)]
+    assert history == [("ok", slot)]
+    assert slots == [slot]
+
+
+def test_a_slot_has_the_same_jitter_delay_on_every_pass_and_every_leader() -> None:
+    slot = T0 + timedelta(hours=1)
+    leaders = [Scheduler(), Scheduler()]
+    for scheduler in leaders:
+        scheduler.job(every(hours=1), id="spread", jitter=300)(lambda ctx: None)
+    first, failover = (scheduler.jobs["spread"] for scheduler in leaders)
+    delay = first.jitter_delay(slot)
+    assert 0 <= delay < 300
+    assert [first.jitter_delay(slot) for _ in range(100)] == [delay] * 100
+    assert failover.jitter_delay(slot) == delay
+    assert first.jitter_delay(slot + timedelta(hours=1)) != delay
+
+
+def test_jitter_delays_spread_evenly_over_the_jitter() -> None:
+    spec = JobSpec(
+        id="spread", name="Spread", func=lambda ctx: None, trigger=every(hours=1), jitter=300
+    )
+    delays = [spec.jitter_delay(T0 + timedelta(hours=n)) for n in range(2000)]
+    assert all(0 <= delay < 300 for delay in delays)
+    # A fixed set of slots: the bound is a fact about these 2000 values, never a flake.
+    # (The mean of 2000 uniform draws is within 150 +- 10 with probability 1 - 1e-9.)
+    assert 140 <= sum(delays) / len(delays) <= 160
+    quarters = [sum(1 for delay in delays if q * 75 <= delay < (q + 1) * 75) for q in range(4)]
+    assert all(400 <= count <= 600 for count in quarters)
+
+
+async def test_jitter_is_drawn_once_per_slot_however_often_the_loop_wakes(
+    start_scheduler: StartScheduler,
+) -> None:
+    """Every leader tick wakes the job loop; the delay of a slot must not be drawn again
+    at each wake-up (that skews fires early), so the fires spread over the whole jitter."""
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    offsets: list[float] = []
+    fired = asyncio.Event()
+
+    @scheduler.job(every(minutes=5), id="spread", jitter=120)
+    async def spread(ctx: JobContext) -> None:
+        offsets.append((ctx.clock.now() - ctx.scheduled_at).total_seconds())
+        fired.set()
+
+    spec = scheduler.jobs["spread"]
+    await start_scheduler(scheduler, clock=clock, lease_seconds=10, leader_tick_seconds=5)
+    await clock.wait_for_sleepers(2)
+    delays = [spec.jitter_delay(T0 + timedelta(minutes=5 * slot)) for slot in range(1, 17)]
+    for slot in range(1, 17):
+        clock.set(T0 + timedelta(minutes=5 * slot))
+        fired.clear()
+        # Step through the jitter window one leader tick at a time: 24 wake-ups.
+        while not fired.is_set():
+            await clock.wait_for_sleepers(2)
+            clock.advance(5)
+        await clock.wait_for_sleepers(2)
+    assert len(offsets) == 16
+    # Each slot fired after its own delay, never before it (how many wake-ups after it
+    # depends on when the loop ran between the test's steps).
+    assert all(delay <= offset for delay, offset in zip(delays, offsets, strict=True))
+    assert sum(offsets) / len(offsets) >= 0.4 * 120
 
 
 async def test_a_slot_weeks_late_is_claimed_and_the_job_moves_on(

@@ -150,8 +150,7 @@ def _bodies_at_once(cluster: Cluster) -> int:
 
 def _runs_by_others(cluster: Cluster, status: str, owner: int) -> int:
     rows = cluster.query(
-        "SELECT count(*) FROM scheduler_runs WHERE job_id = 'gated' AND status = %s"
-        " AND pid <> %s",
+        "SELECT count(*) FROM scheduler_runs WHERE job_id = 'gated' AND status = %s AND pid <> %s",
         status,
         owner,
     )
@@ -173,12 +172,14 @@ def test_a_new_leader_skips_slots_while_the_old_leaders_thread_still_runs(
     assert cluster.query("SELECT count(*) FROM gated_bodies") == [(1,)]
     gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
     cluster.wait_for(
-        lambda: cluster.query(
-            "SELECT status FROM scheduler_runs WHERE job_id = 'gated' AND pid = %s"
-            " ORDER BY id LIMIT 1",
-            owner,
-        )
-        == [("ok",)],
+        lambda: (
+            cluster.query(
+                "SELECT status FROM scheduler_runs WHERE job_id = 'gated' AND pid = %s"
+                " ORDER BY id LIMIT 1",
+                owner,
+            )
+            == [("ok",)]
+        ),
         10,
         "the outcome of the first body",
     )

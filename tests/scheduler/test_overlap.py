@@ -48,6 +48,9 @@ async def _first_body_running(
     await clock.wait_for_sleepers(2)
     clock.advance(10)
     await bodies.entered()
+    # Parked again (tick, job loop, lease renewal): no statement is in flight on the
+    # lock connection when a test terminates it.
+    await clock.wait_for_sleepers(3)
     return supervisor
 
 

@@ -264,8 +264,9 @@ class Runner:
             if not watcher.done():
                 run.detached = True
                 logger.warning(
-                    'Job "%s" runs on in its thread after this worker stopped leading; '
-                    "its running lease is renewed and its outcome recorded when it ends",
+                    'Job "%s" runs on in its thread after its run was cancelled (this worker '
+                    "stopped leading or shuts down); its running lease is renewed and its "
+                    "outcome recorded when it ends",
                     spec.name,
                     extra={"action": "job.outlived_leadership", "job_id": spec.id, "pid": pid},
                 )
@@ -324,7 +325,7 @@ class Runner:
             await self._finish(run, status, error)
             if run.detached:
                 logger.warning(
-                    'Job "%s" ended in its thread after this worker stopped leading: %s',
+                    'Job "%s" ended in its thread after its run was cancelled: %s',
                     spec.name,
                     status,
                     extra={

@@ -65,6 +65,29 @@ claim also carries a fence: it matches only while that leader's own lock connect
 nothing when it wakes. The countdown lives in that row, so a restart does not reset
 it; ``scheduler_runs`` has a unique index on (job, slot) for leader runs as well.
 
+A job never overlaps itself: the running lease
+==============================================
+
+A sync body runs in a thread, and a thread cannot be cancelled: on demotion (or after
+a timeout) it runs on. Two things keep the next slot from starting beside it:
+
+- *In the process*: the Runner, which lives as long as the scheduler, knows which jobs
+  have a body running here; a job loop of any later leadership claims the job's slots
+  as ``skipped_overlap`` until the thread ends.
+- *In the cluster*: the claim that starts a run also takes the job row's *running
+  lease* in the same UPDATE (``running_run_id``, ``running_since``, ``running_until``
+  and the owner's ``running_pid`` / ``running_host``). The owning process renews
+  ``running_until`` every third of ``LEASE_SECONDS`` while the body runs, even after
+  it stopped leading, and clears the lease when the body ends. Any leader's claim
+  that finds an unexpired lease records its slot as ``skipped_overlap``. A lease whose
+  owner died (kill -9, a lost host) runs out after ``LEASE_SECONDS`` and the job fires
+  again; an owner frozen (SIGSTOP) longer than that may resume a body beside a new
+  run, the one overlap the lease cannot prevent.
+
+On demotion an async body is cancelled at once and recorded ``cancelled``. A thread's
+run stays ``running`` and gets its real outcome (``ok``, ``error``) when the thread
+ends, logged as ``job.finished_after_demotion``. Per-replica runs take no lease.
+
 The scheduler does not make jobs idempotent: a job's idempotency is a committed
 column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
 """

@@ -5,12 +5,18 @@ never on the loop. The runner opens the job's sessions lazily, commits them when
 body returns normally, and always closes them (rolling back whatever is uncommitted).
 A body that raises is logged with its traceback and recorded as ``error``; it never
 reaches the supervisor, so the next slot still fires.
+
+The runner lives as long as the process's scheduler, so it is what remembers which
+jobs have a body running here, across promotions. A leader run holds the job's running
+lease (see store.py); the runner renews it every third of the lease while the body
+runs and clears it when the body ends. Cancelling a run (demotion, shutdown) stops an
+async body at once; a thread cannot be stopped, so it runs on, still holding the lease,
+and its real outcome is recorded when it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import time
@@ -36,17 +42,22 @@ __all__ = ["Claim", "Runner"]
 logger = logging.getLogger("app.scheduler")
 
 _RECORD_TIMEOUT = 10.0
+_CANCELLED = "cancelled: this worker stopped leading or shut down"
 _SERVICE_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A slot this process won: its run row, the slot run, and the job's next slot."""
+    """A slot this process won: its run row, the slot run, and the job's next slot.
+
+    ``leased``: the run holds the job's running lease (leader runs, not replica runs).
+    """
 
     run_id: int
     slot: datetime
     next_slot: datetime
     runs: bool
+    leased: bool = False
 
 
 def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
@@ -66,7 +77,8 @@ def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
 
 
 class Runner:
-    """Runs fires for one process. Stateless between fires; the supervisor owns timing."""
+    """Runs fires for one process and knows which jobs have a body running in it; the
+    supervisor owns timing. ``lease_seconds`` is the length of a run's running lease."""
 
     def __init__(
         self,
@@ -77,13 +89,41 @@ class Runner:
         sessions: async_sessionmaker[AsyncSession],
         sync_sessions: sessionmaker[Session],
         observers: Observers | None = None,
+        lease_seconds: float = 30,
     ) -> None:
+        if lease_seconds <= 0:
+            raise ValueError(f"lease_seconds must be above zero, got {lease_seconds!r}")
         self.observers = observers or Observers()
         self.store = store
         self.clock = clock
         self.zone = zone
         self.sessions = sessions
         self.sync_sessions = sync_sessions
+        self.lease_seconds = lease_seconds
+        # Per job, what is alive while its body runs: the run's task until the body
+        # starts, then a future of the body (async) or the task watching its thread.
+        self._alive: dict[str, asyncio.Future[Any]] = {}
+
+    @property
+    def running_job_ids(self) -> set[str]:
+        """Ids of the jobs whose body runs in this process now, whoever leads."""
+        return {job_id for job_id, alive in self._alive.items() if not alive.done()}
+
+    def is_running(self, job_id: str) -> bool:
+        """True while a body of the job runs in this process (a thread may outlive the
+        run's task and this worker's leadership)."""
+        alive = self._alive.get(job_id)
+        return alive is not None and not alive.done()
+
+    def start(self, spec: JobSpec, claim: Claim) -> asyncio.Task[None]:
+        """Run a claimed slot in a new task; the job counts as running from this call on.
+
+        Cancelling the task cancels an async body; a thread runs on and is recorded when
+        it ends.
+        """
+        task = asyncio.create_task(self.execute(spec, claim), name=spec.id)
+        self._alive[spec.id] = task
+        return task
 
     async def claim_leader(
         self, spec: JobSpec, due: datetime, fence_pid: int | None
@@ -110,7 +150,7 @@ class Runner:
                 due,
                 f"{at_least}{passed} slot(s) later than misfire_grace ({grace:g} s)",
             )
-        run_id = await self.store.claim(
+        claimed = await self.store.claim(
             spec,
             due=due,
             next_slot=next_slot,
@@ -118,11 +158,24 @@ class Runner:
             now=now,
             status="missed" if missed else "running",
             fence_pid=fence_pid,
+            running_until=now + timedelta(seconds=self.lease_seconds),
             error=error,
             missed_before=missed_before,
         )
-        if run_id is None:
+        if claimed is None:
             return None
+        if claimed.status == "skipped_overlap":
+            logger.warning(
+                'Skipped job "%s": %s (id=%s, slot=%s, pid=%s)',
+                spec.name,
+                claimed.error,
+                spec.id,
+                latest.isoformat(),
+                self.store.pid,
+                extra={"action": "job.skipped_overlap", "job_id": spec.id, "pid": self.store.pid},
+            )
+            self._observe(spec, "skipped_overlap", 0.0, now - latest)
+            return Claim(claimed.run_id, latest, next_slot, runs=False)
         if missed:
             logger.warning(
                 'Missed job "%s" (id=%s, slot=%s, pid=%s)',
@@ -133,7 +186,7 @@ class Runner:
                 extra={"action": "job.missed", "job_id": spec.id, "pid": self.store.pid},
             )
             self._observe(spec, "missed", 0.0, now - latest)
-        return Claim(run_id, latest, next_slot, runs=not missed)
+        return Claim(claimed.run_id, latest, next_slot, runs=not missed, leased=not missed)
 
     async def skip_overlap(
         self, spec: JobSpec, due: datetime, fence_pid: int | None
@@ -142,7 +195,7 @@ class Runner:
         now = self.clock.now()
         latest, _ = spec.trigger.latest_slot(due, now, self.zone)
         next_slot = spec.trigger.next_after(latest, self.zone)
-        run_id = await self.store.claim(
+        claimed = await self.store.claim(
             spec,
             due=due,
             next_slot=next_slot,
@@ -150,12 +203,12 @@ class Runner:
             now=now,
             status="skipped_overlap",
             fence_pid=fence_pid,
-            error="the previous run was still going",
+            error="the previous run was still going in this process",
         )
-        if run_id is None:
+        if claimed is None:
             return None
         self._observe(spec, "skipped_overlap", 0.0, now - latest)
-        return Claim(run_id, latest, next_slot, runs=False)
+        return Claim(claimed.run_id, latest, next_slot, runs=False)
 
     async def fire_replica(self, spec: JobSpec, slot: datetime) -> None:
         """Run a per-replica job's slot on this worker: no claim, no lock."""
@@ -194,8 +247,9 @@ class Runner:
 
     async def execute(self, spec: JobSpec, claim: Claim) -> None:
         """Run the body of a claimed slot and record how it ended. Never raises but
-        CancelledError (recorded as ``cancelled`` first)."""
-        pid, slot, run_id = self.store.pid, claim.slot, claim.run_id
+        CancelledError: an async body is then recorded ``cancelled``; a thread runs on and
+        its outcome is recorded (and logged) when it ends."""
+        pid, slot = self.store.pid, claim.slot
         log = _adapter(f"app.jobs.{spec.id}", spec.id, pid)
         logger.info(
             'Running job "%s" (id=%s, slot=%s, pid=%s)',
@@ -215,12 +269,35 @@ class Runner:
             _sessions=self.sessions if spec.is_async else None,
             _sync_sessions=None if spec.is_async else self.sync_sessions,
         )
-        started = time.perf_counter()
-        lateness = self.clock.now() - slot
-        status, error = "ok", None
-        thread: asyncio.Future[None] | None = None
+        run = _Run(spec, claim, log, time.perf_counter(), self.clock.now() - slot)
+        if spec.is_async:
+            await self._run_async(run, ctx)
+            return
+        thread = asyncio.ensure_future(asyncio.to_thread(_run_in_thread, spec.func, ctx))
+        watcher = asyncio.ensure_future(self._watch_thread(run, thread))
+        self._alive[spec.id] = watcher
         try:
-            if spec.is_async:
+            await asyncio.shield(watcher)
+        except asyncio.CancelledError:
+            if not watcher.done():
+                run.detached = True
+                logger.warning(
+                    'Job "%s" runs on in its thread after its run was cancelled (this worker '
+                    "stopped leading or shuts down); its running lease is renewed and its "
+                    "outcome recorded when it ends",
+                    spec.name,
+                    extra={"action": "job.outlived_leadership", "job_id": spec.id, "pid": pid},
+                )
+            raise
+
+    async def _run_async(self, run: _Run, ctx: JobContext) -> None:
+        spec = run.spec
+        alive: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._alive[spec.id] = alive
+        renewing = self._renew_lease(run)
+        try:
+            status, error = "ok", None
+            try:
                 try:
                     async with asyncio.timeout(spec.timeout) as deadline:
                         await spec.func(ctx)
@@ -231,81 +308,175 @@ class Runner:
                     status, error = "timeout", f"cancelled after timeout={spec.timeout:g} s"
                 finally:
                     await ctx.aclose()
-            else:
-                thread = asyncio.ensure_future(asyncio.to_thread(_run_in_thread, spec.func, ctx))
-                done, _ = await asyncio.wait({thread}, timeout=spec.timeout)
-                if thread in done:
-                    thread.result()
-                else:
-                    status = "timeout"
-                    error = (
-                        f"still running after timeout={spec.timeout:g} s "
-                        "(a thread cannot be cancelled; the next run waits for it)"
-                    )
+            except asyncio.CancelledError:
+                await self._finish(run, "cancelled", _CANCELLED)
+                raise
+            except Exception as exc:
+                status, error = "error", format_error(exc)
+                run.log.exception('Job "%s" raised', spec.name, extra={"action": "job.error"})
+            await self._finish(run, status, error)
+            if status == "timeout":
+                run.log.warning(
+                    'Job "%s" timed out: %s', spec.name, error, extra={"action": "job.timeout"}
+                )
+        finally:
+            if renewing is not None:
+                renewing.cancel()
+            alive.set_result(None)
+
+    async def _watch_thread(self, run: _Run, thread: asyncio.Future[None]) -> None:
+        """Wait for a body's thread and record its outcome, however long it runs."""
+        spec = run.spec
+        error: str | None
+        renewing = self._renew_lease(run)
+        try:
+            done, _ = await asyncio.wait({thread}, timeout=spec.timeout)
+            if not done:
+                await self._outlast_timeout(run, thread)
+                return
+            status, error = "ok", None
+            raised = thread.exception()
+            if raised is not None:
+                status, error = "error", format_error(raised)
+                run.log.error(
+                    'Job "%s" raised', spec.name, exc_info=raised, extra={"action": "job.error"}
+                )
+            await self._finish(run, status, error)
+            if run.detached:
+                logger.warning(
+                    'Job "%s" ended in its thread after its run was cancelled: %s',
+                    spec.name,
+                    status,
+                    extra={
+                        "action": "job.finished_after_demotion",
+                        "job_id": spec.id,
+                        "pid": self.store.pid,
+                        "status": status,
+                    },
+                )
         except asyncio.CancelledError:
-            status, error = "cancelled", "cancelled: this worker stopped leading or shut down"
-            if thread is not None and not thread.done():
-                # The thread runs on; whatever it ends with is logged, not lost.
-                thread.add_done_callback(functools.partial(_log_abandoned, spec))
-            await self._record(spec, run_id, status, started, error)
-            self._observe(spec, status, time.perf_counter() - started, lateness)
+            # The event loop is going away under a running thread (a cancelled thread
+            # task raises here too): say so, and leave the lease to run out, as the
+            # thread may still be working.
+            await self._finish(run, "cancelled", _CANCELLED, body_ended=False)
             raise
-        except Exception as exc:
-            status, error = "error", format_error(exc)
-            log.exception('Job "%s" raised', spec.name, extra={"action": "job.error"})
-        await self._record(spec, run_id, status, started, error)
-        self._observe(spec, status, time.perf_counter() - started, lateness)
-        if status == "timeout":
-            log.warning('Job "%s" timed out: %s', spec.name, error, extra={"action": "job.timeout"})
-            if thread is not None:
-                # The job stays busy until its thread ends, so it never overlaps itself.
-                await asyncio.wait({thread})
-                if not thread.cancelled() and thread.exception() is not None:
-                    log.warning(
-                        'Job "%s" raised after its timeout',
-                        spec.name,
-                        exc_info=thread.exception(),
-                        extra={"action": "job.error"},
-                    )
+        finally:
+            if renewing is not None:
+                renewing.cancel()
+
+    async def _outlast_timeout(self, run: _Run, thread: asyncio.Future[None]) -> None:
+        spec = run.spec
+        error = (
+            f"still running after timeout={spec.timeout:g} s "
+            "(a thread cannot be cancelled; the next run waits for it)"
+        )
+        await self._finish(run, "timeout", error, body_ended=False)
+        run.log.warning('Job "%s" timed out: %s', spec.name, error, extra={"action": "job.timeout"})
+        # The job stays busy, and keeps its running lease, until its thread ends.
+        await asyncio.wait({thread})
+        raised = thread.exception()
+        if raised is not None:
+            run.log.warning(
+                'Job "%s" raised after its timeout',
+                spec.name,
+                exc_info=raised,
+                extra={"action": "job.error"},
+            )
+        await self._release_lease(run)
+
+    def _renew_lease(self, run: _Run) -> asyncio.Task[None] | None:
+        if not run.claim.leased:
+            return None
+        return asyncio.create_task(self._keep_lease(run), name=f"running-lease:{run.spec.id}")
+
+    async def _keep_lease(self, run: _Run) -> None:
+        # A third of the lease: two renewals may fail before another leader may start.
+        period = self.lease_seconds / 3
+        spec, run_id = run.spec, run.claim.run_id
+        while True:
+            await self.clock.sleep(period)
+            until = self.clock.now() + timedelta(seconds=self.lease_seconds)
+            try:
+                # Shielded: the body may end mid-renewal; the statement still completes
+                # (it matches nothing once the lease is cleared) and its connection returns.
+                held = await asyncio.shield(self.store.renew_lease(spec.id, run_id, until))
+            except Exception:
+                logger.warning(
+                    'Could not renew the running lease of job "%s" (run %s); retrying',
+                    spec.id,
+                    run_id,
+                    exc_info=True,
+                    extra={"action": "job.lease_renew_failed", "job_id": spec.id},
+                )
+                continue
+            if not held:
+                logger.warning(
+                    'Job "%s" (run %s) lost its running lease while its body runs; '
+                    "another leader may start the job",
+                    spec.id,
+                    run_id,
+                    extra={"action": "job.lease_lost", "job_id": spec.id},
+                )
+                return
+
+    async def _release_lease(self, run: _Run) -> None:
+        try:
+            async with asyncio.timeout(_RECORD_TIMEOUT):
+                await self.store.release_lease(run.spec.id, run.claim.run_id)
+        except Exception:
+            logger.warning(
+                'Could not clear the running lease of job "%s" (run %s); it runs out by itself',
+                run.spec.id,
+                run.claim.run_id,
+                exc_info=True,
+                extra={"action": "job.record_failed", "job_id": run.spec.id},
+            )
+
+    async def _finish(
+        self, run: _Run, status: str, error: str | None, *, body_ended: bool = True
+    ) -> None:
+        await self._record(run, status, error, body_ended=body_ended)
+        self._observe(run.spec, status, time.perf_counter() - run.started, run.lateness)
 
     def _observe(self, spec: JobSpec, status: str, duration: float, lateness: timedelta) -> None:
         self.observers.run_finished(
             RunFinished(spec.id, status, duration, max(0.0, lateness.total_seconds()))
         )
 
-    async def _record(
-        self, spec: JobSpec, run_id: int, status: str, started: float, error: str | None
-    ) -> None:
-        duration_ms = int((time.perf_counter() - started) * 1000)
+    async def _record(self, run: _Run, status: str, error: str | None, *, body_ended: bool) -> None:
+        duration_ms = int((time.perf_counter() - run.started) * 1000)
         try:
             async with asyncio.timeout(_RECORD_TIMEOUT):
                 await self.store.finish(
-                    run_id,
-                    spec.id,
+                    run.claim.run_id,
+                    run.spec.id,
                     status=status,
                     finished_at=self.clock.now(),
                     duration_ms=duration_ms,
                     error=error,
+                    body_ended=body_ended,
                 )
         except Exception:
             logger.warning(
                 'Could not record the outcome %s of job "%s" (run %s)',
                 status,
-                spec.id,
-                run_id,
+                run.spec.id,
+                run.claim.run_id,
                 exc_info=True,
-                extra={"action": "job.record_failed", "job_id": spec.id},
+                extra={"action": "job.record_failed", "job_id": run.spec.id},
             )
 
 
-def _log_abandoned(spec: JobSpec, thread: asyncio.Future[None]) -> None:
-    if not thread.cancelled() and thread.exception() is not None:
-        logger.warning(
-            'Job "%s" raised in its thread after the run was cancelled',
-            spec.name,
-            exc_info=thread.exception(),
-            extra={"action": "job.error", "job_id": spec.id},
-        )
+@dataclass
+class _Run:
+    """One run in progress. ``detached``: its task was cancelled while its thread runs."""
+
+    spec: JobSpec
+    claim: Claim
+    log: logging.LoggerAdapter[logging.Logger]
+    started: float
+    lateness: timedelta
+    detached: bool = False
 
 
 def _adapter(name: str, job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:

@@ -152,6 +152,7 @@ class Scheduler:
             sessions=sessions,
             sync_sessions=sync_sessions,
             observers=self.observers,
+            lease_seconds=config.lease_seconds,
         )
         self.supervisor = Supervisor(self.registry, runner, store, config, clock)
         self._task = asyncio.create_task(self._supervise(self.supervisor), name="scheduler")

@@ -7,6 +7,14 @@ UPDATE, and PostgreSQL lets exactly one of them match the row. A guarded leader 
 fence to the same statement: the claim matches only while the leader's own lock
 connection (by backend pid) still holds the key, so a leader that lost its lock while
 paused cannot claim a slot after it wakes.
+
+The same UPDATE takes the job's *running lease* when it starts a run: it allocates the
+run's id (``running_run_id``, the lease's token) and sets ``running_since``,
+``running_until`` and the owner (``running_pid``, ``running_host``). While a lease is
+unexpired, a claim that would start a run records its slot as ``skipped_overlap``
+instead, whichever process holds the lease. The owner renews ``running_until`` while
+its body runs and clears the lease with the run's outcome; renewing and clearing match
+on the run id, so a lease that ran out and was taken by a newer run is left alone.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .keys import LEADER_KEY_LOCKS
 from .registry import JobSpec
 
-__all__ = ["JobRow", "JobStore", "format_error"]
+__all__ = ["ClaimedSlot", "JobRow", "JobStore", "format_error"]
 
 _UPSERT = text(
     """
@@ -44,28 +52,41 @@ _UPSERT = text(
 
 _LOAD = text("SELECT id, next_run_at, paused FROM scheduler_jobs WHERE id = ANY(:ids)")
 
+# A run starts only when no other body holds an unexpired running lease on the job.
+_STARTS = """(CAST(:runs AS boolean)
+        AND (running_until IS NULL OR running_until <= CAST(:now AS timestamptz)))"""
 _CLAIM = """
     UPDATE scheduler_jobs
     SET next_run_at = :next_slot,
-        last_started_at = CASE WHEN CAST(:runs AS boolean)
+        last_started_at = CASE WHEN {starts}
             THEN CAST(:now AS timestamptz) ELSE last_started_at END,
-        last_status = CASE WHEN CAST(:runs AS boolean)
-            THEN 'running' ELSE CAST(:status AS text) END,
+        last_status = CASE WHEN {starts} THEN 'running'
+            WHEN CAST(:runs AS boolean) THEN 'skipped_overlap' ELSE CAST(:status AS text) END,
+        running_run_id = CASE WHEN {starts}
+            THEN nextval(pg_get_serial_sequence('scheduler_runs', 'id')) ELSE running_run_id END,
+        running_since = CASE WHEN {starts}
+            THEN CAST(:now AS timestamptz) ELSE running_since END,
+        running_until = CASE WHEN {starts}
+            THEN CAST(:running_until AS timestamptz) ELSE running_until END,
+        running_pid = CASE WHEN {starts} THEN CAST(:pid AS integer) ELSE running_pid END,
+        running_host = CASE WHEN {starts} THEN CAST(:host AS text) ELSE running_host END,
         updated_at = now()
     WHERE id = :job_id AND next_run_at = :due AND NOT paused {fence}
+    RETURNING last_status, running_run_id, running_until, running_pid, running_host
     """
 _FENCE = f"""
       AND EXISTS (
         SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted AND pid = :fence_pid)
     """
-_CLAIM_UNFENCED = text(_CLAIM.format(fence=""))
-_CLAIM_FENCED = text(_CLAIM.format(fence=_FENCE))
+_CLAIM_UNFENCED = text(_CLAIM.format(starts=_STARTS, fence=""))
+_CLAIM_FENCED = text(_CLAIM.format(starts=_STARTS, fence=_FENCE))
 
 _INSERT_RUN = text(
     """
     INSERT INTO scheduler_runs
-        (job_id, scope, slot, started_at, finished_at, status, lateness_ms, pid, host, error)
-    VALUES (:job_id, :scope, :slot, :started_at, :finished_at, :status, :lateness_ms,
+        (id, job_id, scope, slot, started_at, finished_at, status, lateness_ms, pid, host, error)
+    VALUES (COALESCE(CAST(:id AS bigint), nextval(pg_get_serial_sequence('scheduler_runs', 'id'))),
+            :job_id, :scope, :slot, :started_at, :finished_at, :status, :lateness_ms,
             :pid, :host, :error)
     RETURNING id
     """
@@ -90,6 +111,23 @@ _FINISH_JOB = text(
     WHERE id = :job_id
     """
 )
+_NEXT_RUN_ID = text("SELECT nextval(pg_get_serial_sequence('scheduler_runs', 'id'))")
+
+_RENEW_LEASE = text(
+    """
+    UPDATE scheduler_jobs SET running_until = :running_until
+    WHERE id = :job_id AND running_run_id = :run_id
+    """
+)
+
+_RELEASE_LEASE = text(
+    """
+    UPDATE scheduler_jobs
+    SET running_run_id = NULL, running_since = NULL, running_until = NULL,
+        running_pid = NULL, running_host = NULL
+    WHERE id = :job_id AND running_run_id = :run_id
+    """
+)
 
 _UPSERT_REPLICA = text(
     """
@@ -110,6 +148,16 @@ _RECORD_LEADERSHIP = text(
         backend_pid = excluded.backend_pid, since = excluded.since
     """
 )
+
+
+@dataclass(frozen=True)
+class ClaimedSlot:
+    """A slot claim that matched: its run row, and 'running', 'missed' or
+    'skipped_overlap' (a run refused because another body holds the running lease)."""
+
+    run_id: int
+    status: str
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -205,18 +253,23 @@ class JobStore:
         now: datetime,
         status: str,
         fence_pid: int | None,
+        running_until: datetime | None = None,
         error: str | None = None,
         missed_before: tuple[datetime, str] | None = None,
-    ) -> int | None:
+    ) -> ClaimedSlot | None:
         """Claim slot ``due`` and record its run row, in one commit.
 
         ``status`` is 'running' for a run, or 'missed' / 'skipped_overlap' for a slot
-        that is claimed but not run. ``missed_before`` (slot, note) adds a 'missed' row
-        for the slots an outage passed over before this one. Returns the run id, or None
-        when the claim matched nothing: another process took the slot, the job is
-        paused, or (fenced) this process no longer holds the leader key.
+        that is claimed but not run. A run takes the job's running lease until
+        ``running_until`` in the claim's own UPDATE; while another body holds an
+        unexpired lease the slot is recorded 'skipped_overlap' instead. ``missed_before``
+        (slot, note) adds a 'missed' row for the slots an outage passed over before this
+        one. Returns the run row and the status it got, or None when the claim matched
+        nothing: another process took the slot, the job is paused, or (fenced) this
+        process no longer holds the leader key.
         """
         runs = status == "running"
+        assert not runs or running_until is not None, "a run needs the end of its lease"
         params = {
             "job_id": spec.id,
             "due": due,
@@ -224,26 +277,58 @@ class JobStore:
             "now": now,
             "runs": runs,
             "status": status,
+            "running_until": running_until,
+            "pid": self.pid,
+            "host": self.host,
         }
         statement = _CLAIM_UNFENCED
         if fence_pid is not None:
             statement = _CLAIM_FENCED
             params |= {"fence_pid": fence_pid}
         async with self.engine.begin() as conn:
-            if (await conn.execute(statement, params)).rowcount != 1:
+            # History reads in id order: the passed-over slots' row gets the lower id,
+            # though the claim below allocates the run's id (its lease token) first.
+            missed_id = None
+            if missed_before is not None:
+                missed_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
+            claimed = (await conn.execute(statement, params)).one_or_none()
+            if claimed is None:
                 return None
+            run_id: int | None = None
+            if runs and claimed.last_status == "running":
+                run_id = claimed.running_run_id
+            elif runs:
+                status = "skipped_overlap"
+                error = (
+                    f"run {claimed.running_run_id} was still going on "
+                    f"{claimed.running_host} (pid {claimed.running_pid}); its running lease "
+                    f"lasts until {claimed.running_until.isoformat()}"
+                )
             if missed_before is not None:
                 missed_slot, note = missed_before
                 await conn.execute(
                     _INSERT_RUN,
-                    self._run_params(spec, "leader", missed_slot, now, "missed", error=note),
+                    self._run_params(
+                        spec, "leader", missed_slot, now, "missed", error=note, id=missed_id
+                    ),
                 )
             result = await conn.execute(
                 _INSERT_RUN,
-                self._run_params(spec, "leader", run_slot, now, status, error=error),
+                self._run_params(spec, "leader", run_slot, now, status, error=error, id=run_id),
             )
-            run_id: int = result.scalar_one()
-            return run_id
+            return ClaimedSlot(result.scalar_one(), status, error)
+
+    async def renew_lease(self, job_id: str, run_id: int, running_until: datetime) -> bool:
+        """Move the running lease of run ``run_id`` to ``running_until``; False when the
+        run no longer holds it (it ran out and another run took the job)."""
+        async with self.engine.begin() as conn:
+            params = {"job_id": job_id, "run_id": run_id, "running_until": running_until}
+            return (await conn.execute(_RENEW_LEASE, params)).rowcount == 1
+
+    async def release_lease(self, job_id: str, run_id: int) -> None:
+        """Clear the running lease of run ``run_id``, if it still holds it."""
+        async with self.engine.begin() as conn:
+            await conn.execute(_RELEASE_LEASE, {"job_id": job_id, "run_id": run_id})
 
     async def start_replica_run(self, spec: JobSpec, slot: datetime, now: datetime) -> int:
         """Record the start of a per-replica run (no claim: every worker runs it)."""
@@ -263,8 +348,10 @@ class JobStore:
         finished_at: datetime,
         duration_ms: int,
         error: str | None,
+        body_ended: bool = True,
     ) -> None:
-        """Record a run's outcome on its run row and on the job row."""
+        """Record a run's outcome on its run row and on the job row, and clear its
+        running lease unless ``body_ended`` is False (a thread still running)."""
         params = {
             "run_id": run_id,
             "job_id": job_id,
@@ -276,6 +363,8 @@ class JobStore:
         async with self.engine.begin() as conn:
             await conn.execute(_FINISH_RUN, params)
             await conn.execute(_FINISH_JOB, params)
+            if body_ended:
+                await conn.execute(_RELEASE_LEASE, params)
 
     def _run_params(
         self,
@@ -286,9 +375,11 @@ class JobStore:
         status: str,
         *,
         error: str | None = None,
+        id: int | None = None,
     ) -> dict[str, object]:
         finished = None if status == "running" else now
         return {
+            "id": id,
             "job_id": spec.id,
             "scope": scope,
             "slot": slot,

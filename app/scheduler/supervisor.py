@@ -141,8 +141,9 @@ class Supervisor:
 
     @property
     def running_job_ids(self) -> set[str]:
-        """Ids of the jobs whose body runs in this process now."""
-        return {task.get_name() for task in self._bodies if not task.done()}
+        """Ids of the jobs whose body runs in this process now, even one whose thread
+        outlived a leadership."""
+        return self.runner.running_job_ids
 
     async def run(self) -> None:
         """Elect and lead until stop(); never raises but CancelledError."""
@@ -360,7 +361,6 @@ class Supervisor:
         await self._set_role(Role.STANDBY)
 
     async def _job_loop(self, spec: JobSpec, fence: int | None) -> None:
-        body: asyncio.Task[None] | None = None
         while True:
             row = self._rows[spec.id]
             if row.paused:
@@ -370,7 +370,8 @@ class Supervisor:
             delay = (fire_at - self.clock.now()).total_seconds()
             if delay > 0 and await self._wait_or_refresh(delay):
                 continue
-            busy = body is not None and not body.done()
+            # The runner outlives this loop: a thread from an earlier leadership counts.
+            busy = self.runner.is_running(spec.id)
             try:
                 if busy:
                     claim = await self.runner.skip_overlap(spec, row.next_run_at, fence)
@@ -397,7 +398,7 @@ class Supervisor:
                 continue
             self._rows[spec.id] = JobRow(claim.next_slot, paused=False)
             if claim.runs:
-                body = asyncio.create_task(self.runner.execute(spec, claim), name=spec.id)
+                body = self.runner.start(spec, claim)
                 self._bodies.add(body)
                 body.add_done_callback(self._bodies.discard)
 

@@ -53,7 +53,8 @@ async def run_job(
     at`` and ``ctx.clock`` is ``clock`` (a FakeClock set to ``at`` when none is given).
     A per-worker job (``leader_only=False``) runs as a worker would run it, unclaimed.
     Returns the run's record; a body that raised is ``status == "error"``, not an
-    exception here. Raises SchedulerError for an unknown job id, or when the claim
+    exception here; a slot refused because another body of the job still runs is
+    ``"skipped_overlap"``, and one later than ``misfire_grace`` is ``"missed"``. Raises SchedulerError for an unknown job id, or when the claim
     matched nothing (the job is paused).
     """
     spec = scheduler.jobs.get(job_id)
@@ -87,7 +88,8 @@ async def run_job(
         await store.register_replica_jobs([spec], now, zone)
         run_id = await store.start_replica_run(spec, now, now)
         claim = Claim(run_id, now, now, runs=True)
-    await runner.execute(spec, claim)
+    if claim.runs:
+        await runner.execute(spec, claim)
     async with database.engine.connect() as conn:
         row = (await conn.execute(_RUN, {"run_id": claim.run_id})).one()
     return RunRecord(

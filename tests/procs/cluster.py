@@ -40,6 +40,7 @@ class Cluster:
 
     url: str
     log_dir: Path
+    app: str = "tests.procs.probe_app:app"
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def start(self, count: int = 3) -> None:
@@ -61,7 +62,7 @@ class Cluster:
                         sys.executable,
                         "-m",
                         "uvicorn",
-                        "tests.procs.probe_app:app",
+                        self.app,
                         "--host",
                         "127.0.0.1",
                         "--port",

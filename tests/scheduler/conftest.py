@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -14,7 +16,14 @@ from app.scheduler.keys import LEADER_KEY_LOCKS
 
 from ..conftest import StartScheduler
 
-__all__ = ["StartScheduler", "eventually", "holder_count", "runs", "wait_for_runs"]
+__all__ = [
+    "BlockingBodies",
+    "StartScheduler",
+    "eventually",
+    "holder_count",
+    "runs",
+    "wait_for_runs",
+]
 
 HOLDERS_SQL = text(f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted")
 
@@ -59,3 +68,38 @@ async def wait_for_runs(
 
     await eventually(enough, timeout, f"{count} runs of {job_id}")
     return await runs(engine, job_id)
+
+
+class BlockingBodies:
+    """A sync job body that blocks until released and counts how many run at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.most_at_once = 0
+        self._entered = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._running = 0
+
+    def __call__(self, ctx: object) -> None:
+        with self._lock:
+            self._running += 1
+            self.most_at_once = max(self.most_at_once, self._running)
+        self._entered.release()
+        try:
+            self.release.wait(30)
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    async def entered(self, timeout: float = 10) -> None:
+        """Return once one more body has started (each start is counted once)."""
+        if not await asyncio.to_thread(self._entered.acquire, True, timeout):
+            raise AssertionError("timed out waiting for a body to start")
+
+
+@pytest.fixture
+def bodies() -> Iterator[BlockingBodies]:
+    """Blocking sync bodies; released at teardown so no thread outlives the test."""
+    blocking = BlockingBodies()
+    yield blocking
+    blocking.release.set()

@@ -18,6 +18,7 @@ import pytest
 from app.testing import TestServer
 
 from ..procs.cluster import LEASE_SECONDS, PROBE_TABLE_SQL, Cluster
+from ..procs.gated_app import GATE_KEY, GATED_TABLE_SQL
 
 pytestmark = pytest.mark.multiprocess
 
@@ -113,3 +114,97 @@ def test_postgres_restart_gives_exactly_one_leader_within_the_lease(
     )
     assert len(cluster.holders()) == 1
     assert cluster.slots_fired_twice() == []
+
+
+@pytest.fixture
+def gate(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """Held by the test: every gated body blocks in its thread until the gate opens."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(GATED_TABLE_SQL)
+        conn.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
+        yield conn
+
+
+@pytest.fixture
+def gated_cluster(
+    database_url: str, tmp_path: Path, gate: psycopg.Connection[tuple[object, ...]]
+) -> Iterator[Cluster]:
+    """Three processes with the gated thread job; its first body is blocked at the gate."""
+    cluster = Cluster(database_url, tmp_path, app="tests.procs.gated_app:app")
+    cluster.start()
+    try:
+        cluster.wait_for(lambda: cluster.query("SELECT 1 FROM gated_bodies"), 20, "a body")
+        yield cluster
+    finally:
+        gate.execute("SELECT pg_advisory_unlock_all()")
+        cluster.stop()
+
+
+def _bodies_at_once(cluster: Cluster) -> int:
+    """The most gated bodies that ran at the same time (a killed body never ends)."""
+    rows = cluster.query(
+        "SELECT count(*) FROM gated_bodies a JOIN gated_bodies b ON a.slot < b.slot"
+        " AND b.started_at < coalesce(a.ended_at, 'infinity')"
+    )
+    return 1 + int(rows[0][0] > 0)
+
+
+def _runs_by_others(cluster: Cluster, status: str, owner: int) -> int:
+    rows = cluster.query(
+        "SELECT count(*) FROM scheduler_runs WHERE job_id = 'gated' AND status = %s AND pid <> %s",
+        status,
+        owner,
+    )
+    return int(rows[0][0])
+
+
+def test_a_new_leader_skips_slots_while_the_old_leaders_thread_still_runs(
+    gated_cluster: Cluster, gate: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    cluster = gated_cluster
+    owner = int(cluster.query("SELECT pid FROM gated_bodies")[0][0])
+    assert cluster.leader() == owner
+    cluster.query("SELECT pg_terminate_backend(%s)", cluster.lock_backend_pid())
+    cluster.wait_for(
+        lambda: _runs_by_others(cluster, "skipped_overlap", owner) >= 2,
+        10,
+        "slots skipped by the new leader",
+    )
+    assert cluster.query("SELECT count(*) FROM gated_bodies") == [(1,)]
+    gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+    cluster.wait_for(
+        lambda: (
+            cluster.query(
+                "SELECT status FROM scheduler_runs WHERE job_id = 'gated' AND pid = %s"
+                " ORDER BY id LIMIT 1",
+                owner,
+            )
+            == [("ok",)]
+        ),
+        10,
+        "the outcome of the first body",
+    )
+    cluster.wait_for(
+        lambda: _runs_by_others(cluster, "ok", owner) >= 1, 10, "a run by the new leader"
+    )
+    assert _bodies_at_once(cluster) == 1
+
+
+def test_a_killed_owners_running_lease_runs_out_and_another_process_runs_the_job(
+    gated_cluster: Cluster,
+) -> None:
+    cluster = gated_cluster
+    owner = int(cluster.query("SELECT pid FROM gated_bodies")[0][0])
+    os.kill(owner, signal.SIGKILL)
+    cluster.wait_for(
+        lambda: cluster.query("SELECT 1 FROM gated_bodies WHERE pid <> %s", owner),
+        LEASE_SECONDS + 5,
+        "a body on another process once the lease ran out",
+    )
+    others = cluster.query(
+        "SELECT status FROM scheduler_runs WHERE job_id = 'gated' AND pid <> %s ORDER BY id",
+        owner,
+    )
+    # Skipped while the lease lasted, then run: never run beside a body that may live.
+    assert others[0] == ("skipped_overlap",)
+    assert ("running",) in others

@@ -54,8 +54,9 @@ async def run_job(
     A per-worker job (``leader_only=False``) runs as a worker would run it, unclaimed.
     Returns the run's record; a body that raised is ``status == "error"``, not an
     exception here; a slot refused because another body of the job still runs is
-    ``"skipped_overlap"``, and one later than ``misfire_grace`` is ``"missed"``. Raises SchedulerError for an unknown job id, or when the claim
-    matched nothing (the job is paused).
+    ``"skipped_overlap"``, and one later than ``misfire_grace`` is ``"missed"``.
+    Raises SchedulerError for an unknown job id, or when the claim matched nothing
+    (the job is paused).
     """
     spec = scheduler.jobs.get(job_id)
     if spec is None:

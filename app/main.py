@@ -16,11 +16,13 @@ from typing import Annotated
 from zoneinfo import ZoneInfo
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import multiprocess
 
 from .admin import AdminError, admin_error_response, api_router, health_router, page_router
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
+from .http_errors import validation_error_response
 from .logging import configure_logging
 from .metrics import instrument, measure_loop_lag
 from .metrics import router as metrics_router
@@ -149,6 +151,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     if scheduler is not None:
         instrument(scheduler)
     app.add_exception_handler(AdminError, admin_error_response)
+    app.add_exception_handler(RequestValidationError, validation_error_response)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -24,6 +24,7 @@ from app.settings import Settings
 from . import queries
 from .auth import COOKIE, csrf_token, session_valid, session_value, token_matches
 from .errors import AdminError
+from .params import JobId, MessageId, OutboxName
 
 __all__ = ["router"]
 
@@ -129,7 +130,7 @@ async def _act(
 
 @router.post("/outboxes/{name}/messages/{message_id}/reset")
 async def reset(
-    request: Request, name: str, message_id: int, csrf: Annotated[str, Form()]
+    request: Request, name: OutboxName, message_id: MessageId, csrf: Annotated[str, Form()]
 ) -> Response:
     """Reset a stuck row, then back to the page."""
     database: Database = request.app.state.database
@@ -143,7 +144,7 @@ async def reset(
 
 
 @router.post("/jobs/{job_id}/run")
-async def run_now(request: Request, job_id: str, csrf: Annotated[str, Form()]) -> Response:
+async def run_now(request: Request, job_id: JobId, csrf: Annotated[str, Form()]) -> Response:
     """Queue a job to run now, then back to the page."""
     database: Database = request.app.state.database
     clock: Clock = request.app.state.clock

@@ -31,6 +31,7 @@ from .cli_admin import COMMANDS, add_commands, main_async
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
 from .localpg import LocalPostgresError
+from .redact import redact
 from .settings import Settings, SettingsError, load_settings
 
 
@@ -60,7 +61,7 @@ def _database_url(settings: Settings) -> Iterator[tuple[str, bool]]:
     data_dir = settings.REGENT_DATA_DIR or default_data_dir()
     print(f"regent: embedded PostgreSQL, data directory {data_dir}", file=sys.stderr)
     with embedded_postgres(data_dir, settings.REGENT_PG_PORT) as server:
-        print(f"regent: PostgreSQL is at {server.url}", file=sys.stderr)
+        print(f"regent: PostgreSQL is at {redact(server.url)}", file=sys.stderr)
         yield server.url, True
 
 

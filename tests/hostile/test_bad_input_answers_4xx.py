@@ -56,8 +56,8 @@ async def test_stats_refuses_a_workspace_id_past_the_column_type(
 @pytest.mark.parametrize(
     "body",
     [
-        '{"workspace_id": %s, "amount": 5, "reference": "r-1"}' % PAST_INT32,
-        '{"workspace_id": 1, "amount": %s, "reference": "r-1"}' % PAST_INT64,
+        '{"workspace_id": ' + PAST_INT32 + ', "amount": 5, "reference": "r-1"}',
+        '{"workspace_id": 1, "amount": ' + PAST_INT64 + ', "reference": "r-1"}',
         '{"workspace_id": 1, "amount": 5, "reference": "r-\\u0000"}',
         '{"workspace_id": 1, "amount": 5, "reference": "r-\\ud800"}',
         '{"workspace_id": "\\ud800", "amount": 5, "reference": "r-1"}',

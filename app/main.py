@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import multiprocess
 
 from .admin import AdminError, admin_error_response, api_router, health_router, page_router
+from .admin.nostore import NoStoreAdmin
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
 from .http_errors import validation_error_response
 from .logging import configure_logging
@@ -152,6 +153,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         instrument(scheduler)
     app.add_exception_handler(AdminError, admin_error_response)
     app.add_exception_handler(RequestValidationError, validation_error_response)
+    app.add_middleware(NoStoreAdmin)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
@@ -29,7 +30,7 @@ from .metrics import instrument, measure_loop_lag
 from .metrics import router as metrics_router
 from .outbox import Outbox, OutboxError, UnregisteredDrainError
 from .scheduler import Scheduler, SchedulerConfig, SystemClock
-from .settings import Settings, load_settings
+from .settings import Settings, SettingsError, load_settings
 
 __all__ = ["app", "create_app", "scheduler_config"]
 
@@ -176,7 +177,13 @@ def _default_app() -> FastAPI:
     """The app with its own jobs and routes, configured from the environment."""
     from .jobs import build
 
-    settings = load_settings()
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        # Under plain `uvicorn app.main:app` an exception here prints uvicorn's import
+        # traceback before the message; the message alone says what to fix.
+        print(f"regent: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     jobs = build(settings)
     app = create_app(settings, jobs.scheduler)
     app.include_router(jobs.router)

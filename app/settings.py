@@ -19,6 +19,9 @@ from sqlalchemy.exc import ArgumentError
 __all__ = ["ADMIN_TOKEN_MIN_LENGTH", "Settings", "SettingsError", "load_settings"]
 
 _POSTGRES_SCHEMES = ("postgres", "postgresql")
+# Query parameters both drivers understand (db.py maps sslmode to asyncpg's ssl); any
+# other would reach asyncpg.connect() as an unknown keyword and fail at the first query.
+_URL_PARAMETERS = ("sslmode", "target_session_attrs")
 
 
 ADMIN_TOKEN_MIN_LENGTH = 16
@@ -125,6 +128,21 @@ class Settings(BaseSettings):
         _parse_postgres_url(value)
         return value
 
+    @field_validator("REGENT_DATA_DIR")
+    @classmethod
+    def _usable_directory(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        for path in (value, *value.parents):
+            if path.exists():
+                if not path.is_dir():
+                    raise ValueError(
+                        f"{str(path)!r} exists and is not a directory; point it at a "
+                        "directory (created if missing) where PostgreSQL may keep its data"
+                    )
+                break
+        return value
+
     @field_validator("TIMEZONE")
     @classmethod
     def _known_zone(cls, value: str) -> str:
@@ -168,6 +186,14 @@ def _parse_postgres_url(value: str) -> URL:
             f"scheme {url.drivername!r} is not PostgreSQL; "
             "expected postgresql://user:password@host:5432/dbname"
         )
+    if url.port is not None and not 1 <= url.port <= 65535:
+        raise ValueError(f"port {url.port} is not between 1 and 65535")
+    unknown = sorted(set(url.query) - set(_URL_PARAMETERS))
+    if unknown:
+        raise ValueError(
+            f"query parameter(s) {', '.join(unknown)} are not supported; "
+            f"use only {', '.join(_URL_PARAMETERS)}"
+        )
     return url
 
 
@@ -186,5 +212,7 @@ def load_settings(**overrides: object) -> Settings:
             # A URL may carry a password: never echo it.
             hidden = isinstance(value, dict) or name.endswith(("URL", "TOKEN"))
             shown = "" if hidden else f"={value!r}"
-            problems.append(f"  {name}{shown}: {error['msg']}")
-        raise SettingsError("Invalid settings:\n" + "\n".join(problems)) from None
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{name}{shown}: {message}")
+        # One line: it is what a failed start prints, and the first thing read.
+        raise SettingsError("invalid setting " + "; ".join(problems)) from None

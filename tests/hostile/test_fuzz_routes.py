@@ -173,7 +173,7 @@ def _sample_body(body: list[Any]) -> dict[str, Any]:
 
 def probes(hostile: Hostile, known: dict[str, str]) -> list[Probe]:
     """Every probe for every route in the app's route table."""
-    found = []
+    found: list[Probe] = []
     for context in iter_route_contexts(hostile.app.router.routes):
         path, methods = context.path, context.methods
         if path is None or not methods:

@@ -25,25 +25,34 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from .admin import AdminError
-from .cli_admin import COMMANDS, add_commands, main_async
+from .cli_admin import COMMANDS, add_commands, int_between, main_async
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
 from .localpg import LocalPostgresError
+from .redact import redact
 from .settings import Settings, SettingsError, load_settings
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line, like every other error of the command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"regent: error: {message}; see `{self.prog} --help`\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m app", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="python -m app", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command")
     serve = commands.add_parser("serve", help="serve the app with uvicorn (the default)")
     for target in (parser, serve):
         target.add_argument("--host", default="127.0.0.1")
-        target.add_argument("--port", type=int, default=8000)
-        target.add_argument("--workers", type=int, default=2)
+        target.add_argument("--port", type=int_between(1, 65535), default=8000)
+        target.add_argument("--workers", type=int_between(1, 64), default=2)
         target.add_argument(
             "--app",
             default=None,
@@ -68,7 +77,7 @@ def _database_url(settings: Settings) -> Iterator[tuple[str, bool]]:
     data_dir = settings.REGENT_DATA_DIR or default_data_dir()
     print(f"regent: embedded PostgreSQL, data directory {data_dir}", file=sys.stderr)
     with embedded_postgres(data_dir, settings.REGENT_PG_PORT) as server:
-        print(f"regent: PostgreSQL is at {server.url}", file=sys.stderr)
+        print(f"regent: PostgreSQL is at {redact(server.url)}", file=sys.stderr)
         yield server.url, True
 
 

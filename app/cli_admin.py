@@ -20,7 +20,23 @@ from .db import async_url, verify_schema_at_head
 from .scheduler import SystemClock
 from .settings import Settings
 
-__all__ = ["add_commands", "run_command"]
+__all__ = ["add_commands", "int_between", "run_command"]
+
+
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type``: an int from ``low`` to ``high``, else an error saying so."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
 
 
 def add_commands(commands: Any) -> None:
@@ -31,13 +47,14 @@ def add_commands(commands: Any) -> None:
     run.add_argument("job_id")
     history = job_commands.add_parser("history", help="a job's run history, newest first")
     history.add_argument("job_id")
-    history.add_argument("--limit", type=int, default=20)
+    history.add_argument("--limit", type=int_between(1, 500), default=20)
     outbox = commands.add_parser("outbox", help="stuck outbox rows: list, reset")
     outbox_commands = outbox.add_subparsers(dest="outbox_command", required=True)
     stuck = outbox_commands.add_parser("stuck", help="list stuck rows")
     stuck.add_argument("name", nargs="?")
     reset = outbox_commands.add_parser("reset", help="make a stuck row pending and due now")
     reset.add_argument("name")
+    # Any whole number: one past the column type is a "no such message", not a crash.
     reset.add_argument("message_id", type=int)
     commands.add_parser("leader", help="show the leader and the standbys waiting")
 
@@ -63,8 +80,6 @@ async def _jobs(engine: AsyncEngine, args: argparse.Namespace) -> str:
         await queries.run_job_now(engine, args.job_id, now)
         return f"job {args.job_id!r} queued: the leader fires it now, through its slot claim"
     if args.jobs_command == "history":
-        if args.limit < 1:
-            raise queries.AdminError("--limit must be at least 1")
         runs = await queries.job_runs(engine, args.job_id, limit=args.limit)
         return _table(runs, ["id", "slot", "status", "duration_ms", "lateness_ms", "pid", "error"])
     jobs = await queries.list_jobs(engine)

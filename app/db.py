@@ -66,11 +66,17 @@ class SchemaNotAtHeadError(DatabaseError):
 
 def _with_driver(url: str, driver: str) -> str:
     parsed = make_url(url)
+    if driver == "asyncpg" and "sslmode" in parsed.query:
+        # asyncpg.connect() takes libpq's sslmode values under the name ssl.
+        parsed = parsed.difference_update_query(["sslmode"]).update_query_dict(
+            {"ssl": parsed.query["sslmode"]}
+        )
     return parsed.set(drivername=f"postgresql+{driver}").render_as_string(hide_password=False)
 
 
 def async_url(url: str) -> str:
-    """SQLAlchemy URL for the asyncpg driver, from any postgres:// or postgresql:// URL."""
+    """SQLAlchemy URL for the asyncpg driver, from any postgres:// or postgresql:// URL
+    (libpq's ``sslmode`` becomes asyncpg's ``ssl``)."""
     return _with_driver(url, "asyncpg")
 
 
@@ -113,12 +119,39 @@ def describe_target(url: str) -> str:
     return f"{parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database or ''}"
 
 
+def _connection_error(exc: BaseException, target: str) -> DatabaseError | None:
+    """The DatabaseError that says what to fix, for a failure to connect or log in;
+    None for anything else (a bug, to be raised as it is)."""
+    if isinstance(exc, OSError | TimeoutError):
+        return DatabaseUnreachableError(
+            f"cannot reach PostgreSQL at {target} ({exc.__class__.__name__}: {exc}); "
+            "check DATABASE_URL and that the server runs"
+        )
+    if exc.__class__.__module__.startswith(("asyncpg", "psycopg", "sqlalchemy")):
+        # SQLAlchemy wraps the driver's error in several lines; the driver's first says it.
+        cause = getattr(exc, "orig", None) or exc
+        cause = cause.__cause__ or cause
+        reason = (str(cause).strip().splitlines() or [""])[0]
+        return DatabaseUnreachableError(
+            f"cannot use PostgreSQL at {target}: {cause.__class__.__name__}: {reason}; "
+            "check DATABASE_URL (user, password, database name)"
+        )
+    return None
+
+
 def migrate(database_url: str) -> None:
     """Upgrade the database to head, holding the migration advisory lock for the run.
 
     Two runs at once are safe: the second waits for the first, then finds nothing to do.
+    Raises DatabaseUnreachableError naming the target when it cannot connect or log in.
     """
-    command.upgrade(alembic_config(database_url), "head")
+    try:
+        command.upgrade(alembic_config(database_url), "head")
+    except Exception as exc:
+        error = _connection_error(exc, describe_target(database_url))
+        if error is None:
+            raise
+        raise error from None
 
 
 async def verify_schema_at_head(engine: AsyncEngine, *, timeout: float = 10) -> None:
@@ -132,18 +165,16 @@ async def verify_schema_at_head(engine: AsyncEngine, *, timeout: float = 10) -> 
     try:
         async with asyncio.timeout(timeout), engine.connect() as connection:
             current = await connection.run_sync(_current_revision)
-    except (OSError, TimeoutError) as exc:
+    except TimeoutError:
         raise DatabaseUnreachableError(
-            f"cannot reach PostgreSQL at {target} within {timeout:.0f} s "
-            f"({exc.__class__.__name__}: {exc}); check DATABASE_URL and that the server runs"
+            f"cannot reach PostgreSQL at {target} within {timeout:g} s; "
+            "check DATABASE_URL and that the server runs"
         ) from None
     except Exception as exc:
-        if exc.__class__.__module__.startswith(("asyncpg", "sqlalchemy")):
-            raise DatabaseUnreachableError(
-                f"cannot use PostgreSQL at {target}: {exc.__class__.__name__}: {exc}; "
-                "check DATABASE_URL (user, password, database name)"
-            ) from None
-        raise
+        error = _connection_error(exc, target)
+        if error is None:
+            raise
+        raise error from None
     head = head_revision()
     if current != head:
         raise SchemaNotAtHeadError(current, head)

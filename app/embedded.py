@@ -35,10 +35,17 @@ def embedded_postgres(data_dir: Path, port: int) -> Iterator[LocalPostgres]:
     Raises LocalPostgresError when another `python -m app` holds the directory, the
     port is taken, the directory belongs to someone else, or no binaries exist.
     """
-    data_dir.mkdir(parents=True, exist_ok=True)
-    data_dir.chmod(0o755)
     lock_path = data_dir / "regent.lock"
-    with open(lock_path, "a+") as lock_file:
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        data_dir.chmod(0o755)
+        lock_file = open(lock_path, "a+")  # noqa: SIM115 (closed by the with below)
+    except OSError as exc:
+        raise LocalPostgresError(
+            f"cannot use data directory {data_dir} ({exc.strerror}); set REGENT_DATA_DIR "
+            "to a directory this user may create and write"
+        ) from None
+    with lock_file:
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -10,24 +10,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated
 from zoneinfo import ZoneInfo
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import multiprocess
 
 from .admin import AdminError, admin_error_response, api_router, health_router, page_router
+from .admin.nostore import NoStoreAdmin
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
+from .http_errors import validation_error_response
 from .logging import configure_logging
 from .metrics import instrument, measure_loop_lag
 from .metrics import router as metrics_router
 from .outbox import Outbox, OutboxError, UnregisteredDrainError
 from .parent_death import worker_dies_with_parent
 from .scheduler import Scheduler, SchedulerConfig, SystemClock
-from .settings import Settings, load_settings
+from .settings import Settings, SettingsError, load_settings
 
 __all__ = ["app", "create_app", "scheduler_config"]
 
@@ -153,6 +157,8 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     if scheduler is not None:
         instrument(scheduler)
     app.add_exception_handler(AdminError, admin_error_response)
+    app.add_exception_handler(RequestValidationError, validation_error_response)
+    app.add_middleware(NoStoreAdmin)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -175,7 +181,13 @@ def _default_app() -> FastAPI:
     """The app with its own jobs and routes, configured from the environment."""
     from .jobs import build
 
-    settings = load_settings()
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        # Under plain `uvicorn app.main:app` an exception here prints uvicorn's import
+        # traceback before the message; the message alone says what to fix.
+        print(f"regent: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     jobs = build(settings)
     app = create_app(settings, jobs.scheduler)
     app.include_router(jobs.router)

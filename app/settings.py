@@ -7,7 +7,8 @@ handed down; nothing reads ``os.environ`` for configuration anywhere else.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
@@ -15,9 +16,22 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-__all__ = ["Settings", "SettingsError", "load_settings"]
+__all__ = ["ADMIN_TOKEN_MIN_LENGTH", "Settings", "SettingsError", "load_settings"]
 
 _POSTGRES_SCHEMES = ("postgres", "postgresql")
+# Query parameters both drivers understand (db.py maps sslmode to asyncpg's ssl); any
+# other would reach asyncpg.connect() as an unknown keyword and fail at the first query.
+_URL_PARAMETERS = ("sslmode", "target_session_attrs")
+
+
+ADMIN_TOKEN_MIN_LENGTH = 16
+_WEEK = 7 * 24 * 3600
+
+
+def _finite(**constraints: Any) -> Any:
+    """A float Field with bounds that refuses inf and nan: an infinite grace or timeout
+    is a wait that never ends."""
+    return Field(allow_inf_nan=False, **constraints)
 
 
 class SettingsError(Exception):
@@ -52,27 +66,63 @@ class Settings(BaseSettings):
         default=54320, ge=1, le=65535, description="port of the embedded PostgreSQL"
     )
     OUTBOX_MAX_ATTEMPTS: int = Field(
-        default=24, ge=1, description="attempts after which an outbox row becomes stuck"
+        default=24, ge=1, le=1000, description="attempts after which an outbox row becomes stuck"
     )
-    TRACKING_EVENT_RETENTION_DAYS: int = Field(default=365, ge=1)
+    TRACKING_EVENT_RETENTION_DAYS: int = Field(default=365, ge=1, le=36500)
     REPORT_WARM_ENABLED: bool = True
-    REPORT_WARM_INTERVAL_MINUTES: float = Field(default=60, gt=0)
+    REPORT_WARM_INTERVAL_MINUTES: float = _finite(default=60, gt=0, le=_WEEK / 60)
     CREDIT_GRANTS_URL: str | None = Field(
         default=None, description="receiver of credit grants; unset: grants wait, pending"
     )
-    CHARGE_CLAIM_COOLDOWN_SECONDS: float = Field(
-        default=900, gt=0, description="a younger charge claim is a charge in flight"
+    CHARGE_CLAIM_COOLDOWN_SECONDS: float = _finite(
+        default=900, gt=0, le=_WEEK, description="a younger charge claim is a charge in flight"
     )
     ADMIN_TOKEN: SecretStr | None = Field(
-        default=None, description="bearer token of the admin API and page; unset: they 404"
+        default=None,
+        description="bearer token of the admin API and page, at least "
+        f"{ADMIN_TOKEN_MIN_LENGTH} characters; unset: they 404",
     )
-    DATABASE_CONNECT_TIMEOUT_SECONDS: float = Field(default=10, gt=0)
+    DATABASE_CONNECT_TIMEOUT_SECONDS: float = _finite(default=10, gt=0, le=600)
     LEASE_SECONDS: int = Field(
-        default=30, ge=2, description="idle_session_timeout of the lock connection: the lease"
+        default=30,
+        ge=2,
+        le=3600,
+        description="idle_session_timeout of the lock connection: the lease",
     )
-    LEADER_TICK_SECONDS: float = Field(default=5, gt=0)
-    HANDOVER_GRACE_SECONDS: float = Field(default=1, ge=0)
-    SHUTDOWN_GRACE_SECONDS: float = Field(default=10, ge=0)
+    LEADER_TICK_SECONDS: float = _finite(default=5, gt=0, le=1800)
+    HANDOVER_GRACE_SECONDS: float = _finite(default=1, ge=0, le=3600)
+    SHUTDOWN_GRACE_SECONDS: float = _finite(default=10, ge=0, le=3600)
+
+    @field_validator("ADMIN_TOKEN")
+    @classmethod
+    def _strong_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        token = value.get_secret_value()
+        if not token.strip() or token != token.strip():
+            raise ValueError(
+                "is empty or has surrounding whitespace; set a random value of at least "
+                f"{ADMIN_TOKEN_MIN_LENGTH} characters (e.g. `openssl rand -hex 32`), or "
+                "unset it to turn the admin off"
+            )
+        if len(token) < ADMIN_TOKEN_MIN_LENGTH:
+            raise ValueError(
+                f"is {len(token)} characters; it must be at least {ADMIN_TOKEN_MIN_LENGTH} "
+                "(e.g. `openssl rand -hex 32`)"
+            )
+        return value
+
+    @field_validator("CREDIT_GRANTS_URL")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                "must be an http:// or https:// URL with a host, e.g. https://host/path"
+            )
+        return value
 
     @field_validator("DATABASE_URL", "LOCK_DATABASE_URL")
     @classmethod
@@ -80,6 +130,21 @@ class Settings(BaseSettings):
         if value is None or value == "":
             return None
         _parse_postgres_url(value)
+        return value
+
+    @field_validator("REGENT_DATA_DIR")
+    @classmethod
+    def _usable_directory(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        for path in (value, *value.parents):
+            if path.exists():
+                if not path.is_dir():
+                    raise ValueError(
+                        f"{str(path)!r} exists and is not a directory; point it at a "
+                        "directory (created if missing) where PostgreSQL may keep its data"
+                    )
+                break
         return value
 
     @field_validator("TIMEZONE")
@@ -125,6 +190,14 @@ def _parse_postgres_url(value: str) -> URL:
             f"scheme {url.drivername!r} is not PostgreSQL; "
             "expected postgresql://user:password@host:5432/dbname"
         )
+    if url.port is not None and not 1 <= url.port <= 65535:
+        raise ValueError(f"port {url.port} is not between 1 and 65535")
+    unknown = sorted(set(url.query) - set(_URL_PARAMETERS))
+    if unknown:
+        raise ValueError(
+            f"query parameter(s) {', '.join(unknown)} are not supported; "
+            f"use only {', '.join(_URL_PARAMETERS)}"
+        )
     return url
 
 
@@ -141,7 +214,9 @@ def load_settings(**overrides: object) -> Settings:
             name = ".".join(str(part) for part in error["loc"]) or "settings"
             value = error.get("input")
             # A URL may carry a password: never echo it.
-            hidden = isinstance(value, dict) or name.endswith("URL")
+            hidden = isinstance(value, dict) or name.endswith(("URL", "TOKEN"))
             shown = "" if hidden else f"={value!r}"
-            problems.append(f"  {name}{shown}: {error['msg']}")
-        raise SettingsError("Invalid settings:\n" + "\n".join(problems)) from None
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{name}{shown}: {message}")
+        # One line: it is what a failed start prints, and the first thing read.
+        raise SettingsError("invalid setting " + "; ".join(problems)) from None

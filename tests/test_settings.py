@@ -60,3 +60,57 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = load_settings(_env_file=None)
     assert settings.is_production
     assert settings.LOG_LEVEL == "DEBUG"
+
+
+TIMING_SETTINGS = [
+    "LEASE_SECONDS",
+    "LEADER_TICK_SECONDS",
+    "HANDOVER_GRACE_SECONDS",
+    "SHUTDOWN_GRACE_SECONDS",
+    "DATABASE_CONNECT_TIMEOUT_SECONDS",
+    "CHARGE_CLAIM_COOLDOWN_SECONDS",
+    "REPORT_WARM_INTERVAL_MINUTES",
+    "TRACKING_EVENT_RETENTION_DAYS",
+    "OUTBOX_MAX_ATTEMPTS",
+]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e300", "99999999999"])
+@pytest.mark.parametrize("name", TIMING_SETTINGS)
+def test_every_timing_setting_refuses_infinite_and_huge_values(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as raised:
+        load_settings(_env_file=None)
+    assert name in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://host/grants", "file:///etc/passwd", "grants.example/x", "http://"]
+)
+def test_credit_grants_url_must_be_http_or_https(url: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        load_settings(_env_file=None, CREDIT_GRANTS_URL=url)
+    assert "CREDIT_GRANTS_URL" in str(raised.value)
+    assert "http" in str(raised.value)
+
+
+def test_an_https_credit_grants_url_is_accepted() -> None:
+    url = "https://grants.example/v1/grants"
+    assert url == load_settings(_env_file=None, CREDIT_GRANTS_URL=url).CREDIT_GRANTS_URL
+
+
+@pytest.mark.parametrize("token", ["", "   ", "\t\n", "short-token-15c", "x" * 15])
+def test_admin_token_refuses_empty_blank_and_short_values(token: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        load_settings(_env_file=None, ADMIN_TOKEN=token)
+    message = str(raised.value)
+    assert "ADMIN_TOKEN" in message and "16" in message
+    if token.strip():
+        assert token not in message, "the token itself is never echoed"
+
+
+def test_admin_token_of_16_characters_is_accepted() -> None:
+    settings = load_settings(_env_file=None, ADMIN_TOKEN="a" * 16)
+    assert settings.ADMIN_TOKEN is not None

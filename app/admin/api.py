@@ -5,22 +5,22 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from app.db import Database
+from app.http_errors import SafeJSONResponse
 from app.scheduler import Clock
+from app.storable import INT64_MAX
 
 from . import queries
 from .auth import require_admin
 from .errors import AdminError
+from .params import JobId, MessageId, OutboxName
 
 __all__ = ["admin_error_response", "router"]
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[Depends(require_admin)])
-
-JobId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:-]+$")]
-OutboxName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_]+$")]
 
 
 def _engine(request: Request) -> Any:
@@ -36,7 +36,7 @@ def _now(request: Request) -> datetime:
 async def admin_error_response(request: Request, exc: Exception) -> JSONResponse:
     """AdminError -> its status with the message as ``detail``."""
     assert isinstance(exc, AdminError)
-    return JSONResponse({"detail": str(exc)}, status_code=exc.status)
+    return SafeJSONResponse({"detail": str(exc)}, status_code=exc.status)
 
 
 @router.get("/jobs")
@@ -51,7 +51,9 @@ async def runs(
     request: Request,
     job_id: JobId,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    before: Annotated[int | None, Query(ge=1, description="id of the last run seen")] = None,
+    before: Annotated[
+        int | None, Query(ge=1, le=INT64_MAX, description="id of the last run seen")
+    ] = None,
 ) -> dict[str, Any]:
     """A page of the run history, newest first; pass ``next_before`` to get the next."""
     page = await queries.job_runs(_engine(request), job_id, limit=limit, before=before)
@@ -104,9 +106,7 @@ async def messages(
 
 
 @router.post("/outboxes/{name}/messages/{message_id}/reset")
-async def reset(
-    request: Request, name: OutboxName, message_id: Annotated[int, Path(ge=1)]
-) -> dict[str, str]:
+async def reset(request: Request, name: OutboxName, message_id: MessageId) -> dict[str, str]:
     """Set the row pending, attempts 0, due now; 404 unknown, 409 delivered."""
     await queries.reset_outbox_message(_engine(request), name, message_id, _now(request))
     return {"status": "pending"}

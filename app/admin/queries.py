@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.outbox import MessageDeliveredError, UnknownMessageError, reset_message
 from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.keys import LEADER_KEY_LOCKS
+from app.storable import is_int64, is_storable_text
 
 from .errors import AdminError, Conflict, NotFound
 
@@ -102,10 +103,17 @@ async def list_jobs(engine: AsyncEngine) -> list[dict[str, Any]]:
         return _rows(await conn.execute(_JOBS))
 
 
+def _unknown_job(job_id: str) -> NotFound:
+    return NotFound(f"no job with id {job_id!r}; `python -m app jobs` lists them")
+
+
 async def _require_job(conn: Any, job_id: str) -> Any:
+    # A value no text column can hold names no row; asking would be a driver error.
+    if not is_storable_text(job_id):
+        raise _unknown_job(job_id)
     row = (await conn.execute(_JOB, {"job_id": job_id})).first()
     if row is None:
-        raise NotFound(f"no job with id {job_id!r}; `python -m app jobs` lists them")
+        raise _unknown_job(job_id)
     return row
 
 
@@ -138,8 +146,9 @@ async def run_job_now(engine: AsyncEngine, job_id: str, now: datetime) -> None:
 async def set_paused(engine: AsyncEngine, job_id: str, paused: bool) -> None:
     """Pause or resume a job. Raises NotFound for an unknown job."""
     async with engine.begin() as conn:
+        await _require_job(conn, job_id)
         if (await conn.execute(_PAUSE, {"job_id": job_id, "paused": paused})).first() is None:
-            raise NotFound(f"no job with id {job_id!r}; `python -m app jobs` lists them")
+            raise _unknown_job(job_id)
         await conn.execute(_WAKE)
 
 
@@ -188,7 +197,11 @@ def _empty_outbox(name: str) -> dict[str, Any]:
 
 async def _require_outbox(engine: AsyncEngine, outbox: str) -> None:
     async with engine.connect() as conn:
-        if not (await conn.execute(_KNOWN_OUTBOX, {"outbox": outbox})).scalar():
+        known = (
+            is_storable_text(outbox)
+            and (await conn.execute(_KNOWN_OUTBOX, {"outbox": outbox})).scalar()
+        )
+        if not known:
             raise NotFound(f"no outbox named {outbox!r}; `python -m app outbox stuck` lists them")
 
 
@@ -208,6 +221,8 @@ async def reset_outbox_message(
     """Make a row pending, attempts 0, due now. NotFound for an unknown outbox or id,
     Conflict for a delivered row."""
     await _require_outbox(engine, outbox)
+    if not is_int64(message_id):
+        raise NotFound(f"outbox {outbox!r} has no message {message_id}; no id is that large")
     try:
         await reset_message(engine, outbox, message_id, now)
     except UnknownMessageError as exc:

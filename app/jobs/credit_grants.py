@@ -19,6 +19,7 @@ from app.db import Database
 from app.outbox import HttpTransport, Message, Outbox, RetryableDeliveryError
 from app.scheduler import Scheduler
 from app.settings import Settings
+from app.storable import Int32Id, PositiveInt64, StorableText
 
 __all__ = ["GrantIn", "GrantOut", "build"]
 
@@ -37,9 +38,9 @@ _WORKSPACE = text("SELECT 1 FROM workspaces WHERE id = :workspace_id")
 class GrantIn(BaseModel):
     """A grant request; ``reference`` makes it idempotent."""
 
-    workspace_id: int
-    amount: Annotated[int, Field(gt=0, description="credits to grant; above zero")]
-    reference: Annotated[str, Field(min_length=1, max_length=200)]
+    workspace_id: Int32Id
+    amount: Annotated[PositiveInt64, Field(description="credits to grant; above zero")]
+    reference: Annotated[StorableText, Field(min_length=1, max_length=200)]
 
 
 class GrantOut(BaseModel):

@@ -8,6 +8,7 @@ workspace, and the endpoint reads one row.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from pydantic import BaseModel
@@ -16,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import Database
 from app.scheduler import JobContext, Scheduler, every
+from app.storable import Int32Id
 
 __all__ = ["Stats", "register", "router", "warm_report_stats"]
 
@@ -78,7 +80,7 @@ router = APIRouter(prefix="/api", tags=["stats"])
 
 
 @router.get("/stats", response_model=Stats)
-async def read_stats(request: Request, workspace_id: int = Query(...)) -> Stats:
+async def read_stats(request: Request, workspace_id: Annotated[Int32Id, Query()]) -> Stats:
     """The warmed stats of a workspace; 404 until the warm job has computed them."""
     database: Database = request.app.state.database
     async with database.sessions() as session:

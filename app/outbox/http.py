@@ -6,6 +6,10 @@
 | 408, 429, 5xx, a timeout, a connection error   | retry (raises)    |
 | any other 4xx                                  | stuck (permanent) |
 
+The error of a failed attempt names the URL with its credentials redacted (userinfo,
+``token=`` and other secret-named query values), since the row keeps it and the drain
+logs it.
+
 Every attempt carries ``Idempotency-Key: <outbox>:<key>``, so a receiver that got a
 delivery whose answer was lost recognises the retry.
 """
@@ -13,6 +17,8 @@ delivery whose answer was lost recognises the retry.
 from __future__ import annotations
 
 import httpx
+
+from app.redact import redact
 
 from .errors import PermanentDeliveryError
 from .message import Message
@@ -38,16 +44,22 @@ class HttpTransport:
 
     async def __call__(self, message: Message) -> None:
         """Deliver or raise: PermanentDeliveryError for a refusal, anything else to retry."""
-        response = await self._client.post(
-            self.url,
-            json=message.payload,
-            headers={"Idempotency-Key": message.idempotency_key},
-            timeout=self.timeout,
-        )
+        try:
+            response = await self._client.post(
+                self.url,
+                json=message.payload,
+                headers={"Idempotency-Key": message.idempotency_key},
+                timeout=self.timeout,
+            )
+        except httpx.HTTPError as exc:
+            # The drain stores and logs this text: it must not carry the URL's secrets.
+            raise RetryableDeliveryError(
+                redact(f"POST {self.url}: {exc.__class__.__name__}: {exc}")
+            ) from None
         status = response.status_code
         if 200 <= status < 300:
             return
-        detail = f"{self.url} answered {status}: {response.text[:200]}"
+        detail = redact(f"{self.url} answered {status}: {response.text[:200]}")
         if 400 <= status < 500 and status not in _RETRYABLE_4XX:
             raise PermanentDeliveryError(detail)
         raise RetryableDeliveryError(detail)

@@ -144,3 +144,18 @@ async def test_sign_in_see_jobs_reset_a_stuck_row_in_chromium(
             text("SELECT status, attempts FROM outbox_messages WHERE id = :id"), {"id": row}
         )
         assert tuple(status.one()) == ("pending", 0)
+
+
+async def test_an_empty_admin_token_opens_nothing_to_a_forged_cookie(settings: Settings) -> None:
+    """With ADMIN_TOKEN='' the HMAC key was b'': anyone could compute the cookie."""
+    import hashlib
+    import hmac
+
+    forged = hmac.new(b"", b"regent-admin-session", hashlib.sha256).hexdigest()
+    app = create_app(settings.model_copy(update={"ADMIN_TOKEN": SecretStr("")}))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            client.cookies.set("regent_admin", forged, path="/admin")
+            response = await client.get("/admin")
+    assert response.status_code == 404

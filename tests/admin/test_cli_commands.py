@@ -66,7 +66,7 @@ def test_outbox_stuck_and_reset(seeded: str) -> None:
         (["outbox", "reset", "grants", "999"], 1, "has no message 999"),
         (["outbox", "reset", "nope", "41"], 1, "no outbox named 'nope'"),
         (["outbox", "reset", "grants", "abc"], 2, "invalid int value: 'abc'"),
-        (["jobs", "history", "nightly", "--limit", "0"], 1, "--limit must be at least 1"),
+        (["jobs", "history", "nightly", "--limit", "0"], 2, "--limit: 0 is not between 1 and 500"),
     ],
 )
 def test_bad_input_exits_non_zero_saying_what_was_wrong(

@@ -1,0 +1,79 @@
+"""Admin page sessions: a signed cookie carrying its issue time, revoked by a "not
+before" kept in the database.
+
+The cookie is ``<issued, microseconds since the epoch>.<HMAC of that, keyed by the
+admin token>``; it never contains the token. It is current while it is younger than
+SESSION_MAX_AGE and issued after ``admin_sessions.not_before``. Sign-out moves
+``not_before`` to now, so every cookie issued until then stops working in every worker
+at once (they all read the same row). The CSRF value of a page is derived from its
+session cookie, so it dies with the session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["COOKIE", "SESSION_MAX_AGE", "csrf_for", "is_current", "issue", "issued_at", "revoke"]
+
+COOKIE = "regent_admin"
+SESSION_MAX_AGE = timedelta(hours=12)
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_LONGEST_COOKIE = 100
+
+_NOT_BEFORE = text("SELECT not_before FROM admin_sessions WHERE id = 1")
+_REVOKE = text(
+    """
+    INSERT INTO admin_sessions (id, not_before) VALUES (1, :now)
+    ON CONFLICT (id) DO UPDATE
+    SET not_before = greatest(admin_sessions.not_before, excluded.not_before)
+    """
+)
+
+
+def _sign(key: bytes, purpose: str, value: str) -> str:
+    return hmac.new(key, f"{purpose}:{value}".encode(), hashlib.sha256).hexdigest()
+
+
+def issue(key: bytes, now: datetime) -> str:
+    """A new session cookie value, issued at ``now``."""
+    micros = str((now - _EPOCH) // timedelta(microseconds=1))
+    return f"{micros}.{_sign(key, 'session', micros)}"
+
+
+def issued_at(key: bytes, cookie: str | None) -> datetime | None:
+    """When a correctly signed cookie was issued; None for anything else."""
+    if not cookie or len(cookie) > _LONGEST_COOKIE:
+        return None
+    micros, _, signature = cookie.partition(".")
+    expected = _sign(key, "session", micros)
+    if not micros.isascii() or not micros.isdigit():
+        return None
+    if not hmac.compare_digest(signature.encode("utf-8", "replace"), expected.encode()):
+        return None
+    return _EPOCH + timedelta(microseconds=int(micros))
+
+
+async def is_current(engine: AsyncEngine, issued: datetime, now: datetime) -> bool:
+    """True when a session issued at ``issued`` has neither expired nor been revoked."""
+    if not timedelta(0) <= now - issued < SESSION_MAX_AGE:
+        return False
+    async with engine.connect() as conn:
+        not_before = (await conn.execute(_NOT_BEFORE)).scalar()
+    return not_before is None or issued > not_before
+
+
+async def revoke(engine: AsyncEngine, now: datetime) -> None:
+    """End every session issued up to ``now``, in every worker."""
+    async with engine.begin() as conn:
+        await conn.execute(_REVOKE, {"now": now})
+
+
+def csrf_for(key: bytes, cookie: str) -> str:
+    """The CSRF value of the page served to the session ``cookie``."""
+    return _sign(key, "csrf", cookie)

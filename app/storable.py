@@ -1,0 +1,64 @@
+"""Values PostgreSQL can store, as types that routes and models declare.
+
+A number past the column's type or a string with a NUL byte or a lone surrogate makes
+the driver raise inside the handler (a 500). Declared on the route instead, the same
+value is a 422 that names the field, before any query runs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from annotated_types import Interval
+from pydantic import AfterValidator
+
+__all__ = [
+    "INT32_MAX",
+    "INT64_MAX",
+    "Int32Id",
+    "Int64Id",
+    "PositiveInt64",
+    "StorableText",
+    "is_int64",
+    "is_storable_text",
+    "storable_text",
+]
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def is_int64(value: int) -> bool:
+    """True when ``value`` fits a PostgreSQL bigint."""
+    return -INT64_MAX - 1 <= value <= INT64_MAX
+
+
+def is_storable_text(value: str) -> bool:
+    """True when PostgreSQL can store ``value`` in a text column: no NUL, valid UTF-8."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def storable_text(value: str) -> str:
+    """Return ``value``; raise ValueError naming the problem when it cannot be stored."""
+    if not is_storable_text(value):
+        raise ValueError("must not contain a NUL character or a lone UTF-16 surrogate")
+    return value
+
+
+StorableText = Annotated[str, AfterValidator(storable_text)]
+"""A string a text column accepts."""
+
+Int32Id = Annotated[int, Interval(ge=1, le=INT32_MAX)]
+"""The id of a row keyed by an ``integer`` identity column."""
+
+Int64Id = Annotated[int, Interval(ge=1, le=INT64_MAX)]
+"""The id of a row keyed by a ``bigint`` identity column."""
+
+PositiveInt64 = Annotated[int, Interval(gt=0, le=INT64_MAX)]
+"""A positive amount in a ``bigint`` column."""

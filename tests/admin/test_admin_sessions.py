@@ -1,0 +1,115 @@
+"""Admin page sessions: no-store on every admin answer, sign-out revokes the cookie in
+every worker, and repeated sign-in failures from one client are slowed."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from pydantic import SecretStr
+
+from app.main import create_app
+from app.settings import Settings
+
+TOKEN = "session-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+Worker = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+@pytest.fixture
+def admin_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"ADMIN_TOKEN": SecretStr(TOKEN)})
+
+
+@pytest.fixture
+def worker(admin_settings: Settings) -> Worker:
+    """An app process of its own (its own app and state), same database, as a client."""
+
+    @asynccontextmanager
+    async def start(client_ip: str = "203.0.113.7") -> AsyncIterator[httpx.AsyncClient]:
+        app: FastAPI = create_app(admin_settings)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, client=(client_ip, 40000))
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                yield client
+
+    return start
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None, page
+    return found.group(1)
+
+
+async def test_every_admin_answer_says_no_store(worker: Worker) -> None:
+    async with worker() as client:
+        answers = [
+            await client.get("/admin"),
+            await client.post("/admin/login", data={"token": "wrong"}),
+            await client.get("/admin/api/jobs"),
+            await client.get("/admin/api/jobs", headers=AUTH),
+            await client.get("/admin/api/jobs/nope/runs", headers=AUTH),
+            await client.get("/admin/api/jobs/bad%20id/runs", headers=AUTH),
+            await client.post("/admin/login", data={"token": TOKEN}),
+            await client.get("/admin"),
+            await client.get("/admin/no-such-page"),
+        ]
+    for answer in answers:
+        assert answer.headers.get("cache-control") == "no-store", answer.request.url
+
+
+async def test_a_cookie_kept_past_sign_out_opens_nothing(worker: Worker) -> None:
+    async with worker() as client:
+        await client.post("/admin/login", data={"token": TOKEN})
+        kept = client.cookies.get("regent_admin")
+        page = await client.get("/admin")
+        csrf = _csrf(page.text)
+        assert 'id="jobs"' in page.text
+        assert (await client.post("/admin/logout", data={"csrf": csrf})).status_code == 303
+        client.cookies.set("regent_admin", kept or "", path="/admin")
+        replayed = await client.get("/admin")
+        action = await client.post("/admin/jobs/anything/run", data={"csrf": csrf})
+    assert 'id="jobs"' not in replayed.text
+    assert 'name="token"' in replayed.text
+    assert action.status_code == 401
+
+
+async def test_sign_out_in_one_worker_revokes_the_session_in_another(worker: Worker) -> None:
+    async with worker() as first, worker() as second:
+        await first.post("/admin/login", data={"token": TOKEN})
+        cookie = first.cookies.get("regent_admin") or ""
+        second.cookies.set("regent_admin", cookie, path="/admin")
+        assert 'id="jobs"' in (await second.get("/admin")).text
+        csrf = _csrf((await first.get("/admin")).text)
+        await first.post("/admin/logout", data={"csrf": csrf})
+        assert 'id="jobs"' not in (await second.get("/admin")).text
+
+
+async def test_signing_in_again_after_sign_out_works(worker: Worker) -> None:
+    async with worker() as client:
+        await client.post("/admin/login", data={"token": TOKEN})
+        csrf = _csrf((await client.get("/admin")).text)
+        await client.post("/admin/logout", data={"csrf": csrf})
+        assert (await client.post("/admin/login", data={"token": TOKEN})).status_code == 303
+        assert 'id="jobs"' in (await client.get("/admin")).text
+
+
+async def test_repeated_sign_in_failures_from_one_client_are_slowed(worker: Worker) -> None:
+    async with worker("198.51.100.9") as attacker, worker("192.0.2.44") as operator:
+        answers = [
+            (await attacker.post("/admin/login", data={"token": f"guess-{n}"})).status_code
+            for n in range(8)
+        ]
+        with_the_right_token = await attacker.post("/admin/login", data={"token": TOKEN})
+        elsewhere = await operator.post("/admin/login", data={"token": TOKEN})
+    assert answers[:5] == [401] * 5
+    assert answers[5:] == [429] * 3
+    assert with_the_right_token.status_code == 429
+    assert int(with_the_right_token.headers["retry-after"]) >= 1
+    assert elsewhere.status_code == 303

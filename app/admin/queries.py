@@ -12,7 +12,12 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.outbox import MessageDeliveredError, UnknownMessageError, reset_message
+from app.outbox import (
+    MessageDeliveredError,
+    MessageInFlightError,
+    UnknownMessageError,
+    reset_message,
+)
 from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.keys import SCHEDULER_LEADER_KEY
 
@@ -209,12 +214,13 @@ async def stuck_messages(
 async def reset_outbox_message(
     engine: AsyncEngine, outbox: str, message_id: int, now: datetime
 ) -> None:
-    """Make a row pending, attempts 0, due now. NotFound for an unknown outbox or id,
-    Conflict for a delivered row."""
+    """Make a stuck row, or a pending one no drain holds, pending with attempts 0 and
+    due now. NotFound for an unknown outbox or id; Conflict for a delivered row or one a
+    drain is delivering (the message says to wait for it)."""
     await _require_outbox(engine, outbox)
     try:
         await reset_message(engine, outbox, message_id, now)
     except UnknownMessageError as exc:
         raise NotFound(str(exc)) from None
-    except MessageDeliveredError as exc:
+    except (MessageDeliveredError, MessageInFlightError) as exc:
         raise Conflict(str(exc)) from None

@@ -23,7 +23,12 @@ from app.scheduler import Clock, JobContext, Scheduler, SystemClock, Trigger, ev
 from . import sql
 from .backoff import DEFAULT_BACKOFF
 from .drain import DrainPass, DrainPolicy
-from .errors import MessageDeliveredError, OutboxError, UnknownMessageError
+from .errors import (
+    MessageDeliveredError,
+    MessageInFlightError,
+    OutboxError,
+    UnknownMessageError,
+)
 from .message import DrainReport, Enqueued, Message
 from .payload import dump_payload
 from .wakeup import listen_and_drain
@@ -204,7 +209,8 @@ class Outbox:
             )
 
     async def reset(self, message_id: int) -> None:
-        """Make a stuck (or pending) row due now with attempts 0; see reset_message."""
+        """Make a stuck row, or a pending one no drain holds, due now with attempts 0;
+        see reset_message for what is refused."""
         await reset_message(self.engine, self.name, message_id, self.clock.now())
 
     def _insert_params(self, payload: Any, key: str) -> dict[str, Any]:
@@ -245,22 +251,27 @@ class Outbox:
 
 
 async def reset_message(engine: AsyncEngine, outbox: str, message_id: int, now: datetime) -> None:
-    """Set a row pending, attempts 0, due ``now``, and wake the drain.
+    """Set a stuck row, or a pending row no live drain holds, to pending, attempts 0,
+    due ``now``, and wake the drain.
 
-    Raises UnknownMessageError for an id the outbox does not have, and
-    MessageDeliveredError for a row that was delivered (it is never sent again).
+    Raises UnknownMessageError for an id the outbox does not have,
+    MessageDeliveredError for a row that was delivered (it is never sent again), and
+    MessageInFlightError for a row a drain has claimed and whose lease still runs (the
+    drain is delivering it; a reset would have it delivered twice).
     """
     async with engine.begin() as conn:
         params = {"id": message_id, "outbox": outbox, "now": now}
         if (await conn.execute(sql.RESET, params)).scalar() is not None:
             await conn.execute(sql.NOTIFY, {"outbox": outbox})
             return
-        exists = await conn.execute(sql.SELECT_STATUS, {"id": message_id, "outbox": outbox})
-        if exists.scalar() is None:
+        found = (await conn.execute(sql.SELECT_STATUS, params)).one_or_none()
+        if found is None:
             raise UnknownMessageError(
                 f"outbox {outbox!r} has no message {message_id}; list the stuck ones with "
                 f"`python -m app outbox stuck {outbox}`"
             )
-        raise MessageDeliveredError(
-            f"outbox {outbox!r} message {message_id} was delivered; it is never sent again"
-        )
+        if found.status == "delivered":
+            raise MessageDeliveredError(
+                f"outbox {outbox!r} message {message_id} was delivered; it is never sent again"
+            )
+        raise MessageInFlightError(outbox, message_id, found.next_attempt_at)

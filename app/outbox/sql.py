@@ -61,7 +61,9 @@ INSERT = text(
     """
 )
 
-SELECT_STATUS = text("SELECT status FROM outbox_messages WHERE id = :id AND outbox = :outbox")
+SELECT_STATUS = text(
+    "SELECT status, next_attempt_at FROM outbox_messages WHERE id = :id AND outbox = :outbox"
+)
 
 SELECT_EXISTING = text("SELECT id FROM outbox_messages WHERE outbox = :outbox AND key = :key")
 
@@ -97,12 +99,17 @@ RECORD_DRAIN = text(
     """
 )
 
+# A reset never takes a row from a live claim: the drain holding it is delivering it,
+# and a row made due again would be delivered by a second drain as well. A claim whose
+# lease ran out (next_attempt_at <= now) is dead, as for CLAIM_DUE.
 RESET = text(
     """
     UPDATE outbox_messages
     SET status = 'pending', attempts = 0, next_attempt_at = :now, updated_at = :now,
         last_error = NULL, claimed_by = NULL
-    WHERE id = :id AND outbox = :outbox AND status <> 'delivered'
+    WHERE id = :id AND outbox = :outbox
+        AND (status = 'stuck'
+             OR (status = 'pending' AND (claimed_by IS NULL OR next_attempt_at <= :now)))
     RETURNING id
     """
 )

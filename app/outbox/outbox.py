@@ -1,9 +1,11 @@
 """An outbox: rows written in the caller's transaction, delivered by a drain.
 
 The drain claims due rows with ``FOR UPDATE SKIP LOCKED`` under a delivery lease,
-delivers them with bounded concurrency, and records each row's outcome in its own
-commit. A drain killed mid-delivery leaves its rows to be retried when the lease runs
-out; the receiver deduplicates on the idempotency key. Nothing is ever deleted.
+only as many as it can start delivering at once (``concurrency``), so each row's lease
+covers its whole delivery; it records each row's outcome in its own commit, and only
+while its claim still holds the row. A drain killed mid-delivery leaves its rows to be
+retried when the lease runs out; the receiver deduplicates on the idempotency key.
+A reset never takes a row from a live claim. Nothing is ever deleted.
 """
 
 from __future__ import annotations
@@ -168,16 +170,11 @@ class Outbox:
         """Deliver every due row, batch by batch, until none is due; return the counts.
 
         Safe to run from any number of processes at once: a row is claimed by one
-        drain at a time, and its outcome is committed on its own.
+        drain at a time, only when a delivery slot is free for it, and its outcome is
+        committed on its own. The counts are the outcomes the database accepted.
         """
-        report = DrainReport()
         async with DrainPass.open(self.engine, self._policy(), self.clock) as drain:
-            while True:
-                token, messages = await drain.claim(sql.CLAIM_DUE, {"batch_size": self.batch_size})
-                if messages:
-                    report.add(await drain.deliver_all(token, messages))
-                if len(messages) < self.batch_size:
-                    break
+            report = await drain.drain(self.batch_size)
             await drain.execute(
                 sql.RECORD_DRAIN,
                 {
@@ -197,8 +194,8 @@ class Outbox:
         try:
             async with DrainPass.open(self.engine, self._policy(), self.clock) as drain:
                 token, messages = await drain.claim(sql.CLAIM_ONE, {"id": message_id})
-                if messages:
-                    await drain.deliver_all(token, messages)
+                for message in messages:
+                    await drain.deliver(token, message)
         except Exception:
             logger.warning(
                 "outbox.inline_failed: %s row %s left to the drain",
@@ -235,13 +232,14 @@ class Outbox:
 
     async def _drain_job(self, ctx: JobContext) -> None:
         report = await self.drain_once()
-        if report.delivered or report.retried or report.stuck:
+        if report.delivered or report.retried or report.stuck or report.lost:
             ctx.log.info(
-                "outbox %s drained: %s delivered, %s retried, %s stuck",
+                "outbox %s drained: %s delivered, %s retried, %s stuck, %s claim(s) lost",
                 self.name,
                 report.delivered,
                 report.retried,
                 report.stuck,
+                report.lost,
             )
 
     async def _wakeup_service(self, ctx: object) -> None:

@@ -71,12 +71,15 @@ SELECT_EXISTING = text("SELECT id FROM outbox_messages WHERE outbox = :outbox AN
 # identical notifications of one transaction into one.
 NOTIFY = text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :outbox)")
 
+# An outcome is written only while the claim's token still holds the row; RETURNING
+# tells the drain whether it did, so a lost claim is never counted as an outcome.
 MARK_DELIVERED = text(
     """
     UPDATE outbox_messages
     SET status = 'delivered', attempts = attempts + 1, delivered_at = :now, updated_at = :now,
         last_error = NULL, claimed_by = NULL
     WHERE id = :id AND claimed_by = :token
+    RETURNING id
     """
 )
 
@@ -86,6 +89,7 @@ MARK_FAILED = text(
     SET status = :status, attempts = :attempts, next_attempt_at = :next_attempt_at,
         last_error = :error, updated_at = :now, claimed_by = NULL
     WHERE id = :id AND claimed_by = :token
+    RETURNING id
     """
 )
 

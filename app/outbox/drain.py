@@ -116,24 +116,31 @@ class DrainPass:
     async def drain(self, batch_size: int) -> DrainReport:
         """Claim due rows into free slots and deliver each as soon as it is claimed,
         at most ``concurrency`` at once, until a claim finds fewer rows than it asked
-        for; return the outcomes the database accepted."""
+        for; return the outcomes the database accepted. A database error stops the
+        pass and is raised as itself."""
         report = DrainReport()
-        async with asyncio.TaskGroup() as group:
-            while True:
-                while self._held >= self.policy.concurrency:
-                    self._slot_freed.clear()
-                    await self._slot_freed.wait()
-                async with self._turn:
-                    # Counted once the turn is ours: outcome writes queued ahead of this
-                    # claim have freed their slots by now, so a pass with a fast receiver
-                    # claims whole slots' worth of rows, not one row per claim.
-                    limit = min(batch_size, self.policy.concurrency - self._held)
-                    token, messages = await self._claim(sql.CLAIM_DUE, {"batch_size": limit})
-                    self._held += len(messages)
-                for message in messages:
-                    group.create_task(self._deliver_held(token, message, report))
-                if len(messages) < limit:
-                    break
+        try:
+            async with asyncio.TaskGroup() as group:
+                while True:
+                    while self._held >= self.policy.concurrency:
+                        self._slot_freed.clear()
+                        await self._slot_freed.wait()
+                    async with self._turn:
+                        # Counted once the turn is ours: outcome writes queued ahead of
+                        # this claim have freed their slots by now, so a pass with a fast
+                        # receiver claims a full set of slots, not one row per claim.
+                        limit = min(batch_size, self.policy.concurrency - self._held)
+                        token, messages = await self._claim(sql.CLAIM_DUE, {"batch_size": limit})
+                        self._held += len(messages)
+                    for message in messages:
+                        group.create_task(self._deliver_held(token, message, report))
+                    if len(messages) < limit:
+                        break
+        except ExceptionGroup as failed:
+            # Every statement of the pass shares one connection: its first error (most
+            # often the connection's loss) is why the pass stopped; say that, not "a
+            # TaskGroup failed".
+            raise failed.exceptions[0] from failed
         return report
 
     async def deliver(self, token: uuid.UUID, message: Message) -> str:

@@ -215,3 +215,34 @@ async def test_every_key_is_delivered_once_and_counted_as_the_database_accepted_
     assert sum(r.retried for r in reports) == len(refused)
     assert sum(r.delivered + r.retried + r.stuck for r in reports) == accepted == len(made)
     assert sum(r.lost for r in reports) == 0
+
+
+async def test_a_pass_whose_connection_dies_raises_the_database_error(
+    make_outbox: MakeOutbox, database: Database
+) -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def held(message: Message) -> None:
+        started.set()
+        await release.wait()
+
+    outbox = make_outbox(deliver=held)
+    await _enqueue(database, outbox, "k1")
+    drain = asyncio.create_task(outbox.drain_once())
+    await asyncio.wait_for(started.wait(), 10)
+    async with database.engine.connect() as conn:
+        killed = await conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND query LIKE '%SET claimed_by = $%'"
+            )
+        )
+        assert killed.scalars().all() == [True]
+    release.set()
+    # Which error asyncpg raises on a killed connection depends on timing; it is always
+    # the driver's own, never an ExceptionGroup that hides it.
+    with pytest.raises(Exception) as raised:
+        await drain
+    assert type(raised.value).__module__.startswith("asyncpg."), repr(raised.value)

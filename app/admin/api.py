@@ -107,6 +107,7 @@ async def messages(
 
 @router.post("/outboxes/{name}/messages/{message_id}/reset")
 async def reset(request: Request, name: OutboxName, message_id: MessageId) -> dict[str, str]:
-    """Set the row pending, attempts 0, due now; 404 unknown, 409 delivered."""
+    """Set the row pending, attempts 0, due now; 404 unknown, 409 delivered or held by
+    a drain that is delivering it."""
     await queries.reset_outbox_message(_engine(request), name, message_id, _now(request))
     return {"status": "pending"}

@@ -19,6 +19,7 @@ class NotFound(AdminError):
 
 
 class Conflict(AdminError):
-    """The request is valid but the state forbids it (a running job, a delivered row)."""
+    """The request is valid but the state forbids it (a running job, a delivered row, a
+    row a drain is delivering)."""
 
     status = 409

@@ -12,7 +12,12 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.outbox import MessageDeliveredError, UnknownMessageError, reset_message
+from app.outbox import (
+    MessageDeliveredError,
+    MessageInFlightError,
+    UnknownMessageError,
+    reset_message,
+)
 from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.keys import LEADER_KEY_LOCKS
 from app.storable import is_int64, is_storable_text
@@ -218,8 +223,9 @@ async def stuck_messages(
 async def reset_outbox_message(
     engine: AsyncEngine, outbox: str, message_id: int, now: datetime
 ) -> None:
-    """Make a row pending, attempts 0, due now. NotFound for an unknown outbox or id,
-    Conflict for a delivered row."""
+    """Make a stuck row, or a pending one no drain holds, pending with attempts 0 and
+    due now. NotFound for an unknown outbox or id; Conflict for a delivered row or one a
+    drain is delivering (the message says to wait for it)."""
     await _require_outbox(engine, outbox)
     if not is_int64(message_id):
         raise NotFound(f"outbox {outbox!r} has no message {message_id}; no id is that large")
@@ -227,5 +233,5 @@ async def reset_outbox_message(
         await reset_message(engine, outbox, message_id, now)
     except UnknownMessageError as exc:
         raise NotFound(str(exc)) from None
-    except MessageDeliveredError as exc:
+    except (MessageDeliveredError, MessageInFlightError) as exc:
         raise Conflict(str(exc)) from None

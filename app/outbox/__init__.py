@@ -11,6 +11,7 @@ NOTIFY, so delivery does not wait for the next tick.
 from .backoff import DEFAULT_BACKOFF, retry_delay
 from .errors import (
     MessageDeliveredError,
+    MessageInFlightError,
     OutboxError,
     PayloadError,
     PermanentDeliveryError,
@@ -29,6 +30,7 @@ __all__ = [
     "HttpTransport",
     "Message",
     "MessageDeliveredError",
+    "MessageInFlightError",
     "Outbox",
     "OutboxError",
     "PayloadError",

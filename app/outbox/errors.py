@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 __all__ = [
     "MessageDeliveredError",
+    "MessageInFlightError",
     "OutboxError",
     "PayloadError",
     "PermanentDeliveryError",
@@ -36,3 +39,19 @@ class UnknownMessageError(OutboxError):
 
 class MessageDeliveredError(OutboxError):
     """Raised by reset for a row that was delivered: it is never sent again."""
+
+
+class MessageInFlightError(OutboxError):
+    """Raised by reset for a row a drain holds (claimed, its lease still running): the
+    drain is delivering it, and a reset would let another drain deliver it again.
+    ``message_id`` is the row; ``lease_until`` is when the claim runs out."""
+
+    def __init__(self, outbox: str, message_id: int, lease_until: datetime) -> None:
+        self.outbox = outbox
+        self.message_id = message_id
+        self.lease_until = lease_until
+        super().__init__(
+            f"outbox {outbox!r} message {message_id} is being delivered by a drain (its"
+            f" claim runs until {lease_until.isoformat(timespec='seconds')}); wait for the"
+            " drain to record the outcome, or retry the reset after that time"
+        )

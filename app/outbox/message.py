@@ -34,14 +34,11 @@ class Enqueued:
 
 @dataclass
 class DrainReport:
-    """What one drain_once did."""
+    """What one drain_once did: the outcomes the database accepted, and ``lost``, the
+    deliveries whose outcome was not written because the row was no longer held by
+    this drain's claim (logged as ``outbox.claim_lost``)."""
 
     delivered: int = 0
     retried: int = 0
     stuck: int = 0
-
-    def add(self, other: DrainReport) -> None:
-        """Sum another report into this one."""
-        self.delivered += other.delivered
-        self.retried += other.retried
-        self.stuck += other.stuck
+    lost: int = 0

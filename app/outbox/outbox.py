@@ -1,9 +1,11 @@
 """An outbox: rows written in the caller's transaction, delivered by a drain.
 
 The drain claims due rows with ``FOR UPDATE SKIP LOCKED`` under a delivery lease,
-delivers them with bounded concurrency, and records each row's outcome in its own
-commit. A drain killed mid-delivery leaves its rows to be retried when the lease runs
-out; the receiver deduplicates on the idempotency key. Nothing is ever deleted.
+only as many as it can start delivering at once (``concurrency``), so each row's lease
+covers its whole delivery; it records each row's outcome in its own commit, and only
+while its claim still holds the row. A drain killed mid-delivery leaves its rows to be
+retried when the lease runs out; the receiver deduplicates on the idempotency key.
+A reset never takes a row from a live claim. Nothing is ever deleted.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from app.scheduler import Clock, JobContext, Scheduler, SystemClock, Trigger, ev
 from . import sql
 from .backoff import DEFAULT_BACKOFF
 from .drain import DrainPass, DrainPolicy
-from .errors import MessageDeliveredError, OutboxError, UnknownMessageError
+from .errors import (
+    MessageDeliveredError,
+    MessageInFlightError,
+    OutboxError,
+    UnknownMessageError,
+)
 from .message import DrainReport, Enqueued, Message
 from .payload import dump_payload
 from .wakeup import listen_and_drain
@@ -163,16 +170,11 @@ class Outbox:
         """Deliver every due row, batch by batch, until none is due; return the counts.
 
         Safe to run from any number of processes at once: a row is claimed by one
-        drain at a time, and its outcome is committed on its own.
+        drain at a time, only when a delivery slot is free for it, and its outcome is
+        committed on its own. The counts are the outcomes the database accepted.
         """
-        report = DrainReport()
         async with DrainPass.open(self.engine, self._policy(), self.clock) as drain:
-            while True:
-                token, messages = await drain.claim(sql.CLAIM_DUE, {"batch_size": self.batch_size})
-                if messages:
-                    report.add(await drain.deliver_all(token, messages))
-                if len(messages) < self.batch_size:
-                    break
+            report = await drain.drain(self.batch_size)
             await drain.execute(
                 sql.RECORD_DRAIN,
                 {
@@ -192,8 +194,8 @@ class Outbox:
         try:
             async with DrainPass.open(self.engine, self._policy(), self.clock) as drain:
                 token, messages = await drain.claim(sql.CLAIM_ONE, {"id": message_id})
-                if messages:
-                    await drain.deliver_all(token, messages)
+                for message in messages:
+                    await drain.deliver(token, message)
         except Exception:
             logger.warning(
                 "outbox.inline_failed: %s row %s left to the drain",
@@ -204,7 +206,8 @@ class Outbox:
             )
 
     async def reset(self, message_id: int) -> None:
-        """Make a stuck (or pending) row due now with attempts 0; see reset_message."""
+        """Make a stuck row, or a pending one no drain holds, due now with attempts 0;
+        see reset_message for what is refused."""
         await reset_message(self.engine, self.name, message_id, self.clock.now())
 
     def _insert_params(self, payload: Any, key: str) -> dict[str, Any]:
@@ -229,13 +232,14 @@ class Outbox:
 
     async def _drain_job(self, ctx: JobContext) -> None:
         report = await self.drain_once()
-        if report.delivered or report.retried or report.stuck:
+        if report.delivered or report.retried or report.stuck or report.lost:
             ctx.log.info(
-                "outbox %s drained: %s delivered, %s retried, %s stuck",
+                "outbox %s drained: %s delivered, %s retried, %s stuck, %s claim(s) lost",
                 self.name,
                 report.delivered,
                 report.retried,
                 report.stuck,
+                report.lost,
             )
 
     async def _wakeup_service(self, ctx: object) -> None:
@@ -245,22 +249,27 @@ class Outbox:
 
 
 async def reset_message(engine: AsyncEngine, outbox: str, message_id: int, now: datetime) -> None:
-    """Set a row pending, attempts 0, due ``now``, and wake the drain.
+    """Set a stuck row, or a pending row no live drain holds, to pending, attempts 0,
+    due ``now``, and wake the drain.
 
-    Raises UnknownMessageError for an id the outbox does not have, and
-    MessageDeliveredError for a row that was delivered (it is never sent again).
+    Raises UnknownMessageError for an id the outbox does not have,
+    MessageDeliveredError for a row that was delivered (it is never sent again), and
+    MessageInFlightError for a row a drain has claimed and whose lease still runs (the
+    drain is delivering it; a reset would have it delivered twice).
     """
     async with engine.begin() as conn:
         params = {"id": message_id, "outbox": outbox, "now": now}
         if (await conn.execute(sql.RESET, params)).scalar() is not None:
             await conn.execute(sql.NOTIFY, {"outbox": outbox})
             return
-        exists = await conn.execute(sql.SELECT_STATUS, {"id": message_id, "outbox": outbox})
-        if exists.scalar() is None:
+        found = (await conn.execute(sql.SELECT_STATUS, params)).one_or_none()
+        if found is None:
             raise UnknownMessageError(
                 f"outbox {outbox!r} has no message {message_id}; list the stuck ones with "
                 f"`python -m app outbox stuck {outbox}`"
             )
-        raise MessageDeliveredError(
-            f"outbox {outbox!r} message {message_id} was delivered; it is never sent again"
-        )
+        if found.status == "delivered":
+            raise MessageDeliveredError(
+                f"outbox {outbox!r} message {message_id} was delivered; it is never sent again"
+            )
+        raise MessageInFlightError(outbox, message_id, found.next_attempt_at)

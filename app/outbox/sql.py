@@ -61,7 +61,9 @@ INSERT = text(
     """
 )
 
-SELECT_STATUS = text("SELECT status FROM outbox_messages WHERE id = :id AND outbox = :outbox")
+SELECT_STATUS = text(
+    "SELECT status, next_attempt_at FROM outbox_messages WHERE id = :id AND outbox = :outbox"
+)
 
 SELECT_EXISTING = text("SELECT id FROM outbox_messages WHERE outbox = :outbox AND key = :key")
 
@@ -69,12 +71,15 @@ SELECT_EXISTING = text("SELECT id FROM outbox_messages WHERE outbox = :outbox AN
 # identical notifications of one transaction into one.
 NOTIFY = text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :outbox)")
 
+# An outcome is written only while the claim's token still holds the row; RETURNING
+# tells the drain whether it did, so a lost claim is never counted as an outcome.
 MARK_DELIVERED = text(
     """
     UPDATE outbox_messages
     SET status = 'delivered', attempts = attempts + 1, delivered_at = :now, updated_at = :now,
         last_error = NULL, claimed_by = NULL
     WHERE id = :id AND claimed_by = :token
+    RETURNING id
     """
 )
 
@@ -84,6 +89,7 @@ MARK_FAILED = text(
     SET status = :status, attempts = :attempts, next_attempt_at = :next_attempt_at,
         last_error = :error, updated_at = :now, claimed_by = NULL
     WHERE id = :id AND claimed_by = :token
+    RETURNING id
     """
 )
 
@@ -97,12 +103,17 @@ RECORD_DRAIN = text(
     """
 )
 
+# A reset never takes a row from a live claim: the drain holding it is delivering it,
+# and a row made due again would be delivered by a second drain as well. A claim whose
+# lease ran out (next_attempt_at <= now) is dead, as for CLAIM_DUE.
 RESET = text(
     """
     UPDATE outbox_messages
     SET status = 'pending', attempts = 0, next_attempt_at = :now, updated_at = :now,
         last_error = NULL, claimed_by = NULL
-    WHERE id = :id AND outbox = :outbox AND status <> 'delivered'
+    WHERE id = :id AND outbox = :outbox
+        AND (status = 'stuck'
+             OR (status = 'pending' AND (claimed_by IS NULL OR next_attempt_at <= :now)))
     RETURNING id
     """
 )

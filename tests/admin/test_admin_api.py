@@ -155,6 +155,21 @@ async def _stuck_row(database: Database, key: str, status: str = "stuck") -> int
         return int(result.scalar_one())
 
 
+async def _held_row(database: Database, key: str) -> int:
+    """A pending row a live drain has claimed: its lease runs for another hour."""
+    async with database.engine.begin() as conn:
+        result = await conn.execute(
+            text(
+                "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
+                " next_attempt_at, created_at, updated_at, claimed_by)"
+                " VALUES ('grants', :key, '{}', 'pending', 0, now() + interval '1 hour',"
+                " now(), now(), gen_random_uuid()) RETURNING id"
+            ),
+            {"key": key},
+        )
+        return int(result.scalar_one())
+
+
 async def test_outboxes_show_counts_and_stuck_rows_can_be_reset(
     admin: tuple[httpx.AsyncClient, FastAPI], database: Database
 ) -> None:
@@ -211,6 +226,16 @@ async def test_reset_of_a_delivered_row_is_a_409(
     row = await _stuck_row(database, "done", status="delivered")
     response = await client.post(f"/admin/api/outboxes/grants/messages/{row}/reset", headers=AUTH)
     assert response.status_code == 409
+
+
+async def test_reset_of_a_row_a_drain_holds_is_a_409_that_says_to_wait(
+    admin: tuple[httpx.AsyncClient, FastAPI], database: Database
+) -> None:
+    client, _ = admin
+    row = await _held_row(database, "in-flight")
+    response = await client.post(f"/admin/api/outboxes/grants/messages/{row}/reset", headers=AUTH)
+    assert response.status_code == 409
+    assert "wait for the drain" in response.json()["detail"]
 
 
 async def test_health_is_200_with_a_leader_and_fresh_jobs(

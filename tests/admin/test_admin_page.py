@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -64,6 +65,32 @@ async def test_a_post_without_the_csrf_field_is_refused(page_client: httpx.Async
     response = await page_client.post("/admin/outboxes/grants/messages/1/reset", data={"csrf": "x"})
     assert response.status_code == 403
     assert "CSRF" in response.text
+
+
+async def test_reset_of_a_row_a_drain_holds_shows_why_on_the_page(
+    page_client: httpx.AsyncClient, admin_settings: Settings, database: Database
+) -> None:
+    async with database.engine.begin() as conn:
+        row = (
+            await conn.execute(
+                text(
+                    "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
+                    " next_attempt_at, created_at, updated_at, claimed_by) VALUES ('grants',"
+                    " 'grant-12', '{}', 'pending', 0, now() + interval '1 hour', now(), now(),"
+                    " gen_random_uuid()) RETURNING id"
+                )
+            )
+        ).scalar_one()
+    await page_client.post("/admin/login", data={"token": TOKEN})
+    page = (await page_client.get("/admin")).text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert csrf is not None, page
+    response = await page_client.post(
+        f"/admin/outboxes/grants/messages/{row}/reset", data={"csrf": csrf.group(1)}
+    )
+    assert response.status_code == 409
+    assert f"message {row} is being delivered" in response.text
+    assert "wait for the drain" in response.text
 
 
 async def test_the_api_ignores_the_page_cookie(page_client: httpx.AsyncClient) -> None:

@@ -31,6 +31,13 @@ def seeded(database_url: str) -> str:
             " next_attempt_at, created_at, updated_at, last_error) OVERRIDING SYSTEM VALUE"
             " VALUES (41, 'grants', 'g-1', '{}', 'stuck', 24, now(), now(), now(), 'HTTP 400')"
         )
+        # Row 42 is being delivered: a drain's claim on it runs for another hour.
+        conn.execute(
+            "INSERT INTO outbox_messages (id, outbox, key, payload, status, attempts,"
+            " next_attempt_at, created_at, updated_at, claimed_by) OVERRIDING SYSTEM VALUE"
+            " VALUES (42, 'grants', 'g-2', '{}', 'pending', 0, now() + interval '1 hour',"
+            " now(), now(), gen_random_uuid())"
+        )
     return database_url
 
 
@@ -58,6 +65,14 @@ def test_outbox_stuck_and_reset(seeded: str) -> None:
     reset = _app(seeded, "outbox", "reset", "grants", "41")
     assert reset.returncode == 0, reset.stderr
     assert _app(seeded, "outbox", "stuck").stdout.strip() == "no stuck rows"
+
+
+def test_reset_of_a_row_a_drain_holds_prints_one_line_and_exits_non_zero(seeded: str) -> None:
+    result = _app(seeded, "outbox", "reset", "grants", "42")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert "message 42 is being delivered" in line and "wait for the drain" in line
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from app.outbox import (
     HttpTransport,
     Message,
     MessageDeliveredError,
+    MessageInFlightError,
     PayloadError,
     PermanentDeliveryError,
     UnknownMessageError,
@@ -258,6 +259,51 @@ async def test_reset_of_an_unknown_or_delivered_row_is_refused(
         await outbox.reset(999999)
     with pytest.raises(MessageDeliveredError, match="was delivered"):
         await outbox.reset(row_id)
+
+
+async def test_reset_of_a_row_a_drain_holds_is_refused_and_the_row_is_delivered_once(
+    make_outbox: MakeOutbox, database: Database
+) -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+    delivered: list[str] = []
+
+    async def held_once(message: Message) -> None:
+        if not started.is_set():
+            started.set()
+            await release.wait()
+        delivered.append(message.key)
+
+    outbox = make_outbox(deliver=held_once)
+    row_id = await _enqueue(database, outbox, "grant-10")
+    drain = asyncio.create_task(outbox.drain_once())
+    await asyncio.wait_for(started.wait(), 5)
+    with pytest.raises(MessageInFlightError, match="wait for the drain") as refused:
+        await outbox.reset(row_id)
+    assert refused.value.message_id == row_id
+    assert (await outbox.drain_once()).delivered == 0
+    release.set()
+    await drain
+    assert delivered == ["grant-10"]
+
+
+async def test_reset_of_a_row_whose_lease_ran_out_makes_it_due_now(
+    make_outbox: MakeOutbox, database: Database, clock: FakeClock
+) -> None:
+    outbox = make_outbox()
+    row_id = await _enqueue(database, outbox, "grant-11")
+    async with database.engine.begin() as conn:
+        # A drain claimed the row and died; its lease has just run out.
+        await conn.execute(
+            text(
+                "UPDATE outbox_messages SET claimed_by = gen_random_uuid(), attempts = 3,"
+                " next_attempt_at = :now WHERE id = :id"
+            ),
+            {"id": row_id, "now": clock.now()},
+        )
+    await outbox.reset(row_id)
+    row = await _row(database.engine, row_id)
+    assert (row["status"], row["attempts"], row["claimed_by"]) == ("pending", 0, None)
 
 
 async def test_inline_attempt_leaves_a_row_another_drain_holds(

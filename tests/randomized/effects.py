@@ -12,8 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+import asyncpg
 
 from app.outbox import DrainReport, Message, Outbox, PermanentDeliveryError
 from app.scheduler import Clock
@@ -47,7 +46,9 @@ class Recorder:
                     f"{[(n, s.isoformat()) for n, s in self.active[job]]} still run"
                 )
             if node not in firing:
-                self.violations.append(f"{job} {slot.isoformat()} ran on {node}, which does not lead")
+                self.violations.append(
+                    f"{job} {slot.isoformat()} ran on {node}, which does not lead"
+                )
             if len(firing) > 1:
                 self.violations.append(f"{firing} fire at once ({job} {slot.isoformat()})")
             self.active[job].append((node, slot))
@@ -59,6 +60,11 @@ class Recorder:
             if completed:
                 self.completed.add((job, slot))
 
+    def snapshot(self) -> tuple[dict[tuple[str, datetime], int], set[tuple[str, datetime]]]:
+        """Copies of the body starts and completions, taken under the lock."""
+        with self._lock:
+            return dict(self.starts), set(self.completed)
+
     def is_running(self, job: str, slot: datetime) -> bool:
         """True while a body of that slot runs somewhere."""
         with self._lock:
@@ -68,7 +74,9 @@ class Recorder:
         """The leader-only service started on ``node``."""
         with self._lock:
             if self.services:
-                self.violations.append(f"service started on {node} while it runs on {self.services}")
+                self.violations.append(
+                    f"service started on {node} while it runs on {self.services}"
+                )
             self.services.append(node)
 
     def service_stopped(self, node: str) -> None:
@@ -106,7 +114,7 @@ class Receiver:
     Once ``healed``, every key but the permanent ones answers at once."""
 
     clock: Clock
-    engine: AsyncEngine
+    dsn: str
     recorder: Recorder
     behaviours: dict[str, str] = field(default_factory=dict)
     calls: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -114,6 +122,8 @@ class Receiver:
         default_factory=lambda: collections.defaultdict(list)
     )
     healed: bool = False
+    _looking: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _connection: asyncpg.Connection | None = None
 
     async def __call__(self, message: Message) -> None:
         key = message.key
@@ -141,18 +151,23 @@ class Receiver:
         earlier.append(delivery)
 
     async def _lease_of(self, row_id: int) -> datetime | None:
-        try:
-            async with self.engine.connect() as conn:
-                lease: datetime | None = (
-                    await conn.execute(
-                        text("SELECT next_attempt_at FROM outbox_messages WHERE id = :id"),
-                        {"id": row_id},
-                    )
-                ).scalar_one_or_none()
+        # A connection of its own, one look-up at a time: the drains' pool stays theirs.
+        async with self._looking:
+            try:
+                if self._connection is None or self._connection.is_closed():
+                    self._connection = await asyncpg.connect(self.dsn)
+                lease: datetime | None = await self._connection.fetchval(
+                    "SELECT next_attempt_at FROM outbox_messages WHERE id = $1", row_id
+                )
                 return lease
-        except Exception:
-            # Unknown (the server is away): such a delivery is never held against a drain.
-            return None
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                # Unknown (the server is away): such a delivery is never held against a drain.
+                return None
+
+    async def close(self) -> None:
+        """Close the look-up connection."""
+        if self._connection is not None:
+            self._connection.terminate()
 
 
 class CountingOutbox(Outbox):

@@ -148,9 +148,9 @@ def _step(draw: st.DrawFn, actions: tuple[str, ...]) -> Step:
     )
 
 
-def scenarios(*, max_steps: int, restarts: bool) -> st.SearchStrategy[Scenario]:
-    """Scenarios of 1-4 jobs, 1-3 supervisors and up to ``max_steps`` steps; server
-    restarts only when ``restarts``."""
+def scenarios(*, min_steps: int, max_steps: int, restarts: bool) -> st.SearchStrategy[Scenario]:
+    """Scenarios of 1-4 jobs, 1-3 supervisors and ``min_steps`` to ``max_steps`` steps;
+    server restarts only when ``restarts``. Shrinking never goes below ``min_steps``."""
     actions = ACTIONS if restarts else tuple(a for a in ACTIONS if a != "restart_server")
 
     @st.composite
@@ -163,7 +163,7 @@ def scenarios(*, max_steps: int, restarts: bool) -> st.SearchStrategy[Scenario]:
                 concurrency=draw(st.sampled_from((1, 2, 10))),
             ),
             supervisors=draw(st.integers(1, 3)),
-            steps=tuple(draw(st.lists(_step(actions), min_size=1, max_size=max_steps))),
+            steps=tuple(draw(st.lists(_step(actions), min_size=min_steps, max_size=max_steps))),
         )
 
     return build()

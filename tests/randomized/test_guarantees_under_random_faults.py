@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, note, settings
@@ -33,10 +34,12 @@ def _play(pg_server: TestServer, scenario: Scenario) -> None:
         pg_server.drop_database(url)
 
 
-async def _run(scenario: Scenario, url: str, server: TestServer | None) -> None:
+async def _run(
+    scenario: Scenario, url: str, server: TestServer | None, say: Callable[[str], None] = note
+) -> None:
     async with open_world(scenario, url, server) as world:
         for index, step in enumerate(scenario.steps):
-            note(f"step {index}: {step}")
+            say(f"step {index}: {step}")
             await world.play(step)
         await world.finish()
         logging.getLogger("tests.randomized").info(
@@ -53,7 +56,7 @@ async def _run(scenario: Scenario, url: str, server: TestServer | None) -> None:
     phases=[Phase.explicit, Phase.generate],
     **_COMMON,  # type: ignore[arg-type]
 )
-@given(scenario=scenarios(max_steps=12, restarts=False))
+@given(scenario=scenarios(min_steps=8, max_steps=14, restarts=False))
 def test_guarantees_hold_under_random_faults(pg_server: TestServer, scenario: Scenario) -> None:
     """No slot runs twice, no key is delivered twice, nothing is lost or stuck, one
     worker fires and one runs the services: after every step of random scenarios."""
@@ -62,7 +65,7 @@ def test_guarantees_hold_under_random_faults(pg_server: TestServer, scenario: Sc
 
 @pytest.mark.soak
 @settings(max_examples=60, **_COMMON)  # type: ignore[arg-type]
-@given(scenario=scenarios(max_steps=40, restarts=True))
+@given(scenario=scenarios(min_steps=1, max_steps=40, restarts=True))
 def test_guarantees_hold_through_a_long_soak(pg_server: TestServer, scenario: Scenario) -> None:
     """The same guarantees over many longer scenarios, server restarts included."""
     _play(pg_server, scenario)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -47,11 +48,19 @@ DELIVERY_TIMEOUT = 5.0
 # Waiting for the world to settle: how long nothing may change before the clock moves
 # a tick, how many ticks, and the real-time bound after which the world is stuck.
 _QUIET_SECONDS = 0.1
-_MAX_NUDGES = 120
-_SETTLE_TIMEOUT = 30.0
+_MAX_NUDGES = 60
+_SETTLE_TIMEOUT = 20.0
+# A hung delivery holds its drain this long in real time.
+_STILL_STUCK_SECONDS = DELIVERY_TIMEOUT + 1
 _HEAL_ROUNDS = 12
 _RAN = ("running", "ok", "error", "timeout", "cancelled")
 _UTC = ZoneInfo("UTC")
+# Who holds the leader key, by the server's word: the test's own reading of pg_locks.
+_HOLDERS = (
+    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objsubid = 1"
+    " AND objid = :key AND granted"
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
 
 
 class Node:
@@ -116,7 +125,7 @@ class Node:
                 finally:
                     world.recorder.body_ended(plan.id, ctx.scheduled_at, node, completed=completed)
 
-            body: object = thread_body
+            body: Callable[[JobContext], object] = thread_body
         else:
 
             async def async_body(ctx: JobContext) -> None:
@@ -169,7 +178,7 @@ class World:
     receiver: Receiver = field(init=False)
 
     def __post_init__(self) -> None:
-        self.receiver = Receiver(self.clock, self.db.engine, self.recorder)
+        self.receiver = Receiver(self.clock, self.config.lock_dsn, self.recorder)
 
     @property
     def triggers(self) -> dict[str, Trigger]:
@@ -187,11 +196,7 @@ class World:
 
     def firing_nodes(self) -> list[str]:
         """Labels of the nodes that fire right now: leading, or unguarded."""
-        return [
-            node.label
-            for node in self.nodes
-            if node.running and node.role in (Role.LEADER, Role.UNGUARDED)
-        ]
+        return [node.label for node in self.nodes if node.role in (Role.LEADER, Role.UNGUARDED)]
 
     def advance(self, seconds: float) -> None:
         """Move the clock, and wake the thread bodies waiting on it."""
@@ -309,7 +314,9 @@ class World:
         nudges = 0
         while reasons := await self._unsettled():
             now = time.monotonic()
-            if now - started > _SETTLE_TIMEOUT:
+            if now - started > _SETTLE_TIMEOUT or (
+                nudges == _MAX_NUDGES and now - last_nudge > _STILL_STUCK_SECONDS
+            ):
                 raise AssertionError(
                     f"stuck after {nudges} tick(s) at {self.clock.now().isoformat()}: {reasons}"
                 )
@@ -330,6 +337,7 @@ class World:
         if len(leaders) > 1:
             reasons.append(f"{leaders} all lead")
         try:
+            holders = {row.pid for row in await self._fetch(_HOLDERS, key=SCHEDULER_LEADER_KEY)}
             jobs = await self._fetch("SELECT id, next_run_at, paused FROM scheduler_jobs")
             running_rows = await self._fetch(
                 "SELECT job_id, slot, id FROM scheduler_runs"
@@ -337,6 +345,12 @@ class World:
             )
         except Exception as exc:
             return [*reasons, f"database: {exc.__class__.__name__}"]
+        for node in running:
+            lock = node.scheduler.supervisor.lock if node.scheduler.supervisor else None
+            if node.role is Role.LEADER and lock is not None and lock.backend_pid not in holders:
+                reasons.append(
+                    f"{node.label} leads on backend {lock.backend_pid}, which has no key"
+                )
         now = self.clock.now()
         stored = {row.id: row for row in jobs}
         for job_id in self.triggers:
@@ -345,9 +359,20 @@ class World:
                 reasons.append(f"{job_id} has no row")
             elif not row.paused and row.next_run_at + timedelta(seconds=self.jitter(job_id)) <= now:
                 reasons.append(f"{job_id} due since {row.next_run_at.isoformat()}")
+        draining = any(node.outbox.passes for node in self.nodes)
+        if draining and self.receiver.healed:
+            reasons.append("a drain pass is under way")
         for row in running_rows:
-            if row.job_id in self.triggers and not self.recorder.is_running(row.job_id, row.slot):
-                reasons.append(f"run {row.id} of {row.job_id} is 'running' with no body")
+            if row.job_id == f"outbox_{OUTBOX}_drain":
+                body_runs = draining
+            else:
+                body_runs = self.recorder.is_running(row.job_id, row.slot)
+            if row.job_id in self.triggers and not body_runs:
+                ran = self.recorder.starts[(row.job_id, row.slot)]
+                reasons.append(
+                    f"run {row.id} of {row.job_id} (slot {row.slot.isoformat()}) is 'running' "
+                    f"with no body running; its body started {ran} time(s)"
+                )
         return reasons
 
     # Guarantees -----------------------------------------------------------------------
@@ -362,6 +387,9 @@ class World:
 
     async def _schedule_problems(self) -> list[str]:
         problems: list[str] = []
+        # Bodies start only after their claim commits: read them before the database,
+        # so that every body seen has its run row in what the query returns.
+        starts, completed = self.recorder.snapshot()
         runs = await self._fetch(
             "SELECT job_id, slot, status FROM scheduler_runs WHERE scope = 'leader'"
             " ORDER BY job_id, slot"
@@ -375,7 +403,7 @@ class World:
         for job_id, trigger in self.triggers.items():
             slots = by_job.get(job_id, [])
             exempt = self.run_now_moments.get(job_id, set())
-            for before, after in zip(slots, slots[1:], strict=False):
+            for before, after in itertools.pairwise(slots):
                 allowed = trigger.next_after(before, _UTC)
                 if after < allowed and after not in exempt:
                     problems.append(
@@ -389,14 +417,15 @@ class World:
                         f"{job_id} skipped slots with no record: next_run_at "
                         f"{jobs[job_id].next_run_at.isoformat()}, last slot {slots[-1].isoformat()}"
                     )
-        for (job_id, slot), count in self.recorder.starts.items():
+        for (job_id, slot), count in starts.items():
             if statuses.get((job_id, slot)) not in _RAN:
+                recorded = sorted(s.isoformat() for j, s in statuses if j == job_id)
                 problems.append(
                     f"{job_id} ran slot {slot.isoformat()} {count} time(s) but its run row says "
-                    f"{statuses.get((job_id, slot))}"
+                    f"{statuses.get((job_id, slot))} (recorded slots: {recorded})"
                 )
         thread_jobs = {plan.id for plan in self.scenario.jobs if plan.thread}
-        for job_id, slot in self.recorder.completed:
+        for job_id, slot in completed:
             if job_id in thread_jobs and statuses.get((job_id, slot)) == "cancelled":
                 problems.append(
                     f"{job_id} slot {slot.isoformat()}: its thread finished, the run says cancelled"
@@ -436,6 +465,7 @@ class World:
             with contextlib.suppress(AdminError):
                 await queries.set_paused(self.db.engine, plan.id, False)
         self.receiver.healed = True
+        await self.settle()
         for _ in range(_HEAL_ROUNDS):
             pending = (
                 await self._fetch(
@@ -443,20 +473,30 @@ class World:
                     " WHERE status = 'pending'"
                 )
             )[0]
-            if not pending.n and not any(node.outbox.passes for node in self.nodes):
+            if not pending.n:
                 break
             wait = (pending.due - self.clock.now()).total_seconds() if pending.due else 0
             self.advance(max(wait, 0) + 61)
             await self.settle()
             await self.check()
-        rows = await self._fetch("SELECT key, status FROM outbox_messages WHERE outbox = :o")
-        problems = [f"outbox key {row.key} still pending after healing" for row in rows if row.status == "pending"]
+        rows = await self._fetch("SELECT * FROM outbox_messages WHERE outbox = :o")
+        problems = [
+            f"outbox key {row.key} still pending after healing at {self.clock.now().isoformat()}: "
+            f"attempts {row.attempts}, next attempt {row.next_attempt_at.isoformat()}, "
+            f"claimed by {row.claimed_by}, receiver calls {self.receiver.calls[row.key]}"
+            for row in rows
+            if row.status == "pending"
+        ]
         for row in rows:
             accepted = len(self.receiver.accepted.get(row.key, []))
             if row.status == "stuck" and accepted:
-                problems.append(f"outbox key {row.key} is stuck but was delivered {accepted} time(s)")
+                problems.append(
+                    f"outbox key {row.key} is stuck but was delivered {accepted} time(s)"
+                )
         delivered = sum(row.status == "delivered" for row in rows)
-        if self.reported.delivered != delivered:
+        # A drain cancelled mid-pass (its worker stopped leading) reports nothing, so
+        # the reports may fall short of the database; they may never exceed it.
+        if self.reported.delivered > delivered:
             problems.append(
                 f"drains reported {self.reported.delivered} delivered; the database has {delivered}"
             )
@@ -480,6 +520,7 @@ class World:
         await asyncio.gather(*(node.stop() for node in self.nodes if node.running))
         if self._foreign is not None:
             self._foreign.terminate()
+        await self.receiver.close()
         await self.db.dispose()
 
 

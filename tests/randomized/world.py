@@ -104,6 +104,17 @@ class Node:
             clock=self.world.clock,
         )
 
+    async def is_firing(self) -> bool:
+        """True once the node leads with its job rows registered and its loops running."""
+        supervisor = self.scheduler.supervisor
+        if supervisor is None:
+            return False
+        try:
+            await supervisor.wait_until_firing(timeout=0)
+        except TimeoutError:
+            return False
+        return True
+
     async def stop(self) -> None:
         """Stop it gracefully (the shutdown grace, then unlock)."""
         self.running = False
@@ -295,8 +306,12 @@ class World:
             await self._foreign.execute("SELECT pg_advisory_lock(7, $1)", SCHEDULER_LEADER_KEY)
 
     async def _do_restart_server(self, step: Step) -> None:
-        assert self.server is not None
-        await asyncio.to_thread(self.server.restart)
+        if self.server is None:
+            return  # TEST_DATABASE_URL's server is not ours to restart
+        # On this thread, not a worker thread: the postmaster dies with the thread that
+        # started it (parent-death signal), and asyncio.run ends its worker threads.
+        # The loop stands still meanwhile, as a frozen process would; the lease is longer.
+        self.server.restart()
         if self._foreign is not None:
             self._foreign.terminate()
             self._foreign = None
@@ -331,8 +346,8 @@ class World:
         if not running:
             return []
         reasons: list[str] = []
-        if not self.firing_nodes():
-            reasons.append("nobody leads")
+        if not [node for node in running if await node.is_firing()]:
+            reasons.append("nobody fires")
         leaders = [node.label for node in running if node.role is Role.LEADER]
         if len(leaders) > 1:
             reasons.append(f"{leaders} all lead")

@@ -53,7 +53,7 @@ async def _run(
 
 
 @settings(
-    max_examples=6,
+    max_examples=10,
     derandomize=True,
     phases=[Phase.explicit, Phase.generate],
     **_COMMON,  # type: ignore[arg-type]

@@ -1,0 +1,190 @@
+"""Side effects as the outside world saw them: job bodies, services, the receiver.
+
+The invariants are checked against these records and the database, never against log
+order. Job bodies may run in worker threads, so the recorder takes a lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import asyncpg
+
+from app.outbox import DrainReport, Message, Outbox, PermanentDeliveryError
+from app.scheduler import Clock
+
+__all__ = ["CountingOutbox", "Delivery", "Receiver", "Recorder"]
+
+
+class Recorder:
+    """What the job bodies and the service did, and every broken guarantee seen at the
+    moment it happened (a second run of a slot, a job overlapping itself, two workers
+    firing at once, a service on two workers)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.starts: collections.Counter[tuple[str, datetime]] = collections.Counter()
+        self.completed: set[tuple[str, datetime]] = set()
+        self.active: dict[str, list[tuple[str, datetime]]] = collections.defaultdict(list)
+        self.services: list[str] = []
+        self.violations: list[str] = []
+
+    def body_started(self, job: str, slot: datetime, node: str, firing: list[str]) -> None:
+        """A leader body of ``job`` for ``slot`` starts on ``node``; ``firing`` are the
+        nodes that lead (or fire unguarded) right now."""
+        with self._lock:
+            self.starts[(job, slot)] += 1
+            if self.starts[(job, slot)] > 1:
+                self.violations.append(f"slot run twice: {job} {slot.isoformat()} (on {node})")
+            if self.active[job]:
+                self.violations.append(
+                    f"{job} overlaps itself: slot {slot.isoformat()} started on {node} while "
+                    f"{[(n, s.isoformat()) for n, s in self.active[job]]} still run"
+                )
+            if node not in firing:
+                self.violations.append(
+                    f"{job} {slot.isoformat()} ran on {node}, which does not lead"
+                )
+            if len(firing) > 1:
+                self.violations.append(f"{firing} fire at once ({job} {slot.isoformat()})")
+            self.active[job].append((node, slot))
+
+    def body_ended(self, job: str, slot: datetime, node: str, *, completed: bool) -> None:
+        """The body ended; ``completed`` when it returned rather than being cancelled."""
+        with self._lock:
+            self.active[job].remove((node, slot))
+            if completed:
+                self.completed.add((job, slot))
+
+    def snapshot(self) -> tuple[dict[tuple[str, datetime], int], set[tuple[str, datetime]]]:
+        """Copies of the body starts and completions, taken under the lock."""
+        with self._lock:
+            return dict(self.starts), set(self.completed)
+
+    def is_running(self, job: str, slot: datetime) -> bool:
+        """True while a body of that slot runs somewhere."""
+        with self._lock:
+            return any(running == slot for _, running in self.active[job])
+
+    def service_started(self, node: str) -> None:
+        """The leader-only service started on ``node``."""
+        with self._lock:
+            if self.services:
+                self.violations.append(
+                    f"service started on {node} while it runs on {self.services}"
+                )
+            self.services.append(node)
+
+    def service_stopped(self, node: str) -> None:
+        """The service on ``node`` ended."""
+        with self._lock:
+            self.services.remove(node)
+
+    def violation(self, message: str) -> None:
+        """Note a broken guarantee found outside the recorder."""
+        with self._lock:
+            self.violations.append(message)
+
+
+@dataclass
+class Delivery:
+    """One call of the receiver that returned: a delivery the remote side accepted.
+
+    ``lease_until`` is the row's lease as the database held it when the call began."""
+
+    start: datetime
+    end: datetime
+    lease_until: datetime | None
+
+    @property
+    def overran_its_lease(self) -> bool:
+        """Began inside its lease and ended after it: the clock jumped mid-call (a frozen
+        process), the one case where another drain may deliver the row again."""
+        return self.lease_until is not None and self.start < self.lease_until < self.end
+
+
+@dataclass
+class Receiver:
+    """The remote system of the outbox. Each key behaves as its enqueue step said:
+    ``fast``, ``slow:<fake seconds>``, ``fail:<times>``, ``permanent`` or ``hang``.
+    Once ``healed``, every key but the permanent ones answers at once."""
+
+    clock: Clock
+    dsn: str
+    recorder: Recorder
+    behaviours: dict[str, str] = field(default_factory=dict)
+    calls: collections.Counter[str] = field(default_factory=collections.Counter)
+    accepted: dict[str, list[Delivery]] = field(
+        default_factory=lambda: collections.defaultdict(list)
+    )
+    healed: bool = False
+    _looking: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _connection: asyncpg.Connection | None = None
+
+    async def __call__(self, message: Message) -> None:
+        key = message.key
+        self.calls[key] += 1
+        start = self.clock.now()
+        lease_until = await self._lease_of(message.id)
+        behaviour = self.behaviours[key]
+        if self.healed and behaviour != "permanent":
+            behaviour = "fast"
+        kind, _, amount = behaviour.partition(":")
+        if kind == "slow":
+            await self.clock.sleep(float(amount))
+        elif kind == "fail" and self.calls[key] <= int(amount):
+            raise ConnectionError(f"receiver refused {key} (call {self.calls[key]})")
+        elif kind == "permanent":
+            raise PermanentDeliveryError(f"receiver rejects {key} for good")
+        elif kind == "hang":
+            await asyncio.Event().wait()
+        delivery = Delivery(start, self.clock.now(), lease_until)
+        earlier = self.accepted[key]
+        if earlier and not earlier[0].overran_its_lease:
+            self.recorder.violation(
+                f"outbox key {key} delivered twice: first {earlier[0]}, again {delivery}"
+            )
+        earlier.append(delivery)
+
+    async def _lease_of(self, row_id: int) -> datetime | None:
+        # A connection of its own, one look-up at a time: the drains' pool stays theirs.
+        async with self._looking:
+            try:
+                if self._connection is None or self._connection.is_closed():
+                    self._connection = await asyncpg.connect(self.dsn)
+                lease: datetime | None = await self._connection.fetchval(
+                    "SELECT next_attempt_at FROM outbox_messages WHERE id = $1", row_id
+                )
+                return lease
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                # Unknown (the server is away): such a delivery is never held against a drain.
+                return None
+
+    async def close(self) -> None:
+        """Close the look-up connection."""
+        if self._connection is not None:
+            self._connection.terminate()
+
+
+class CountingOutbox(Outbox):
+    """An Outbox whose drains add what they report to a shared tally, and that knows
+    how many drain passes are under way, so a run can wait for them to finish."""
+
+    def __init__(self, *args: object, tally: DrainReport, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.tally = tally
+        self.passes = 0
+
+    async def drain_once(self) -> DrainReport:
+        """Drain as the Outbox does; add the report to the tally."""
+        self.passes += 1
+        try:
+            report = await super().drain_once()
+            self.tally.add(report)
+            return report
+        finally:
+            self.passes -= 1

@@ -184,7 +184,10 @@ class CountingOutbox(Outbox):
         self.passes += 1
         try:
             report = await super().drain_once()
-            self.tally.add(report)
+            for outcome in ("delivered", "retried", "stuck", "lost"):
+                setattr(
+                    self.tally, outcome, getattr(self.tally, outcome) + getattr(report, outcome)
+                )
             return report
         finally:
             self.passes -= 1

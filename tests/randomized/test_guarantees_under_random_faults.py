@@ -15,7 +15,8 @@ from collections.abc import Callable
 import pytest
 from hypothesis import HealthCheck, Phase, event, given, note, settings
 
-from ..pgserver import TestServer
+from app.testing import TestServer
+
 from .plans import Scenario, scenarios
 from .world import open_world
 

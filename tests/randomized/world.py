@@ -32,8 +32,8 @@ from app.db import Database, asyncpg_dsn
 from app.outbox import DrainReport
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, SchedulerConfig, Trigger, every
 from app.scheduler.keys import SCHEDULER_LEADER_KEY
+from app.testing import TestServer
 
-from ..pgserver import TestServer
 from .effects import CountingOutbox, Receiver, Recorder
 from .plans import JobPlan, Scenario, Step
 

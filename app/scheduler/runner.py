@@ -17,10 +17,11 @@ and its real outcome is recorded when it ends.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -43,6 +44,9 @@ logger = logging.getLogger("app.scheduler")
 
 _RECORD_TIMEOUT = 10.0
 _CANCELLED = "cancelled: this worker stopped leading or shut down"
+_CANCELLED_BEFORE_START = (
+    "cancelled before its body started: this worker stopped leading or shut down"
+)
 _SERVICE_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -103,6 +107,8 @@ class Runner:
         # Per job, what is alive while its body runs: the run's task until the body
         # starts, then a future of the body (async) or the task watching its thread.
         self._alive: dict[str, asyncio.Future[Any]] = {}
+        # Outcome writes under way, kept from the garbage collector until they land.
+        self._writes: set[asyncio.Task[None]] = set()
 
     @property
     def running_job_ids(self) -> set[str]:
@@ -121,8 +127,33 @@ class Runner:
         Cancelling the task cancels an async body; a thread runs on and is recorded when
         it ends.
         """
-        task = asyncio.create_task(self.execute(spec, claim), name=spec.id)
+        began = asyncio.Event()
+        task = asyncio.create_task(self._execute_from_start(spec, claim, began), name=spec.id)
         self._alive[spec.id] = task
+        task.add_done_callback(functools.partial(self._if_never_started, spec, claim, began))
+        return task
+
+    async def _execute_from_start(self, spec: JobSpec, claim: Claim, began: asyncio.Event) -> None:
+        began.set()
+        await self.execute(spec, claim)
+
+    def _if_never_started(
+        self, spec: JobSpec, claim: Claim, began: asyncio.Event, task: asyncio.Task[None]
+    ) -> None:
+        # A task cancelled before its first step never enters execute(): its claimed run
+        # would stay 'running' and hold the job's lease until it ran out. Record it.
+        if began.is_set() or not task.cancelled():
+            return
+        log = _adapter(f"app.jobs.{spec.id}", spec.id, self.store.pid)
+        run = _Run(spec, claim, log, time.perf_counter(), self.clock.now() - claim.slot)
+        self._spawn(self._finish(run, "cancelled", _CANCELLED_BEFORE_START))
+
+    def _spawn(self, write: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run an outcome write to its end whatever happens to the task that asked for
+        it (a demotion cancels that task; the write must still land)."""
+        task = asyncio.ensure_future(write)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
         return task
 
     async def claim_leader(
@@ -444,6 +475,13 @@ class Runner:
         )
 
     async def _record(self, run: _Run, status: str, error: str | None, *, body_ended: bool) -> None:
+        # Shielded: a demotion that cancels the run mid-write must not lose the outcome
+        # (the run would read 'running' for good); the write finishes in the background.
+        await asyncio.shield(self._spawn(self._write_outcome(run, status, error, body_ended)))
+
+    async def _write_outcome(
+        self, run: _Run, status: str, error: str | None, body_ended: bool
+    ) -> None:
         duration_ms = int((time.perf_counter() - run.started) * 1000)
         try:
             async with asyncio.timeout(_RECORD_TIMEOUT):

@@ -1,0 +1,114 @@
+"""Every claimed run ends with a recorded outcome, however its task is cancelled."""
+
+import asyncio
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import Database
+from app.scheduler import FakeClock, JobContext, Scheduler, every
+from app.scheduler.runner import Runner
+from app.scheduler.store import JobStore
+
+from .conftest import eventually, runs
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+UTC_ZONE = ZoneInfo("UTC")
+
+
+def _runner(database: Database, clock: FakeClock) -> Runner:
+    return Runner(
+        JobStore(database.engine, pid=1, host="test"),
+        clock=clock,
+        zone=UTC_ZONE,
+        sessions=database.sessions,
+        sync_sessions=database.sync_sessions,
+    )
+
+
+async def _lease_holder(engine: AsyncEngine, job_id: str) -> int | None:
+    async with engine.connect() as conn:
+        holder: int | None = (
+            await conn.execute(
+                text("SELECT running_run_id FROM scheduler_jobs WHERE id = :id"), {"id": job_id}
+            )
+        ).scalar_one()
+        return holder
+
+
+async def test_a_run_cancelled_before_its_body_started_is_recorded_and_frees_the_job(
+    database: Database, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    ran = asyncio.Event()
+
+    @scheduler.job(every(seconds=10), id="early")
+    async def early(ctx: JobContext) -> None:
+        ran.set()
+
+    spec = scheduler.jobs["early"]
+    runner = _runner(database, clock)
+    rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    clock.advance(10)
+    claim = await runner.claim_leader(spec, rows["early"].next_run_at, None)
+    assert claim is not None and claim.runs
+    body = runner.start(spec, claim)
+    body.cancel()  # a demotion right after the claim, before the task's first step
+    await asyncio.gather(body, return_exceptions=True)
+
+    async def recorded() -> bool:
+        return await runs(engine, "early") == [("cancelled", claim.slot)]
+
+    await eventually(recorded, what="the never-started run recorded as cancelled")
+    assert await _lease_holder(engine, "early") is None
+    assert not ran.is_set()
+
+
+async def test_an_outcome_write_cut_by_a_demotion_still_lands(
+    database: Database, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    body_done = asyncio.Event()
+
+    @scheduler.job(every(seconds=10), id="finished")
+    async def finished(ctx: JobContext) -> None:
+        body_done.set()
+
+    spec = scheduler.jobs["finished"]
+    runner = _runner(database, clock)
+    rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    clock.advance(10)
+    claim = await runner.claim_leader(spec, rows["finished"].next_run_at, None)
+    assert claim is not None
+    # Another session holds the job row: the outcome write waits on it.
+    async with engine.connect() as blocker:
+        await blocker.execute(text("SELECT 1 FROM scheduler_jobs WHERE id = 'finished' FOR UPDATE"))
+        body = runner.start(spec, claim)
+        await body_done.wait()
+
+        async def writing() -> bool:
+            async with engine.connect() as conn:
+                waiting: int = (
+                    await conn.execute(
+                        text(
+                            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                            " AND datname = current_database()"
+                        )
+                    )
+                ).scalar_one()
+                return waiting > 0
+
+        await eventually(writing, what="the outcome write waiting on the row")
+        body.cancel()  # the demotion lands while the outcome is being written
+        await asyncio.gather(body, return_exceptions=True)
+        await blocker.rollback()
+
+    async def recorded() -> bool:
+        return await runs(engine, "finished") == [("ok", claim.slot)]
+
+    await eventually(recorded, what="the body's real outcome recorded")
+    assert await _lease_holder(engine, "finished") is None

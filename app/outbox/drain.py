@@ -36,6 +36,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import Clock
+from app.scheduler.store import storable
 
 from . import sql
 from .backoff import retry_delay
@@ -199,7 +200,7 @@ class DrainPass:
         stuck = permanent or attempts >= self.policy.max_attempts
         outcome = "stuck" if stuck else "retried"
         now = self.clock.now()
-        error = f"{exc.__class__.__name__}: {exc}"[:2000]
+        error = storable(f"{exc.__class__.__name__}: {exc}"[:2000])
         if isinstance(exc, TimeoutError):
             error = f"no answer within delivery_timeout={self.policy.delivery_timeout:g} s"
         accepted = await self.execute(

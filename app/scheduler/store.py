@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .keys import LEADER_KEY_LOCKS
 from .registry import JobSpec
 
-__all__ = ["ClaimedSlot", "JobRow", "JobStore", "format_error"]
+__all__ = ["ClaimedSlot", "JobRow", "JobStore", "format_error", "storable"]
 
 _UPSERT = text(
     """
@@ -169,9 +169,17 @@ class JobRow:
 
 
 def format_error(exc: BaseException, limit: int = 8000) -> str:
-    """The exception with its traceback, cut to ``limit`` characters for the run row."""
-    text_ = "".join(traceback.format_exception(exc))
-    return text_[-limit:]
+    """The exception with its traceback, cut to ``limit`` characters for the run row,
+    and always storable: a NUL or a lone surrogate (text a body quoted from raw bytes)
+    is escaped, since PostgreSQL refuses it and the whole outcome would be lost."""
+    return storable(("".join(traceback.format_exception(exc)))[-limit:])
+
+
+def storable(value: str) -> str:
+    """``value`` with what a PostgreSQL text column refuses (NUL, lone surrogates)
+    written as backslash escapes."""
+    value = value.replace("\x00", "\\x00")
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class JobStore:

@@ -387,3 +387,20 @@ def test_four_drain_processes_deliver_every_key_exactly_once(database_url: str) 
     assert statuses == [("delivered", 2000)]
     assert len(drains) > 1, "only one process delivered anything"
     assert drains <= {worker.pid for worker in workers}
+
+
+async def test_a_failure_whose_text_holds_a_nul_byte_is_recorded_and_retried(
+    make_outbox: MakeOutbox, database: Database
+) -> None:
+    def quote_raw_bytes(message: Message) -> None:
+        raise RuntimeError("receiver echoed 'ab\x00cd' and a lone \udc80")
+
+    outbox = make_outbox(deliver=FakeReceiver(behaviour=quote_raw_bytes))
+    async with database.sessions() as session:
+        await outbox.enqueue(session, {"n": 1}, key="nul")
+        await session.commit()
+    report = await outbox.drain_once()
+    assert report.retried == 1
+    async with database.engine.connect() as conn:
+        error = (await conn.execute(text("SELECT last_error FROM outbox_messages"))).scalar_one()
+    assert "\\x00" in error

@@ -11,6 +11,7 @@ from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
+from app.testing import run_job
 
 from .conftest import eventually, runs
 
@@ -112,3 +113,17 @@ async def test_an_outcome_write_cut_by_a_demotion_still_lands(
 
     await eventually(recorded, what="the body's real outcome recorded")
     assert await _lease_holder(engine, "finished") is None
+
+
+async def _raises_with_a_nul_byte(ctx: JobContext) -> None:
+    # e.g. a parser quoting the raw bytes it choked on
+    raise ValueError("unexpected byte in record: 'ab\x00cd'")
+
+
+async def test_a_body_whose_error_text_holds_a_nul_byte_is_recorded_as_error(
+    database: Database,
+) -> None:
+    scheduler = Scheduler()
+    scheduler.job(every(minutes=5), id="nul_error")(_raises_with_a_nul_byte)
+    record = await run_job(scheduler, "nul_error", database=database, at=T0)
+    assert record.status == "error", f"the run stayed {record.status!r}: {record}"

@@ -195,6 +195,16 @@ class Runner:
         )
         if claimed is None:
             return None
+        if claimed.status == "already_recorded":
+            logger.warning(
+                'Job "%s" came back to a slot it has run: %s; moving on (id=%s, pid=%s)',
+                spec.name,
+                claimed.error,
+                spec.id,
+                self.store.pid,
+                extra={"action": "job.slot_already_run", "job_id": spec.id, "pid": self.store.pid},
+            )
+            return Claim(claimed.run_id, latest, next_slot, runs=False)
         if claimed.status == "skipped_overlap":
             logger.warning(
                 'Skipped job "%s": %s (id=%s, slot=%s, pid=%s)',

@@ -88,7 +88,23 @@ _INSERT_RUN = text(
     VALUES (COALESCE(CAST(:id AS bigint), nextval(pg_get_serial_sequence('scheduler_runs', 'id'))),
             :job_id, :scope, :slot, :started_at, :finished_at, :status, :lateness_ms,
             :pid, :host, :error)
+    ON CONFLICT (job_id, slot) WHERE scope = 'leader' DO NOTHING
     RETURNING id
+    """
+)
+
+# The run a leader slot already has: it ran (or was recorded) before the schedule came
+# back to it (a trigger change, a clock behind the last leader's, a racing run-now).
+_RECORDED_RUN = text(
+    "SELECT id, status FROM scheduler_runs WHERE job_id = :job_id AND slot = :slot"
+    " AND scope = 'leader'"
+)
+_UNDO_START = text(
+    """
+    UPDATE scheduler_jobs
+    SET running_run_id = NULL, running_since = NULL, running_until = NULL,
+        running_pid = NULL, running_host = NULL, last_status = :status
+    WHERE id = :job_id AND running_run_id = :run_id
     """
 )
 
@@ -152,8 +168,9 @@ _RECORD_LEADERSHIP = text(
 
 @dataclass(frozen=True)
 class ClaimedSlot:
-    """A slot claim that matched: its run row, and 'running', 'missed' or
-    'skipped_overlap' (a run refused because another body holds the running lease)."""
+    """A slot claim that matched: its run row, and 'running', 'missed',
+    'skipped_overlap' (a run refused because another body holds the running lease) or
+    'already_recorded' (the slot has its run already: the job moved on, nothing runs)."""
 
     run_id: int
     status: str
@@ -313,6 +330,7 @@ class JobStore:
                     f"lasts until {claimed.running_until.isoformat()}"
                 )
             if missed_before is not None:
+                # A passed-over slot that is already in the history stays as recorded.
                 missed_slot, note = missed_before
                 await conn.execute(
                     _INSERT_RUN,
@@ -320,11 +338,28 @@ class JobStore:
                         spec, "leader", missed_slot, now, "missed", error=note, id=missed_id
                     ),
                 )
-            result = await conn.execute(
-                _INSERT_RUN,
-                self._run_params(spec, "leader", run_slot, now, status, error=error, id=run_id),
+            inserted = (
+                await conn.execute(
+                    _INSERT_RUN,
+                    self._run_params(spec, "leader", run_slot, now, status, error=error, id=run_id),
+                )
+            ).scalar_one_or_none()
+            if inserted is not None:
+                return ClaimedSlot(inserted, status, error)
+            # The slot already has its run: never run it again, but let the job move on
+            # (the claim above moved next_run_at); a history row never blocks a claim.
+            recorded = (
+                await conn.execute(_RECORDED_RUN, {"job_id": spec.id, "slot": run_slot})
+            ).one()
+            if run_id is not None:
+                await conn.execute(
+                    _UNDO_START, {"job_id": spec.id, "run_id": run_id, "status": recorded.status}
+                )
+            return ClaimedSlot(
+                recorded.id,
+                "already_recorded",
+                f"slot {run_slot.isoformat()} already has run {recorded.id} ({recorded.status})",
             )
-            return ClaimedSlot(result.scalar_one(), status, error)
 
     async def renew_lease(self, job_id: str, run_id: int, running_until: datetime) -> bool:
         """Move the running lease of run ``run_id`` to ``running_until``; False when the

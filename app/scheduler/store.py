@@ -203,7 +203,10 @@ class JobStore:
     """Reads and writes scheduler_jobs and scheduler_runs for one process."""
 
     def __init__(self, engine: AsyncEngine, *, pid: int, host: str) -> None:
-        self.engine = engine
+        # Read committed whatever the database or role defaults to: under repeatable
+        # read an outcome write that meets a concurrent update of the job row (a lease
+        # renewal, a pause, another leader's claim) fails, and the outcome is lost.
+        self.engine = engine.execution_options(isolation_level="READ COMMITTED")
         self.pid = pid
         self.host = host
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
+from zoneinfo import ZoneInfo
 
 from .errors import InvalidJobError
 from .triggers import Trigger
@@ -31,6 +32,22 @@ _NAME_LIMIT = 200
 # Ten years: beyond it a duration is a typo, and datetime arithmetic would overflow.
 MAX_SECONDS = 10 * 366 * 86400.0
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MIN_GRACE_SECONDS = 1.0
+# How many slots (from a fixed moment) the shortest gap is looked for among.
+_GAP_SAMPLE = 200
+
+
+def _shortest_gap(trigger: Trigger) -> float:
+    """The shortest time between two consecutive slots among the first _GAP_SAMPLE
+    (from a fixed moment, in UTC), in seconds."""
+    zone = ZoneInfo("UTC")
+    slot = trigger.next_after(_EPOCH.replace(year=2000), zone)
+    shortest = float("inf")
+    for _ in range(_GAP_SAMPLE):
+        following = trigger.next_after(slot, zone)
+        shortest = min(shortest, (following - slot).total_seconds())
+        slot = following
+    return shortest
 
 
 def _seconds(job_id: str, option: str, value: object) -> float | None:
@@ -154,6 +171,23 @@ class Registry:
             "jitter": _seconds(id, "jitter", jitter),
             "misfire_grace": _seconds(id, "misfire_grace", misfire_grace),
         }
+        grace = options["misfire_grace"]
+        if grace is not None and grace < _MIN_GRACE_SECONDS:
+            raise InvalidJobError(
+                id,
+                f"misfire_grace must be at least {_MIN_GRACE_SECONDS:g} s, got {grace:g}: "
+                "every fire wakes a few milliseconds after its slot, so a smaller grace "
+                "misses every slot; use None to run late slots, once",
+            )
+        jitter_value = options["jitter"]
+        if jitter_value:
+            gap = _shortest_gap(trigger)
+            if jitter_value >= gap:
+                raise InvalidJobError(
+                    id,
+                    f"jitter ({jitter_value:g} s) must be shorter than the shortest gap between "
+                    f"two slots ({gap:g} s), or a jittered fire would land after the next slot",
+                )
         if options["timeout"] == 0:
             raise InvalidJobError(id, "timeout must be above zero, or None for no timeout")
         spec = JobSpec(

@@ -170,7 +170,9 @@ class Runner:
         latest, passed = spec.trigger.latest_slot(due, now, self.zone)
         next_slot = spec.trigger.next_after(latest, self.zone)
         grace = spec.misfire_grace
-        missed = grace is not None and (now - latest).total_seconds() > grace
+        # Lateness counts from when the schedule meant to fire: the slot plus its jitter.
+        fire_at = latest + timedelta(seconds=spec.jitter_delay(latest))
+        missed = grace is not None and (now - fire_at).total_seconds() > grace
         error = missed_before = None
         # Past COUNTED_SLOTS the trigger stopped counting: the note says "at least".
         at_least = "at least " if passed >= COUNTED_SLOTS else ""

@@ -119,3 +119,26 @@ def test_an_object_with_an_async_call_runs_on_the_loop() -> None:
     scheduler = Scheduler()
     scheduler.job(every(minutes=1), id="callable")(Job())
     assert scheduler.jobs["callable"].is_async
+
+
+@pytest.mark.parametrize("grace", [0, 0.5])
+def test_a_misfire_grace_below_a_second_is_refused_naming_none(grace: float) -> None:
+    # Every fire wakes a few milliseconds after its slot: such a grace misses them all.
+    with pytest.raises(InvalidJobError, match=r'job "strict": misfire_grace .* use None'):
+        Scheduler().job(every(seconds=1), id="strict", misfire_grace=grace)(_noop)
+
+
+@pytest.mark.parametrize(
+    ("trigger", "jitter"),
+    [(every(minutes=1), 60), (every(minutes=1), 180), (cron("0 6,7 * * *"), 3600)],
+)
+def test_a_jitter_as_long_as_the_shortest_gap_is_refused(trigger: object, jitter: float) -> None:
+    # A fire jittered past the next slot would coalesce that slot away, unrecorded.
+    with pytest.raises(InvalidJobError, match=r"jitter .* shorter than the shortest gap"):
+        Scheduler().job(trigger, id="wide", jitter=jitter)(_noop)  # type: ignore[arg-type]
+
+
+def test_a_jitter_shorter_than_the_shortest_gap_is_accepted() -> None:
+    scheduler = Scheduler()
+    scheduler.job(cron("0 6,7 * * *"), id="narrow", jitter=3599)(_noop)
+    assert scheduler.jobs["narrow"].jitter == 3599

@@ -6,6 +6,7 @@ import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -16,7 +17,7 @@ from sqlalchemy import text
 from app.db import Database
 from app.localpg import free_port
 from app.main import create_app
-from app.scheduler import JobContext, Scheduler, every
+from app.scheduler import JobContext, Scheduler, cron, every
 from app.settings import Settings
 
 TOKEN = "page-admin-token"
@@ -49,7 +50,7 @@ async def _signed_in(client: httpx.AsyncClient) -> str:
 
 
 def _table(html: str, table_id: str) -> str:
-    match = re.search(rf'<table id="{table_id}">(.*?)</table>', html, re.DOTALL)
+    match = re.search(rf'<table id="{table_id}"[^>]*>(.*?)</table>', html, re.DOTALL)
     assert match is not None, f"no table #{table_id}"
     return match.group(1)
 
@@ -266,11 +267,21 @@ async def test_the_api_ignores_the_page_cookie(page_client: httpx.AsyncClient) -
     assert (await page_client.get("/admin/api/jobs")).status_code == 401
 
 
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs"
+
+
+async def _page_width(page: Any) -> int:
+    width: int = await page.evaluate("document.documentElement.scrollWidth")
+    return width
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (.ci/run installs it)")
-async def test_sign_in_see_jobs_reset_a_stuck_row_in_chromium(
+async def test_sign_in_history_pause_resume_and_reset_in_chromium(
     admin_settings: Settings, database: Database
 ) -> None:
+    """The operator's round in a real browser; screenshots at 1280 and 420 px wide are
+    saved to docs/admin-*.png, and neither width scrolls the page sideways."""
     from playwright.async_api import async_playwright
 
     scheduler = Scheduler()
@@ -279,23 +290,29 @@ async def test_sign_in_see_jobs_reset_a_stuck_row_in_chromium(
     async def nightly_digest(ctx: JobContext) -> None:
         return None
 
+    @scheduler.job(cron("0 6 * * 1-5"), id="weekday_report", name="Weekday report")
+    async def weekday_report(ctx: JobContext) -> None:
+        raise RuntimeError("the report store answered 503")
+
     async with database.engine.begin() as conn:
         row = (
             await conn.execute(
                 text(
                     "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
                     " next_attempt_at, created_at, updated_at, last_error) VALUES ('grants',"
-                    " 'grant-9', '{}', 'stuck', 24, now(), now(), now(), 'HTTP 400')"
-                    " RETURNING id"
+                    " 'grant-9', '{}', 'stuck', 24, now(), now(), now(), 'HTTP 400'),"
+                    " ('grants', 'grant-10', '{}', 'pending', 2, now() + interval '30 seconds',"
+                    " now(), now(), 'HTTP 503 Service Unavailable') RETURNING id"
                 )
             )
-        ).scalar_one()
+        ).scalars().first()
     app = create_app(admin_settings, scheduler)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     )
     serving = asyncio.create_task(server.serve())
+    SCREENSHOTS.mkdir(exist_ok=True)
     try:
         async with asyncio.timeout(20):
             while not server.started:
@@ -315,21 +332,64 @@ async def test_sign_in_see_jobs_reset_a_stuck_row_in_chromium(
                 ],
                 env={**os.environ, "HOME": os.environ.get("HOME", "/tmp")},
             )
-            page = await browser.new_page()
-            await page.goto(f"http://127.0.0.1:{port}/admin")
+            page = await browser.new_page(viewport={"width": 1280, "height": 900})
+            await page.goto(f"http://127.0.0.1:{port}/")
             await page.fill("input[name=token]", TOKEN)
             await page.click("button[type=submit]")
             await page.wait_for_selector("#jobs")
-            assert "nightly_digest" in await page.inner_text("#jobs")
             assert "Nightly digest" in await page.inner_text("#jobs")
+            assert "cron 0 6 * * 1-5 (Europe/Zurich)" in await page.inner_text("#jobs")
+
+            # Run the failing job now and read its error on its page.
+            report = page.locator("tr[data-job='weekday_report']")
+            await report.get_by_role("button", name="Run now").click()
+            await page.wait_for_selector("#flash")
+            await page.click("a[href='/admin/jobs/weekday_report']")
+            await page.wait_for_selector("#history")
+            async with asyncio.timeout(20):
+                while "the report store answered 503" not in await page.inner_text("#history"):
+                    await page.click("#refresh")
+                    await page.wait_for_selector("#history")
+            run = page.locator("#history tr[data-run]").first
+            assert "manual" in await run.inner_text()
+            summary = run.locator("details summary")
+            assert await summary.inner_text() == "RuntimeError: the report store answered 503"
+            assert not await run.locator("details pre").is_visible()
+            await summary.click()
+            assert "Traceback" in await run.locator("details pre").inner_text()
+            await page.screenshot(path=SCREENSHOTS / "admin-job-1280.png", full_page=True)
+            assert await _page_width(page) <= 1280
+
+            # Pause and resume from the job's page.
+            await page.get_by_role("button", name="Pause").click()
+            await page.wait_for_selector("#flash")
+            assert "Job weekday_report is paused." in await page.inner_text("#flash")
+            assert "yes" in await page.inner_text("#job-state")
+            await page.get_by_role("button", name="Resume").click()
+            await page.wait_for_selector("text=Job weekday_report is resumed.")
+
+            # Reset the stuck row from the main page; the pending one is listed too.
+            await page.goto(f"http://127.0.0.1:{port}/admin")
+            assert "HTTP 503 Service Unavailable" in await page.inner_text("#pending")
             stuck_row = page.locator(f"tr[data-message='{row}']")
             assert "grant-9" in await stuck_row.inner_text()
+            await page.screenshot(path=SCREENSHOTS / "admin-1280.png", full_page=True)
+            assert await _page_width(page) <= 1280
             await stuck_row.locator("button").click()
             await page.wait_for_selector("#flash")
             assert f"Message {row} is pending" in await page.inner_text("#flash")
             assert await page.locator(f"tr[data-message='{row}']").count() == 0
             pending = page.locator("tr[data-outbox='grants'] td.pending")
-            assert await pending.inner_text() == "1"
+            assert await pending.inner_text() == "2"
+
+            # A phone-sized window: nothing wider than the screen but the tables' scroll.
+            await page.set_viewport_size({"width": 420, "height": 900})
+            await page.goto(f"http://127.0.0.1:{port}/admin")
+            assert await _page_width(page) <= 420
+            await page.screenshot(path=SCREENSHOTS / "admin-420.png", full_page=True)
+            await page.goto(f"http://127.0.0.1:{port}/admin/jobs/weekday_report")
+            assert await _page_width(page) <= 420
+            await page.screenshot(path=SCREENSHOTS / "admin-job-420.png", full_page=True)
             await browser.close()
     finally:
         server.should_exit = True
@@ -339,6 +399,8 @@ async def test_sign_in_see_jobs_reset_a_stuck_row_in_chromium(
             text("SELECT status, attempts FROM outbox_messages WHERE id = :id"), {"id": row}
         )
         assert tuple(status.one()) == ("pending", 0)
+        paused = text("SELECT paused FROM scheduler_jobs WHERE id = 'weekday_report'")
+        assert (await conn.execute(paused)).scalar_one() is False
 
 
 async def test_an_empty_admin_token_opens_nothing_to_a_forged_cookie(settings: Settings) -> None:

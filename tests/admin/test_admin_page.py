@@ -107,7 +107,7 @@ async def test_a_failed_run_shows_its_error_with_the_traceback_folded(
     page_client: httpx.AsyncClient, database: Database
 ) -> None:
     stored = (
-        "Traceback (most recent call last):\n  File \"jobs.py\", line 3, in sweep\n"
+        'Traceback (most recent call last):\n  File "jobs.py", line 3, in sweep\n'
         "    charge()\nRuntimeError: gateway said no\n"
     )
     await _job(database)
@@ -300,12 +300,17 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
                 text(
                     "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
                     " next_attempt_at, created_at, updated_at, last_error) VALUES ('grants',"
-                    " 'grant-9', '{}', 'stuck', 24, now(), now(), now(), 'HTTP 400'),"
-                    " ('grants', 'grant-10', '{}', 'pending', 2, now() + interval '30 seconds',"
-                    " now(), now(), 'HTTP 503 Service Unavailable') RETURNING id"
+                    " 'grant-9', '{}', 'stuck', 24, now(), now(), now(), 'HTTP 400')"
+                    " RETURNING id"
                 )
             )
-        ).scalars().first()
+        ).scalar_one()
+    await _execute(
+        database,
+        "INSERT INTO outbox_messages (outbox, key, payload, status, attempts, next_attempt_at,"
+        " created_at, updated_at, last_error) VALUES ('grants', 'grant-10', '{}', 'pending', 2,"
+        " now() + interval '30 seconds', now(), now(), 'HTTP 503 Service Unavailable')",
+    )
     app = create_app(admin_settings, scheduler)
     port = free_port()
     server = uvicorn.Server(

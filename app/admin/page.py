@@ -94,10 +94,13 @@ def _flash(code: str | None) -> str | None:
     return _FLASHES[action].format(subject)
 
 
-def _common(request: Request, csrf: str, flash: str | None, refresh_url: str) -> dict[str, Any]:
+def _common(
+    request: Request, csrf: str, flash: str | None, refresh_url: str, failed: bool = False
+) -> dict[str, Any]:
     return {
         "csrf": csrf,
         "flash": flash,
+        "failed": failed,
         "now": _now(request),
         "zone": request.app.state.settings.TIMEZONE,
         "refresh_url": refresh_url,
@@ -109,7 +112,7 @@ async def _page(
     request: Request, csrf: str, flash: str | None, status_code: int = 200
 ) -> HTMLResponse:
     engine = _engine(request)
-    context = _common(request, csrf, flash, "/admin") | {
+    context = _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
         "leader": await queries.leader(engine),
         "jobs": await queries.list_jobs(engine),
         "outboxes": await queries.outbox_summary(engine, _now(request)),
@@ -124,12 +127,12 @@ async def _job_page(
     request: Request, csrf: str, job_id: str, before: int | None, limit: int, flash: str | None
 ) -> HTMLResponse:
     engine = _engine(request)
-    query = f"?before={before}&limit={limit}" if before is not None else ""
+    query = f"?before={before}&limit={limit}" if before is not None else f"?limit={limit}"
     context = _common(request, csrf, flash, f"/admin/jobs/{job_id}{query}")
     try:
         runs = await queries.job_runs(engine, job_id, limit=limit, before=before)
     except NotFound as exc:
-        context |= {"job": None, "flash": str(exc), "runs": [], "older": None}
+        context |= {"job": None, "flash": str(exc), "failed": True, "runs": [], "older": None}
         return templates.TemplateResponse(request, "job.html", context, status_code=exc.status)
     job = next((job for job in await queries.list_jobs(engine) if job["id"] == job_id), None)
     older = None

@@ -421,3 +421,13 @@ async def test_an_empty_admin_token_opens_nothing_to_a_forged_cookie(settings: S
             client.cookies.set("regent_admin", forged, path="/admin")
             response = await client.get("/admin")
     assert response.status_code == 404
+
+
+async def test_a_refused_action_reads_as_an_error(
+    page_client: httpx.AsyncClient, database: Database
+) -> None:
+    await _job(database, paused=True)
+    csrf = await _signed_in(page_client)
+    response = await page_client.post("/admin/jobs/nightly/run", data={"csrf": csrf})
+    assert response.status_code == 409
+    assert re.search(r'<p class="flash error" id="flash">[^<]*paused', response.text)

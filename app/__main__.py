@@ -2,9 +2,13 @@
 
     python -m app [serve] [--host 127.0.0.1] [--port 8000] [--workers 2]
     python -m app migrate
-    python -m app jobs | jobs run ID | jobs history ID
-    python -m app outbox stuck [NAME] | outbox reset NAME ID
+    python -m app jobs | jobs run ID | jobs pause ID | jobs resume ID
+    python -m app jobs history ID [--limit N] [--full]
+    python -m app outbox list | outbox pending [NAME] | outbox stuck [NAME]
+    python -m app outbox reset NAME ID
     python -m app leader
+
+The read commands take --json (for scripts).
 
 Without DATABASE_URL both start the embedded PostgreSQL (see app/embedded.py); serve
 migrates it to head first. With DATABASE_URL nothing is started and serve migrates
@@ -30,7 +34,8 @@ from typing import NoReturn
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from .admin import AdminError
-from .cli_admin import COMMANDS, add_commands, int_between, main_async
+from .admin.auth import admin_key
+from .cli_admin import COMMANDS, UsageError, add_commands, int_between, main_async
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
 from .localpg import LocalPostgresError
@@ -132,6 +137,13 @@ def _app_target(args: argparse.Namespace, settings: Settings) -> str:
     return target
 
 
+def admin_page_note(settings: Settings, host: str, port: int) -> str:
+    """The start-up line that says where the admin page is, or that it is off and why."""
+    if admin_key(settings) is None:
+        return "regent: admin page off: ADMIN_TOKEN is unset; set it to serve /admin"
+    return f"regent: admin page at http://{host}:{port}/admin"
+
+
 def _serve(args: argparse.Namespace, settings: Settings) -> None:
     import uvicorn
 
@@ -154,6 +166,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
             f"with {args.workers} worker(s)",
             file=sys.stderr,
         )
+        print(admin_page_note(settings, args.host, args.port), file=sys.stderr)
         try:
             uvicorn.run(
                 target,
@@ -188,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AdminError as exc:
         print(f"regent: error: {exc}", file=sys.stderr)
         return 1
-    except (SettingsError, DatabaseError, LocalPostgresError, AppTargetError) as exc:
+    except (SettingsError, DatabaseError, LocalPostgresError, AppTargetError, UsageError) as exc:
         print(f"regent: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

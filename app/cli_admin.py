@@ -1,7 +1,9 @@
 """The operator commands of `python -m app`: jobs, outbox, leader.
 
 They talk to the database (DATABASE_URL, or the embedded server of a running
-`python -m app`) through the same queries as the admin API, and print plain tables.
+`python -m app`) through the same queries as the admin API, and print plain tables that
+read like the admin page (see app/admin/display.py): one line per row, timestamps in UTC
+to the second, yes/no, durations with their unit.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from .admin import queries
-from .db import async_url, verify_schema_at_head
+from .admin import display, queries
+from .db import DatabaseUnreachableError, async_url, verify_schema_at_head
 from .scheduler import SystemClock
 from .settings import Settings
 
-__all__ = ["add_commands", "int_between", "run_command"]
+__all__ = ["UsageError", "add_commands", "int_between", "run_command"]
 
 
 def int_between(low: int, high: int) -> Callable[[str], int]:
@@ -40,71 +42,164 @@ def int_between(low: int, high: int) -> Callable[[str], int]:
 
 
 def add_commands(commands: Any) -> None:
-    """Add the jobs, outbox and leader sub-commands to an argparse sub-parser set."""
-    jobs = commands.add_parser("jobs", help="list the jobs; run one now; show its history")
-    job_commands = jobs.add_subparsers(dest="jobs_command")
+    """Add the jobs, outbox and leader sub-commands to an argparse sub-parser set.
+
+    Every read command takes ``--json`` (rows as JSON, timestamps ISO-8601) for scripts.
+    """
+    jobs = commands.add_parser(
+        "jobs", help="list the jobs; run, pause or resume one; show its history"
+    )
+    jobs.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    job_commands = jobs.add_subparsers(dest="jobs_command", metavar="{run,pause,resume,history}")
     run = job_commands.add_parser("run", help="fire a job now (through the slot claim)")
     run.add_argument("job_id")
+    pause = job_commands.add_parser("pause", help="claim no slot of the job until resumed")
+    pause.add_argument("job_id")
+    resume = job_commands.add_parser("resume", help="resume a paused job")
+    resume.add_argument("job_id")
     history = job_commands.add_parser("history", help="a job's run history, newest first")
     history.add_argument("job_id")
     history.add_argument("--limit", type=int_between(1, 500), default=20)
-    outbox = commands.add_parser("outbox", help="stuck outbox rows: list, reset")
-    outbox_commands = outbox.add_subparsers(dest="outbox_command", required=True)
+    history.add_argument("--full", action="store_true", help="print each error whole")
+    history.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    outbox = commands.add_parser(
+        "outbox", help="outboxes and their rows: list, pending, stuck, reset"
+    )
+    outbox_commands = outbox.add_subparsers(dest="outbox_command", metavar=OUTBOX_COMMANDS)
+    listing = outbox_commands.add_parser("list", help="each outbox with its counts per status")
+    pending = outbox_commands.add_parser("pending", help="list pending rows and their last error")
+    pending.add_argument("name", nargs="?")
     stuck = outbox_commands.add_parser("stuck", help="list stuck rows")
     stuck.add_argument("name", nargs="?")
+    for reader in (listing, pending, stuck):
+        reader.add_argument("--json", action="store_true", help="print JSON instead of a table")
     reset = outbox_commands.add_parser("reset", help="make a stuck row pending and due now")
     reset.add_argument("name")
     # Any whole number: one past the column type is a "no such message", not a crash.
     reset.add_argument("message_id", type=int)
-    commands.add_parser("leader", help="show the leader and the standbys waiting")
+    leader = commands.add_parser("leader", help="show the leader and the standbys waiting")
+    leader.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+OUTBOX_COMMANDS = "{list,pending,stuck,reset}"
+
+
+class UsageError(Exception):
+    """A command was given without the sub-command it needs; the message is its usage."""
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, datetime):
+        return display.timestamp(value)
+    if isinstance(value, bool):
+        return display.yes_no(value)
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str)[:60]
+    if isinstance(value, str):
+        # A table row is one line: a multi-line text shows the line that says most.
+        return display.error_summary(value) if "\n" in value or "\r" in value else value
+    return "" if value is None else str(value)
 
 
 def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    def cell(value: Any) -> str:
-        if isinstance(value, datetime):
-            return value.isoformat(timespec="seconds")
-        if isinstance(value, dict | list):
-            return json.dumps(value, default=str)[:60]
-        return "" if value is None else str(value)
-
-    cells = [[cell(row.get(column)) for column in columns] for row in rows]
+    """Rows as aligned columns, one line each."""
+    cells = [[_cell(row.get(column)) for column in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(line.rstrip() for line in lines)
 
 
-async def _jobs(engine: AsyncEngine, args: argparse.Namespace) -> str:
+def _json(value: Any) -> str:
+    def encode(item: Any) -> Any:
+        if isinstance(item, datetime):
+            return item.isoformat()
+        return str(item)
+
+    return json.dumps(value, default=encode, indent=2)
+
+
+def _history(runs: Sequence[dict[str, Any]], full: bool) -> str:
+    rows = [
+        run
+        | {
+            "error": display.error_summary(run["error"]),
+            "lateness": display.milliseconds(run["lateness_ms"]),
+            "duration": display.milliseconds(run["duration_ms"]),
+        }
+        for run in runs
+    ]
+    columns = ["id", "slot", "status", "manual", "lateness", "duration", "pid", "host", "error"]
+    table = _table(rows, columns)
+    if not full:
+        return table
+    errors = [f"run {run['id']}:\n{run['error'].rstrip()}" for run in runs if run["error"]]
+    return "\n\n".join([table, *errors])
+
+
+async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:
     now = SystemClock().now()
     if args.jobs_command == "run":
         await queries.run_job_now(engine, args.job_id, now)
         return f"job {args.job_id!r} queued: the leader fires it now, through its slot claim"
+    if args.jobs_command in ("pause", "resume"):
+        paused = args.jobs_command == "pause"
+        await queries.set_paused(engine, args.job_id, paused)
+        return f"job {args.job_id!r} {'paused' if paused else 'resumed'}"
     if args.jobs_command == "history":
         runs = await queries.job_runs(engine, args.job_id, limit=args.limit)
-        return _table(runs, ["id", "slot", "status", "duration_ms", "lateness_ms", "pid", "error"])
+        return _json(runs) if args.json else _history(runs, args.full)
     jobs = await queries.list_jobs(engine)
+    if args.json:
+        return _json(jobs)
+    rows = [job | {"trigger": display.trigger(job["trigger"], settings.TIMEZONE)} for job in jobs]
     columns = ["id", "name", "trigger", "next_run_at", "last_status", "last_finished_at", "paused"]
-    return _table(jobs, columns)
+    return _table(rows, columns)
 
 
-async def _outbox(engine: AsyncEngine, args: argparse.Namespace) -> str:
+async def _outbox(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:
     if args.outbox_command == "reset":
         await queries.reset_outbox_message(engine, args.name, args.message_id, SystemClock().now())
         return f"outbox {args.name!r} message {args.message_id} is pending again, due now"
-    rows = await queries.stuck_messages(engine, args.name)
+    if args.outbox_command == "list":
+        summary = await queries.outbox_summary(engine, SystemClock().now())
+        if args.json:
+            return _json(summary)
+        if not summary:
+            return "no outboxes"
+        rows = [
+            entry["counts"]
+            | {
+                "outbox": entry["name"],
+                "oldest_pending_s": ""
+                if entry["oldest_pending_seconds"] is None
+                else f"{entry['oldest_pending_seconds']:.1f}",
+                "last_drain_at": entry["last_drain_at"] or "never",
+            }
+            for entry in summary
+        ]
+        columns = ["outbox", "pending", "delivered", "stuck", "oldest_pending_s", "last_drain_at"]
+        return _table(rows, columns)
+    status = args.outbox_command
+    rows = await queries.outbox_messages(engine, args.name, status=status)
+    if args.json:
+        return _json(rows)
     if not rows:
-        return "no stuck rows"
-    return _table(rows, ["id", "outbox", "key", "attempts", "last_error", "updated_at"])
+        return f"no {status} rows"
+    when = "next_attempt_at" if status == "pending" else "updated_at"
+    return _table(rows, ["id", "outbox", "key", "attempts", when, "last_error"])
 
 
-async def _leader(engine: AsyncEngine, args: argparse.Namespace) -> str:
+async def _leader(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:
     info = await queries.leader(engine)
+    if args.json:
+        return _json(info)
     if info["backend_pid"] is None:
         return f"no leader; {info['standbys']} standby(s) waiting"
     return _table([info], ["pid", "host", "application_name", "since", "standbys"])
 
 
-COMMANDS: dict[str, Callable[[AsyncEngine, argparse.Namespace], Awaitable[str]]] = {
+COMMANDS: dict[str, Callable[[AsyncEngine, argparse.Namespace, Settings], Awaitable[str]]] = {
     "jobs": _jobs,
     "outbox": _outbox,
     "leader": _leader,
@@ -119,13 +214,27 @@ def database_url(settings: Settings) -> str:
 
 
 async def run_command(settings: Settings, args: argparse.Namespace) -> str:
-    """Run an operator command; returns what to print. Raises AdminError or
-    DatabaseError with a message that says what was wrong."""
+    """Run an operator command; returns what to print. Raises AdminError, DatabaseError
+    or UsageError with a message that says what was wrong."""
+    if args.command == "outbox" and args.outbox_command is None:
+        raise UsageError(
+            f"`python -m app outbox` needs a sub-command, one of {OUTBOX_COMMANDS}: list "
+            "(counts per status), pending [NAME], stuck [NAME], reset NAME ID"
+        )
     url = database_url(settings)
     engine = create_async_engine(async_url(url))
     try:
-        await verify_schema_at_head(engine, timeout=settings.DATABASE_CONNECT_TIMEOUT_SECONDS)
-        return await COMMANDS[args.command](engine, args)
+        try:
+            await verify_schema_at_head(engine, timeout=settings.DATABASE_CONNECT_TIMEOUT_SECONDS)
+        except DatabaseUnreachableError as exc:
+            if settings.DATABASE_URL is not None:
+                raise
+            raise DatabaseUnreachableError(
+                f"no embedded PostgreSQL answers on 127.0.0.1:{settings.REGENT_PG_PORT} "
+                f"(REGENT_PG_PORT): {exc}. Start `python -m app` first, set REGENT_PG_PORT "
+                "to the port it was started with, or set DATABASE_URL"
+            ) from None
+        return await COMMANDS[args.command](engine, args, settings)
     finally:
         await engine.dispose()
 

@@ -21,7 +21,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import multiprocess
 
-from .admin import AdminError, admin_error_response, api_router, health_router, page_router
+from .admin import (
+    AdminError,
+    admin_error_response,
+    api_router,
+    health_router,
+    index_router,
+    page_router,
+)
 from .admin.nostore import NoStoreAdmin
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
 from .http_errors import validation_error_response
@@ -153,6 +160,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     app.include_router(api_router)
     app.include_router(health_router)
     app.include_router(page_router)
+    app.include_router(index_router)
     app.include_router(metrics_router)
     if scheduler is not None:
         instrument(scheduler)

@@ -302,3 +302,20 @@ def test_a_bad_app_target_fails_in_one_line_naming_it(target: str) -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1, result.stderr
     assert target in result.stderr
+
+
+def test_start_up_says_the_admin_page_is_off_without_a_token(embedded_app: EmbeddedApp) -> None:
+    log = (embedded_app.data_dir / "app.log").read_text(errors="replace")
+    assert "admin page off: ADMIN_TOKEN is unset" in log
+
+
+def test_start_up_names_the_admin_page_url_with_a_token() -> None:
+    from pydantic import SecretStr
+
+    from app.__main__ import admin_page_note
+    from app.settings import Settings
+
+    settings = Settings(_env_file=None, ADMIN_TOKEN=SecretStr("x" * 16))  # type: ignore[call-arg]
+    assert admin_page_note(settings, "127.0.0.1", 8000) == (
+        "regent: admin page at http://127.0.0.1:8000/admin"
+    )

@@ -5,6 +5,7 @@ from .api import admin_error_response
 from .api import router as api_router
 from .errors import AdminError, Conflict, NotFound
 from .health import router as health_router
+from .index import router as index_router
 from .page import router as page_router
 
 __all__ = [
@@ -14,5 +15,6 @@ __all__ = [
     "admin_error_response",
     "api_router",
     "health_router",
+    "index_router",
     "page_router",
 ]

@@ -13,7 +13,7 @@ from app.http_errors import SafeJSONResponse
 from app.scheduler import Clock
 from app.storable import INT64_MAX
 
-from . import queries
+from . import display, queries
 from .auth import require_admin
 from .errors import AdminError
 from .params import JobId, MessageId, OutboxName
@@ -41,9 +41,14 @@ async def admin_error_response(request: Request, exc: Exception) -> JSONResponse
 
 @router.get("/jobs")
 async def jobs(request: Request) -> list[dict[str, Any]]:
-    """Every job: schedule, last start and finish, status, duration, lateness, running,
-    paused."""
-    return await queries.list_jobs(_engine(request))
+    """Every job: schedule (``trigger`` as stored, ``trigger_description`` as a human
+    reads it with the zone named), last start and finish, status, duration, lateness,
+    running, paused."""
+    zone = request.app.state.settings.TIMEZONE
+    return [
+        job | {"trigger_description": display.trigger(job["trigger"], zone)}
+        for job in await queries.list_jobs(_engine(request))
+    ]
 
 
 @router.get("/jobs/{job_id}/runs")
@@ -55,8 +60,13 @@ async def runs(
         int | None, Query(ge=1, le=INT64_MAX, description="id of the last run seen")
     ] = None,
 ) -> dict[str, Any]:
-    """A page of the run history, newest first; pass ``next_before`` to get the next."""
-    page = await queries.job_runs(_engine(request), job_id, limit=limit, before=before)
+    """A page of the run history, newest first; pass ``next_before`` to get the next.
+    ``manual`` marks a run an operator asked for; ``error_summary`` is the line of
+    ``error`` that says what went wrong."""
+    page = [
+        run | {"error_summary": display.error_summary(run["error"])}
+        for run in await queries.job_runs(_engine(request), job_id, limit=limit, before=before)
+    ]
     next_before = page[-1]["id"] if len(page) == limit else None
     return {"runs": page, "next_before": next_before}
 
@@ -98,11 +108,11 @@ async def outboxes(request: Request) -> list[dict[str, Any]]:
 async def messages(
     request: Request,
     name: OutboxName,
-    status: Literal["stuck"] = "stuck",
+    status: Literal["stuck", "pending"] = "stuck",
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[dict[str, Any]]:
-    """The stuck rows of an outbox."""
-    return await queries.stuck_messages(_engine(request), name, limit=limit)
+    """The stuck (default) or pending rows of an outbox, with attempts and last error."""
+    return await queries.outbox_messages(_engine(request), name, status=status, limit=limit)
 
 
 @router.post("/outboxes/{name}/messages/{message_id}/reset")

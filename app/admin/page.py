@@ -1,5 +1,10 @@
 """The admin page: server-rendered HTML, no JavaScript build.
 
+The main page shows the leader, the jobs, the outboxes and their pending and stuck
+rows; each job has a page with its history, paged by ``before=<run id>``. Both refresh
+themselves (a meta refresh to the same view without its flash) and read values the
+way the CLI prints them (see display.py).
+
 Sign-in posts the token once; the page then keeps an HttpOnly, SameSite=Strict session
 cookie that carries its issue time and is signed with the token (never the token
 itself); sign-out revokes it everywhere (see session.py). Every POST carries a CSRF
@@ -16,24 +21,35 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Form, HTTPException, Request
+from fastapi import APIRouter, Form, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app.db import Database
 from app.scheduler import Clock
+from app.storable import INT64_MAX
 
-from . import queries, session, throttle
+from . import display, queries, session, throttle
 from .auth import admin_key, token_matches
-from .errors import AdminError
+from .errors import AdminError, NotFound
 from .params import JobId, MessageId, OutboxName
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/admin", include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+templates.env.globals["display"] = display
 
-_FLASH = re.compile(r"^(reset|run)-([A-Za-z0-9_.:-]{1,200})$")
+_FLASH = re.compile(r"^(reset|run|pause|resume)-([A-Za-z0-9_.:-]{1,200})$")
+_FLASHES = {
+    "reset": "Message {} is pending again and due now.",
+    "run": "Job {} is queued to run now.",
+    "pause": "Job {} is paused.",
+    "resume": "Job {} is resumed.",
+}
+# Seconds between the page's own reloads: fresh enough to watch a run, calm enough to read.
+REFRESH_SECONDS = 30
+_PENDING_SHOWN = 50
 
 
 def _key(request: Request) -> bytes:
@@ -75,24 +91,55 @@ def _flash(code: str | None) -> str | None:
     if match is None:
         return None
     action, subject = match.groups()
-    if action == "reset":
-        return f"Message {subject} is pending again and due now."
-    return f"Job {subject} is queued to run now."
+    return _FLASHES[action].format(subject)
+
+
+def _common(
+    request: Request, csrf: str, flash: str | None, refresh_url: str, failed: bool = False
+) -> dict[str, Any]:
+    return {
+        "csrf": csrf,
+        "flash": flash,
+        "failed": failed,
+        "now": _now(request),
+        "zone": request.app.state.settings.TIMEZONE,
+        "refresh_url": refresh_url,
+        "refresh_seconds": REFRESH_SECONDS,
+    }
 
 
 async def _page(
     request: Request, csrf: str, flash: str | None, status_code: int = 200
 ) -> HTMLResponse:
     engine = _engine(request)
-    context = {
-        "csrf": csrf,
-        "flash": flash,
+    context = _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
         "leader": await queries.leader(engine),
         "jobs": await queries.list_jobs(engine),
         "outboxes": await queries.outbox_summary(engine, _now(request)),
+        "pending": await queries.outbox_messages(engine, status="pending", limit=_PENDING_SHOWN),
+        "pending_shown": _PENDING_SHOWN,
         "stuck": await queries.stuck_messages(engine),
     }
     return templates.TemplateResponse(request, "admin.html", context, status_code=status_code)
+
+
+async def _job_page(
+    request: Request, csrf: str, job_id: str, before: int | None, limit: int, flash: str | None
+) -> HTMLResponse:
+    engine = _engine(request)
+    query = f"?before={before}&limit={limit}" if before is not None else f"?limit={limit}"
+    context = _common(request, csrf, flash, f"/admin/jobs/{job_id}{query}")
+    try:
+        runs = await queries.job_runs(engine, job_id, limit=limit, before=before)
+    except NotFound as exc:
+        context |= {"job": None, "flash": str(exc), "failed": True, "runs": [], "older": None}
+        return templates.TemplateResponse(request, "job.html", context, status_code=exc.status)
+    job = next((job for job in await queries.list_jobs(engine) if job["id"] == job_id), None)
+    older = None
+    if len(runs) == limit:
+        older = f"/admin/jobs/{job_id}?before={runs[-1]['id']}&limit={limit}"
+    context |= {"job": job, "runs": runs, "older": older}
+    return templates.TemplateResponse(request, "job.html", context)
 
 
 def _login_form(request: Request, error: str | None, status_code: int = 200) -> Response:
@@ -109,6 +156,24 @@ async def admin_page(request: Request, flash: str | None = None) -> Response:
     if cookie is None:
         return _login_form(request, None)
     return await _page(request, session.csrf_for(key, cookie), _flash(flash))
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+async def job_page(
+    request: Request,
+    job_id: JobId,
+    before: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    flash: str | None = None,
+) -> Response:
+    """A job's page: its state and its runs, newest first, ``limit`` per page, older
+    ones from ``before`` (a run id) on. The sign-in form when not signed in."""
+    key = _key(request)
+    cookie = await _session(request, key)
+    if cookie is None:
+        return _login_form(request, None)
+    csrf = session.csrf_for(key, cookie)
+    return await _job_page(request, csrf, job_id, before, limit, _flash(flash))
 
 
 @router.post("/login")
@@ -157,7 +222,11 @@ async def logout(request: Request, csrf: Annotated[str, Form()]) -> Response:
 
 
 async def _act(
-    request: Request, csrf: str, flash: str, action: Callable[[], Awaitable[None]]
+    request: Request,
+    csrf: str,
+    flash: str,
+    action: Callable[[], Awaitable[None]],
+    back: str = "/admin",
 ) -> Response:
     key = _key(request)
     cookie = await _session(request, key)
@@ -168,7 +237,12 @@ async def _act(
         await action()
     except AdminError as exc:
         return await _page(request, csrf, str(exc), status_code=exc.status)
-    return RedirectResponse(f"/admin?flash={flash}", status_code=303)
+    return RedirectResponse(f"{back}?flash={flash}", status_code=303)
+
+
+def _back(job_id: str, page: str | None) -> str:
+    """Where a job action returns: the job's own page when it was posted from there."""
+    return f"/admin/jobs/{job_id}" if page == "job" else "/admin"
 
 
 @router.post("/outboxes/{name}/messages/{message_id}/reset")
@@ -184,12 +258,46 @@ async def reset(
     )
 
 
+Back = Annotated[str | None, Form(pattern="^job$")]
+
+
 @router.post("/jobs/{job_id}/run")
-async def run_now(request: Request, job_id: JobId, csrf: Annotated[str, Form()]) -> Response:
-    """Queue a job to run now, then back to the page."""
+async def run_now(
+    request: Request, job_id: JobId, csrf: Annotated[str, Form()], back: Back = None
+) -> Response:
+    """Queue a job to run now, then back to the page it was asked from."""
     return await _act(
         request,
         csrf,
         f"run-{job_id}",
         lambda: queries.run_job_now(_engine(request), job_id, _now(request)),
+        _back(job_id, back),
+    )
+
+
+@router.post("/jobs/{job_id}/pause")
+async def pause(
+    request: Request, job_id: JobId, csrf: Annotated[str, Form()], back: Back = None
+) -> Response:
+    """Pause a job (no slot is claimed until it is resumed), then back."""
+    return await _act(
+        request,
+        csrf,
+        f"pause-{job_id}",
+        lambda: queries.set_paused(_engine(request), job_id, True),
+        _back(job_id, back),
+    )
+
+
+@router.post("/jobs/{job_id}/resume")
+async def resume(
+    request: Request, job_id: JobId, csrf: Annotated[str, Form()], back: Back = None
+) -> Response:
+    """Resume a paused job, then back."""
+    return await _act(
+        request,
+        csrf,
+        f"resume-{job_id}",
+        lambda: queries.set_paused(_engine(request), job_id, False),
+        _back(job_id, back),
     )

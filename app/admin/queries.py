@@ -7,7 +7,7 @@ messages name the problem.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -29,6 +29,7 @@ __all__ = [
     "job_runs",
     "leader",
     "list_jobs",
+    "outbox_messages",
     "outbox_summary",
     "reset_outbox_message",
     "run_job_now",
@@ -48,15 +49,24 @@ _JOBS = text(
 )
 _RUNS = text(
     """
-    SELECT id, slot, started_at, finished_at, status, lateness_ms, duration_ms, pid, host, error
-    FROM scheduler_runs WHERE job_id = :job_id AND (CAST(:before AS bigint) IS NULL OR id < :before)
-    ORDER BY id DESC LIMIT :limit
+    SELECT r.id, r.slot, r.started_at, r.finished_at, r.status, r.lateness_ms, r.duration_ms,
+        r.pid, r.host, r.error,
+        r.scope = 'leader' AND EXISTS (SELECT 1 FROM scheduler_manual_runs m
+            WHERE m.job_id = r.job_id AND m.slot = r.slot) AS manual
+    FROM scheduler_runs r
+    WHERE r.job_id = :job_id AND (CAST(:before AS bigint) IS NULL OR r.id < :before)
+    ORDER BY r.id DESC LIMIT :limit
     """
 )
 _JOB = text("SELECT last_status, paused FROM scheduler_jobs WHERE id = :job_id")
 _RUN_NOW = text(
     "UPDATE scheduler_jobs SET next_run_at = LEAST(next_run_at, :now), updated_at = now()"
-    " WHERE id = :job_id"
+    " WHERE id = :job_id RETURNING next_run_at"
+)
+# The slot run-now made due: the leader's run of it is the manual run (see 0010).
+_MARK_MANUAL = text(
+    "INSERT INTO scheduler_manual_runs (job_id, slot, requested_at)"
+    " VALUES (:job_id, :now, :now) ON CONFLICT DO NOTHING"
 )
 _PAUSE = text(
     "UPDATE scheduler_jobs SET paused = :paused, updated_at = now() WHERE id = :job_id RETURNING id"
@@ -96,6 +106,16 @@ _STUCK = text(
     ORDER BY id LIMIT :limit
     """
 )
+_PENDING = text(
+    """
+    SELECT id, outbox, key, payload, attempts, next_attempt_at, last_error, created_at,
+        updated_at
+    FROM outbox_messages
+    WHERE status = 'pending' AND (CAST(:outbox AS text) IS NULL OR outbox = :outbox)
+    ORDER BY next_attempt_at, id LIMIT :limit
+    """
+)
+_MESSAGES_BY_STATUS = {"stuck": _STUCK, "pending": _PENDING}
 
 
 def _rows(result: Any) -> list[dict[str, Any]]:
@@ -144,7 +164,11 @@ async def run_job_now(engine: AsyncEngine, job_id: str, now: datetime) -> None:
             raise Conflict(f"job {job_id!r} is running; try again when it has finished")
         if row.paused:
             raise Conflict(f"job {job_id!r} is paused; resume it first")
-        await conn.execute(_RUN_NOW, {"job_id": job_id, "now": now})
+        params = {"job_id": job_id, "now": now}
+        made_due = (await conn.execute(_RUN_NOW, params)).scalar_one()
+        # A slot already due by now runs anyway: only a slot moved to now is manual.
+        if made_due == now:
+            await conn.execute(_MARK_MANUAL, params)
         await conn.execute(_WAKE)
 
 
@@ -207,17 +231,31 @@ async def _require_outbox(engine: AsyncEngine, outbox: str) -> None:
             and (await conn.execute(_KNOWN_OUTBOX, {"outbox": outbox})).scalar()
         )
         if not known:
-            raise NotFound(f"no outbox named {outbox!r}; `python -m app outbox stuck` lists them")
+            raise NotFound(f"no outbox named {outbox!r}; `python -m app outbox list` lists them")
 
 
 async def stuck_messages(
     engine: AsyncEngine, outbox: str | None = None, *, limit: int = 100
 ) -> list[dict[str, Any]]:
     """Stuck rows, oldest first, of one outbox or all. Raises NotFound for an unknown one."""
+    return await outbox_messages(engine, outbox, status="stuck", limit=limit)
+
+
+async def outbox_messages(
+    engine: AsyncEngine,
+    outbox: str | None = None,
+    *,
+    status: Literal["stuck", "pending"],
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """Rows of one status, of one outbox or all, with their last error: stuck rows oldest
+    first, pending rows in the order the drain takes them. Raises NotFound for an
+    unknown outbox."""
     if outbox is not None:
         await _require_outbox(engine, outbox)
     async with engine.connect() as conn:
-        return _rows(await conn.execute(_STUCK, {"outbox": outbox, "limit": limit}))
+        query = _MESSAGES_BY_STATUS[status]
+        return _rows(await conn.execute(query, {"outbox": outbox, "limit": limit}))
 
 
 async def reset_outbox_message(

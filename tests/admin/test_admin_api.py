@@ -107,6 +107,32 @@ async def test_run_now_fires_through_the_claim(
     await asyncio.wait_for(fired.wait(), 10)
 
 
+async def test_a_run_now_run_is_marked_manual_in_the_history(
+    admin: tuple[httpx.AsyncClient, FastAPI], database: Database, fired: asyncio.Event
+) -> None:
+    client, _ = admin
+    async with database.engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO scheduler_runs (job_id, scope, slot, started_at, status,"
+                " lateness_ms, pid, host) VALUES ('hourly_report', 'leader',"
+                " now() - interval '1 hour', now(), 'ok', 0, 1, 'h')"
+            )
+        )
+    await client.post("/admin/api/jobs/hourly_report/run", headers=AUTH)
+    await asyncio.wait_for(fired.wait(), 10)
+    runs = (await client.get("/admin/api/jobs/hourly_report/runs", headers=AUTH)).json()["runs"]
+    assert [run["manual"] for run in runs] == [True, False]
+
+
+async def test_jobs_describe_their_trigger_for_humans(
+    admin: tuple[httpx.AsyncClient, FastAPI],
+) -> None:
+    client, _ = admin
+    jobs = (await client.get("/admin/api/jobs", headers=AUTH)).json()
+    assert jobs[0]["trigger_description"] == "every 1 h"
+
+
 async def test_run_now_while_running_is_a_409(
     admin: tuple[httpx.AsyncClient, FastAPI], database: Database
 ) -> None:
@@ -188,6 +214,19 @@ async def test_outboxes_show_counts_and_stuck_rows_can_be_reset(
     assert summary[0]["counts"] == {"pending": 1, "delivered": 0, "stuck": 0}
 
 
+async def test_pending_rows_are_listed_with_their_last_error(
+    admin: tuple[httpx.AsyncClient, FastAPI], database: Database
+) -> None:
+    client, _ = admin
+    pending = await _stuck_row(database, "waiting", status="pending")
+    await _stuck_row(database, "given-up")
+    rows = (
+        await client.get("/admin/api/outboxes/grants/messages?status=pending", headers=AUTH)
+    ).json()
+    assert [(row["id"], row["last_error"]) for row in rows] == [(pending, "HTTP 500")]
+    assert rows[0]["next_attempt_at"] is not None
+
+
 @pytest.mark.parametrize(
     ("method", "path", "status", "names"),
     [
@@ -198,7 +237,7 @@ async def test_outboxes_show_counts_and_stuck_rows_can_be_reset(
         ("get", "/admin/api/jobs/hourly_report/runs?limit=0", 422, "limit"),
         ("get", "/admin/api/jobs/hourly_report/runs?before=abc", 422, "before"),
         ("get", "/admin/api/outboxes/nope/messages", 404, "nope"),
-        ("get", "/admin/api/outboxes/grants/messages?status=pending", 422, "status"),
+        ("get", "/admin/api/outboxes/grants/messages?status=delivered", 422, "status"),
         ("post", "/admin/api/outboxes/nope/messages/1/reset", 404, "nope"),
         ("post", "/admin/api/outboxes/grants/messages/abc/reset", 422, "message_id"),
         ("post", "/admin/api/outboxes/grants/messages/999999/reset", 404, "999999"),

@@ -4,7 +4,9 @@ import asyncio
 import os
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -15,7 +17,7 @@ from sqlalchemy import text
 from app.db import Database
 from app.localpg import free_port
 from app.main import create_app
-from app.scheduler import JobContext, Scheduler, every
+from app.scheduler import JobContext, Scheduler, cron, every
 from app.settings import Settings
 
 TOKEN = "page-admin-token"
@@ -24,7 +26,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 @pytest.fixture
 def admin_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"ADMIN_TOKEN": SecretStr(TOKEN)})
+    return settings.model_copy(
+        update={"ADMIN_TOKEN": SecretStr(TOKEN), "TIMEZONE": "Europe/Zurich"}
+    )
 
 
 @pytest.fixture
@@ -34,6 +38,197 @@ async def page_client(admin_settings: Settings) -> AsyncIterator[httpx.AsyncClie
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield client
+
+
+async def _signed_in(client: httpx.AsyncClient) -> str:
+    """Sign in; the CSRF field of the page."""
+    await client.post("/admin/login", data={"token": TOKEN})
+    page = await client.get("/admin")
+    match = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert match is not None, page.text
+    return match.group(1)
+
+
+def _table(html: str, table_id: str) -> str:
+    match = re.search(rf'<table id="{table_id}"[^>]*>(.*?)</table>', html, re.DOTALL)
+    assert match is not None, f"no table #{table_id}"
+    return match.group(1)
+
+
+async def _execute(database: Database, sql: str, **params: object) -> None:
+    async with database.engine.begin() as conn:
+        await conn.execute(text(sql), params)
+
+
+async def _job(database: Database, **columns: object) -> None:
+    values = {"id": "nightly", "name": "Nightly sweep", "trigger": "every 900s"} | columns
+    names = ", ".join(values)
+    await _execute(
+        database,
+        f"INSERT INTO scheduler_jobs ({names}, next_run_at)"
+        f" VALUES ({', '.join(':' + n for n in values)}, '2026-12-02 16:00:00+00')",
+        **values,
+    )
+
+
+async def _run(database: Database, slot: datetime, **columns: object) -> None:
+    values = {"status": "ok", "duration_ms": 5, "error": None} | columns
+    await _execute(
+        database,
+        "INSERT INTO scheduler_runs (job_id, scope, slot, started_at, finished_at, status,"
+        " lateness_ms, duration_ms, pid, host, error) VALUES ('nightly', 'leader',"
+        " :slot, :slot, :slot,"
+        " :status, 3, :duration_ms, 4242, 'web-1', :error)",
+        slot=slot,
+        **values,
+    )
+
+
+async def test_the_job_page_lists_its_runs_newest_first_paged_by_before(
+    page_client: httpx.AsyncClient, database: Database
+) -> None:
+    await _job(database)
+    for hour in (1, 2, 3):
+        await _run(database, datetime(2026, 12, 2, hour, tzinfo=UTC))
+    await _signed_in(page_client)
+    first = await page_client.get("/admin/jobs/nightly?limit=2")
+    assert first.status_code == 200
+    history = _table(first.text, "history")
+    assert history.index("2026-12-02 03:00:00Z") < history.index("2026-12-02 02:00:00Z")
+    assert "01:00:00Z" not in history
+    older = re.search(r'href="(/admin/jobs/nightly\?before=\d+&amp;limit=2)"', first.text)
+    assert older is not None, "no link to older runs"
+    rest = await page_client.get(older.group(1).replace("&amp;", "&"))
+    assert "2026-12-02 01:00:00Z" in _table(rest.text, "history")
+    assert 'id="older"' not in rest.text
+
+
+async def test_a_failed_run_shows_its_error_with_the_traceback_folded(
+    page_client: httpx.AsyncClient, database: Database
+) -> None:
+    stored = (
+        'Traceback (most recent call last):\n  File "jobs.py", line 3, in sweep\n'
+        "    charge()\nRuntimeError: gateway said no\n"
+    )
+    await _job(database)
+    await _run(database, datetime(2026, 12, 2, 1, tzinfo=UTC), status="error", error=stored)
+    await _signed_in(page_client)
+    history = _table((await page_client.get("/admin/jobs/nightly")).text, "history")
+    folded = re.search(r"<details>\s*<summary>(.*?)</summary>(.*?)</details>", history, re.DOTALL)
+    assert folded is not None, history
+    assert folded.group(1).strip() == "RuntimeError: gateway said no"
+    assert "File &#34;jobs.py&#34;, line 3" in folded.group(2)
+
+
+async def test_history_marks_manual_runs(
+    page_client: httpx.AsyncClient, database: Database
+) -> None:
+    await _job(database)
+    await _run(database, datetime(2026, 12, 2, 1, tzinfo=UTC))
+    await _run(database, datetime(2026, 12, 2, 1, 30, tzinfo=UTC))
+    await _execute(
+        database,
+        "INSERT INTO scheduler_manual_runs (job_id, slot, requested_at)"
+        " VALUES ('nightly', '2026-12-02 01:30:00+00', now())",
+    )
+    await _signed_in(page_client)
+    history = _table((await page_client.get("/admin/jobs/nightly")).text, "history")
+    rows = re.findall(r"<tr data-run=.*?</tr>", history, re.DOTALL)
+    assert [("manual" in row) for row in rows] == [True, False]
+
+
+async def test_the_page_of_an_unknown_job_is_a_404_naming_it(
+    page_client: httpx.AsyncClient,
+) -> None:
+    await _signed_in(page_client)
+    response = await page_client.get("/admin/jobs/nope")
+    assert response.status_code == 404
+    assert "nope" in response.text
+
+
+async def test_jobs_read_0_ms_seconds_timestamps_and_triggers_with_their_zone(
+    page_client: httpx.AsyncClient, database: Database
+) -> None:
+    await _job(database, last_duration_ms=0, last_status="ok")
+    await _job(database, id="digest", name="Digest", trigger="cron '0 6 * * *' default-zone")
+    await _execute(
+        database,
+        "UPDATE scheduler_jobs SET last_finished_at = '2026-12-02 15:47:37.123456+00'",
+    )
+    await _signed_in(page_client)
+    jobs = _table((await page_client.get("/admin")).text, "jobs")
+    assert "0 ms" in jobs
+    assert "2026-12-02 15:47:37Z" in jobs and ".123456" not in jobs and "+00:00" not in jobs
+    assert "every 15 min" in jobs
+    assert "cron 0 6 * * * (Europe/Zurich)" in jobs
+
+
+async def test_pause_and_resume_from_the_page(
+    page_client: httpx.AsyncClient, database: Database
+) -> None:
+    await _job(database)
+    csrf = await _signed_in(page_client)
+    paused = await page_client.post("/admin/jobs/nightly/pause", data={"csrf": csrf})
+    assert paused.status_code == 303
+    async with database.engine.connect() as conn:
+        flag = text("SELECT paused FROM scheduler_jobs WHERE id = 'nightly'")
+        assert (await conn.execute(flag)).scalar_one() is True
+        page = await page_client.get(paused.headers["location"])
+        assert "Job nightly is paused." in page.text
+        assert "/admin/jobs/nightly/resume" in _table(page.text, "jobs")
+        await page_client.post("/admin/jobs/nightly/resume", data={"csrf": csrf})
+        assert (await conn.execute(flag)).scalar_one() is False
+
+
+async def test_the_page_refreshes_itself_without_repeating_the_flash(
+    page_client: httpx.AsyncClient,
+) -> None:
+    await _signed_in(page_client)
+    page = (await page_client.get("/admin?flash=run-nightly")).text
+    assert re.search(r'<meta http-equiv="refresh" content="\d+; url=/admin">', page)
+
+
+async def test_empty_tables_say_none(page_client: httpx.AsyncClient, database: Database) -> None:
+    await _job(database)
+    await _signed_in(page_client)
+    page = (await page_client.get("/admin")).text
+    for table in ("outboxes", "pending", "stuck"):
+        assert ">none<" in _table(page, table), table
+    assert ">none<" in _table((await page_client.get("/admin/jobs/nightly")).text, "history")
+
+
+async def test_pending_rows_are_listed_with_their_last_error(
+    page_client: httpx.AsyncClient, database: Database
+) -> None:
+    await _execute(
+        database,
+        "INSERT INTO outbox_messages (outbox, key, payload, status, attempts, next_attempt_at,"
+        " created_at, updated_at, last_error) VALUES ('grants', 'grant-7', '{}', 'pending', 3,"
+        " now(), now(), now(), 'HTTP 503 from the gateway')",
+    )
+    await _signed_in(page_client)
+    pending = _table((await page_client.get("/admin")).text, "pending")
+    assert "grant-7" in pending and "HTTP 503 from the gateway" in pending
+
+
+async def test_root_leads_to_the_admin_page_when_a_token_is_set(
+    page_client: httpx.AsyncClient,
+) -> None:
+    response = await page_client.get("/")
+    assert response.status_code == 307
+    assert response.headers["location"] == "/admin"
+
+
+async def test_root_without_a_token_names_the_health_routes(settings: Settings) -> None:
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            response = await client.get("/")
+    assert response.status_code == 200
+    body = response.json()
+    assert {"/healthz", "/readyz", "/health/scheduler", "/metrics"} <= set(body["routes"])
+    assert "ADMIN_TOKEN" in body["admin"]
 
 
 async def test_page_is_404_without_a_configured_token(settings: Settings) -> None:
@@ -98,11 +293,21 @@ async def test_the_api_ignores_the_page_cookie(page_client: httpx.AsyncClient) -
     assert (await page_client.get("/admin/api/jobs")).status_code == 401
 
 
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs"
+
+
+async def _page_width(page: Any) -> int:
+    width: int = await page.evaluate("document.documentElement.scrollWidth")
+    return width
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (.ci/run installs it)")
-async def test_sign_in_see_jobs_reset_a_stuck_row_in_chromium(
+async def test_sign_in_history_pause_resume_and_reset_in_chromium(
     admin_settings: Settings, database: Database
 ) -> None:
+    """The operator's round in a real browser; screenshots at 1280 and 420 px wide are
+    saved to docs/admin-*.png, and neither width scrolls the page sideways."""
     from playwright.async_api import async_playwright
 
     scheduler = Scheduler()
@@ -110,6 +315,10 @@ async def test_sign_in_see_jobs_reset_a_stuck_row_in_chromium(
     @scheduler.job(every(hours=6), id="nightly_digest", name="Nightly digest")
     async def nightly_digest(ctx: JobContext) -> None:
         return None
+
+    @scheduler.job(cron("0 6 * * 1-5"), id="weekday_report", name="Weekday report")
+    async def weekday_report(ctx: JobContext) -> None:
+        raise RuntimeError("the report store answered 503")
 
     async with database.engine.begin() as conn:
         row = (
@@ -122,12 +331,19 @@ async def test_sign_in_see_jobs_reset_a_stuck_row_in_chromium(
                 )
             )
         ).scalar_one()
+    await _execute(
+        database,
+        "INSERT INTO outbox_messages (outbox, key, payload, status, attempts, next_attempt_at,"
+        " created_at, updated_at, last_error) VALUES ('grants', 'grant-10', '{}', 'pending', 2,"
+        " now() + interval '30 seconds', now(), now(), 'HTTP 503 Service Unavailable')",
+    )
     app = create_app(admin_settings, scheduler)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     )
     serving = asyncio.create_task(server.serve())
+    SCREENSHOTS.mkdir(exist_ok=True)
     try:
         async with asyncio.timeout(20):
             while not server.started:
@@ -147,21 +363,64 @@ async def test_sign_in_see_jobs_reset_a_stuck_row_in_chromium(
                 ],
                 env={**os.environ, "HOME": os.environ.get("HOME", "/tmp")},
             )
-            page = await browser.new_page()
-            await page.goto(f"http://127.0.0.1:{port}/admin")
+            page = await browser.new_page(viewport={"width": 1280, "height": 900})
+            await page.goto(f"http://127.0.0.1:{port}/")
             await page.fill("input[name=token]", TOKEN)
             await page.click("button[type=submit]")
             await page.wait_for_selector("#jobs")
-            assert "nightly_digest" in await page.inner_text("#jobs")
             assert "Nightly digest" in await page.inner_text("#jobs")
+            assert "cron 0 6 * * 1-5 (Europe/Zurich)" in await page.inner_text("#jobs")
+
+            # Run the failing job now and read its error on its page.
+            report = page.locator("tr[data-job='weekday_report']")
+            await report.get_by_role("button", name="Run now").click()
+            await page.wait_for_selector("#flash")
+            await page.click("a[href='/admin/jobs/weekday_report']")
+            await page.wait_for_selector("#history")
+            async with asyncio.timeout(20):
+                while "the report store answered 503" not in await page.inner_text("#history"):
+                    await page.click("#refresh")
+                    await page.wait_for_selector("#history")
+            run = page.locator("#history tr[data-run]").first
+            assert "manual" in await run.inner_text()
+            summary = run.locator("details summary")
+            assert await summary.inner_text() == "RuntimeError: the report store answered 503"
+            assert not await run.locator("details pre").is_visible()
+            await summary.click()
+            assert "Traceback" in await run.locator("details pre").inner_text()
+            await page.screenshot(path=SCREENSHOTS / "admin-job-1280.png", full_page=True)
+            assert await _page_width(page) <= 1280
+
+            # Pause and resume from the job's page.
+            await page.get_by_role("button", name="Pause").click()
+            await page.wait_for_selector("#flash")
+            assert "Job weekday_report is paused." in await page.inner_text("#flash")
+            assert "yes" in await page.inner_text("#job-state")
+            await page.get_by_role("button", name="Resume").click()
+            await page.wait_for_selector("text=Job weekday_report is resumed.")
+
+            # Reset the stuck row from the main page; the pending one is listed too.
+            await page.goto(f"http://127.0.0.1:{port}/admin")
+            assert "HTTP 503 Service Unavailable" in await page.inner_text("#pending")
             stuck_row = page.locator(f"tr[data-message='{row}']")
             assert "grant-9" in await stuck_row.inner_text()
+            await page.screenshot(path=SCREENSHOTS / "admin-1280.png", full_page=True)
+            assert await _page_width(page) <= 1280
             await stuck_row.locator("button").click()
             await page.wait_for_selector("#flash")
             assert f"Message {row} is pending" in await page.inner_text("#flash")
             assert await page.locator(f"tr[data-message='{row}']").count() == 0
             pending = page.locator("tr[data-outbox='grants'] td.pending")
-            assert await pending.inner_text() == "1"
+            assert await pending.inner_text() == "2"
+
+            # A phone-sized window: nothing wider than the screen but the tables' scroll.
+            await page.set_viewport_size({"width": 420, "height": 900})
+            await page.goto(f"http://127.0.0.1:{port}/admin")
+            assert await _page_width(page) <= 420
+            await page.screenshot(path=SCREENSHOTS / "admin-420.png", full_page=True)
+            await page.goto(f"http://127.0.0.1:{port}/admin/jobs/weekday_report")
+            assert await _page_width(page) <= 420
+            await page.screenshot(path=SCREENSHOTS / "admin-job-420.png", full_page=True)
             await browser.close()
     finally:
         server.should_exit = True
@@ -171,6 +430,8 @@ async def test_sign_in_see_jobs_reset_a_stuck_row_in_chromium(
             text("SELECT status, attempts FROM outbox_messages WHERE id = :id"), {"id": row}
         )
         assert tuple(status.one()) == ("pending", 0)
+        paused = text("SELECT paused FROM scheduler_jobs WHERE id = 'weekday_report'")
+        assert (await conn.execute(paused)).scalar_one() is False
 
 
 async def test_an_empty_admin_token_opens_nothing_to_a_forged_cookie(settings: Settings) -> None:
@@ -186,3 +447,13 @@ async def test_an_empty_admin_token_opens_nothing_to_a_forged_cookie(settings: S
             client.cookies.set("regent_admin", forged, path="/admin")
             response = await client.get("/admin")
     assert response.status_code == 404
+
+
+async def test_a_refused_action_reads_as_an_error(
+    page_client: httpx.AsyncClient, database: Database
+) -> None:
+    await _job(database, paused=True)
+    csrf = await _signed_in(page_client)
+    response = await page_client.post("/admin/jobs/nightly/run", data={"csrf": csrf})
+    assert response.status_code == 409
+    assert re.search(r'<p class="flash error" id="flash">[^<]*paused', response.text)

@@ -1,11 +1,15 @@
 """`python -m app jobs | outbox | leader`: tables, and bad input that exits non-zero."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 
 import psycopg
 import pytest
+
+from app.localpg import free_port
 
 
 def _app(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -96,3 +100,149 @@ def test_leader_without_one_says_so(seeded: str) -> None:
     result = _app(seeded, "leader")
     assert result.returncode == 0
     assert "no leader" in result.stdout
+
+
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "jobs.py", line 3, in sweep\n'
+    "    charge()\n"
+    "RuntimeError: gateway said no\n"
+)
+
+
+def _execute(database_url: str, sql: str, *params: object) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(sql, params)
+
+
+@pytest.fixture
+def with_runs(seeded: str) -> str:
+    """Two runs of 'nightly': a scheduled one that failed, then a manual one."""
+    for slot, status, error in [
+        ("2026-12-02 01:00:00.250+00", "error", TRACEBACK),
+        ("2026-12-02 02:00:00+00", "ok", None),
+    ]:
+        _execute(
+            seeded,
+            "INSERT INTO scheduler_runs (job_id, scope, slot, started_at, finished_at, status,"
+            " lateness_ms, duration_ms, pid, host, error) VALUES ('nightly', 'leader', %s, %s,"
+            " %s, %s, 2, 0, 4242, 'web-1', %s)",
+            slot,
+            slot,
+            slot,
+            status,
+            error,
+        )
+    _execute(
+        seeded,
+        "INSERT INTO scheduler_manual_runs (job_id, slot, requested_at)"
+        " VALUES ('nightly', '2026-12-02 02:00:00+00', now())",
+    )
+    return seeded
+
+
+def test_jobs_read_yes_no_timestamps_to_the_second_and_triggers_with_their_zone(
+    seeded: str,
+) -> None:
+    _execute(seeded, "UPDATE scheduler_jobs SET next_run_at = '2026-12-02 15:47:37.5+00'")
+    result = _app(seeded, "jobs")
+    assert result.returncode == 0, result.stderr
+    assert "True" not in result.stdout and "False" not in result.stdout
+    assert re.search(r"\bno\b", result.stdout)
+    assert "2026-12-02 15:47:37Z" in result.stdout and "+00:00" not in result.stdout
+    assert "cron 0 3 * * * (UTC)" in result.stdout
+
+
+def test_history_keeps_one_line_per_run_and_marks_manual_runs(with_runs: str) -> None:
+    result = _app(with_runs, "jobs", "history", "nightly")
+    assert result.returncode == 0, result.stderr
+    header, *rows = result.stdout.strip().splitlines()
+    assert "manual" in header
+    assert len(rows) == 2
+    newest, oldest = rows
+    assert re.search(r"\byes\b", newest) and "0 ms" in newest
+    assert "RuntimeError: gateway said no" in oldest and "Traceback" not in result.stdout
+    assert "2026-12-02 01:00:00Z" in oldest
+
+
+def test_history_full_prints_each_error_whole(with_runs: str) -> None:
+    result = _app(with_runs, "jobs", "history", "nightly", "--full")
+    assert result.returncode == 0, result.stderr
+    assert TRACEBACK.strip() in result.stdout
+
+
+def test_jobs_pause_and_resume(seeded: str) -> None:
+    paused = _app(seeded, "jobs", "pause", "nightly")
+    assert paused.returncode == 0, paused.stderr
+    assert "paused" in paused.stdout
+    assert re.search(r"nightly .*\byes\s*$", _app(seeded, "jobs").stdout, re.MULTILINE)
+    resumed = _app(seeded, "jobs", "resume", "nightly")
+    assert resumed.returncode == 0, resumed.stderr
+    assert re.search(r"nightly .*\bno\s*$", _app(seeded, "jobs").stdout, re.MULTILINE)
+
+
+def test_pausing_an_unknown_job_names_it(seeded: str) -> None:
+    result = _app(seeded, "jobs", "pause", "nope")
+    assert result.returncode == 1
+    assert "no job with id 'nope'" in result.stderr
+
+
+def test_outbox_list_counts_each_outbox_per_status(seeded: str) -> None:
+    result = _app(seeded, "outbox", "list")
+    assert result.returncode == 0, result.stderr
+    header, row = result.stdout.strip().splitlines()
+    assert header.split()[:4] == ["outbox", "pending", "delivered", "stuck"]
+    assert row.split()[:4] == ["grants", "0", "0", "1"]
+
+
+def test_outbox_pending_lists_pending_rows_with_their_last_error(seeded: str) -> None:
+    _execute(
+        seeded,
+        "INSERT INTO outbox_messages (outbox, key, payload, status, attempts, next_attempt_at,"
+        " created_at, updated_at, last_error) VALUES ('grants', 'g-2', '{}', 'pending', 3,"
+        " now(), now(), now(), 'HTTP 503')",
+    )
+    result = _app(seeded, "outbox", "pending")
+    assert result.returncode == 0, result.stderr
+    assert "g-2" in result.stdout and "HTTP 503" in result.stdout
+    assert "g-1" not in result.stdout
+
+
+def test_outbox_without_a_subcommand_names_the_subcommands(seeded: str) -> None:
+    result = _app(seeded, "outbox")
+    assert result.returncode == 2
+    for name in ("list", "pending", "stuck", "reset"):
+        assert name in result.stderr
+    assert "outbox_command" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["jobs"],
+        ["jobs", "history", "nightly"],
+        ["outbox", "list"],
+        ["outbox", "stuck"],
+        ["outbox", "pending"],
+        ["leader"],
+    ],
+)
+def test_every_read_command_prints_json_for_scripts(with_runs: str, args: list[str]) -> None:
+    result = _app(with_runs, *args, "--json")
+    assert result.returncode == 0, result.stderr
+    json.loads(result.stdout)
+
+
+def test_an_unreachable_embedded_server_names_regent_pg_port() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "jobs"],
+        env=env | {"REGENT_PG_PORT": str(free_port())},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "REGENT_PG_PORT" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -293,9 +293,6 @@ async def test_the_api_ignores_the_page_cookie(page_client: httpx.AsyncClient) -
     assert (await page_client.get("/admin/api/jobs")).status_code == 401
 
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs"
-
-
 async def _page_width(page: Any) -> int:
     width: int = await page.evaluate("document.documentElement.scrollWidth")
     return width
@@ -304,10 +301,12 @@ async def _page_width(page: Any) -> int:
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (.ci/run installs it)")
 async def test_sign_in_history_pause_resume_and_reset_in_chromium(
-    admin_settings: Settings, database: Database
+    admin_settings: Settings, database: Database, tmp_path: Path
 ) -> None:
-    """The operator's round in a real browser; screenshots at 1280 and 420 px wide are
-    saved to docs/admin-*.png, and neither width scrolls the page sideways."""
+    """The operator's round in a real browser; neither 1280 nor 420 px wide scrolls the
+    page sideways. Screenshots go to REGENT_SCREENSHOTS (an existing directory) when set, to
+    look at by hand, else to the test's temporary directory."""
+    screenshots = Path(os.environ.get("REGENT_SCREENSHOTS") or tmp_path)
     from playwright.async_api import async_playwright
 
     scheduler = Scheduler()
@@ -343,7 +342,6 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     )
     serving = asyncio.create_task(server.serve())
-    SCREENSHOTS.mkdir(exist_ok=True)
     try:
         async with asyncio.timeout(20):
             while not server.started:
@@ -388,7 +386,7 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
             assert not await run.locator("details pre").is_visible()
             await summary.click()
             assert "Traceback" in await run.locator("details pre").inner_text()
-            await page.screenshot(path=SCREENSHOTS / "admin-job-1280.png", full_page=True)
+            await page.screenshot(path=screenshots / "admin-job-1280.png", full_page=True)
             assert await _page_width(page) <= 1280
 
             # Pause and resume from the job's page.
@@ -404,7 +402,7 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
             assert "HTTP 503 Service Unavailable" in await page.inner_text("#pending")
             stuck_row = page.locator(f"tr[data-message='{row}']")
             assert "grant-9" in await stuck_row.inner_text()
-            await page.screenshot(path=SCREENSHOTS / "admin-1280.png", full_page=True)
+            await page.screenshot(path=screenshots / "admin-1280.png", full_page=True)
             assert await _page_width(page) <= 1280
             await stuck_row.locator("button").click()
             await page.wait_for_selector("#flash")
@@ -417,10 +415,10 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
             await page.set_viewport_size({"width": 420, "height": 900})
             await page.goto(f"http://127.0.0.1:{port}/admin")
             assert await _page_width(page) <= 420
-            await page.screenshot(path=SCREENSHOTS / "admin-420.png", full_page=True)
+            await page.screenshot(path=screenshots / "admin-420.png", full_page=True)
             await page.goto(f"http://127.0.0.1:{port}/admin/jobs/weekday_report")
             assert await _page_width(page) <= 420
-            await page.screenshot(path=SCREENSHOTS / "admin-job-420.png", full_page=True)
+            await page.screenshot(path=screenshots / "admin-job-420.png", full_page=True)
             await browser.close()
     finally:
         server.should_exit = True

@@ -192,19 +192,20 @@ def test_outbox_list_counts_each_outbox_per_status(seeded: str) -> None:
     assert result.returncode == 0, result.stderr
     header, row = result.stdout.strip().splitlines()
     assert header.split()[:4] == ["outbox", "pending", "delivered", "stuck"]
-    assert row.split()[:4] == ["grants", "0", "0", "1"]
+    # The seed: g-1 stuck, g-2 pending (held by a drain).
+    assert row.split()[:4] == ["grants", "1", "0", "1"]
 
 
 def test_outbox_pending_lists_pending_rows_with_their_last_error(seeded: str) -> None:
     _execute(
         seeded,
         "INSERT INTO outbox_messages (outbox, key, payload, status, attempts, next_attempt_at,"
-        " created_at, updated_at, last_error) VALUES ('grants', 'g-2', '{}', 'pending', 3,"
+        " created_at, updated_at, last_error) VALUES ('grants', 'g-3', '{}', 'pending', 3,"
         " now(), now(), now(), 'HTTP 503')",
     )
     result = _app(seeded, "outbox", "pending")
     assert result.returncode == 0, result.stderr
-    assert "g-2" in result.stdout and "HTTP 503" in result.stdout
+    assert "g-3" in result.stdout and "HTTP 503" in result.stdout
     assert "g-1" not in result.stdout
 
 

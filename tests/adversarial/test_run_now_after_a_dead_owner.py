@@ -1,0 +1,46 @@
+"""Run now is refused only while a body really runs: a dead owner's run must not block it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.admin.queries import run_job_now
+from app.scheduler import JobContext, Scheduler, cron
+from app.scheduler.store import JobStore
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+LEASE = timedelta(seconds=30)
+
+
+def _yearly(ctx: JobContext) -> None:
+    return None
+
+
+async def test_run_now_is_accepted_once_a_killed_owners_running_lease_ran_out(
+    engine: AsyncEngine,
+) -> None:
+    scheduler = Scheduler()
+    scheduler.job(cron("0 0 1 1 *", tz="UTC"), id="yearly")(_yearly)
+    spec = scheduler.jobs["yearly"]
+    store = JobStore(engine, pid=4242, host="gone")
+    rows = await store.register_leader_jobs([spec], T0 - timedelta(days=1), ZoneInfo("UTC"))
+    due = rows["yearly"].next_run_at
+    # The owner claims its slot, starts the body and is killed (kill -9): nothing ever
+    # records the outcome or clears the lease; the lease runs out on its own.
+    claimed = await store.claim(
+        spec,
+        due=due,
+        next_slot=spec.trigger.next_after(due, ZoneInfo("UTC")),
+        run_slot=due,
+        now=due,
+        status="running",
+        fence_pid=None,
+        running_until=due + LEASE,
+    )
+    assert claimed is not None and claimed.status == "running"
+    # A day later the lease is long gone and no body runs anywhere; the next slot is a
+    # year away. The operator asks for a run now.
+    await run_job_now(engine, "yearly", due + timedelta(days=1))

@@ -71,8 +71,8 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 @contextlib.contextmanager
 def _database_url(settings: Settings) -> Iterator[tuple[str, bool]]:
     """The URL to use, and whether it is the embedded server (started here)."""
-    if settings.DATABASE_URL is not None:
-        yield settings.DATABASE_URL, False
+    if settings.database_url is not None:
+        yield settings.database_url, False
         return
     data_dir = settings.REGENT_DATA_DIR or default_data_dir()
     print(f"regent: embedded PostgreSQL, data directory {data_dir}", file=sys.stderr)

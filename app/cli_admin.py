@@ -113,7 +113,7 @@ COMMANDS: dict[str, Callable[[AsyncEngine, argparse.Namespace], Awaitable[str]]]
 
 def database_url(settings: Settings) -> str:
     """DATABASE_URL, or the embedded server a running `python -m app` listens on."""
-    return settings.DATABASE_URL or (
+    return settings.database_url or (
         f"postgresql://regent@127.0.0.1:{settings.REGENT_PG_PORT}/regent"
     )
 

@@ -57,8 +57,8 @@ async def _wait_for_configuration(message: Message) -> None:
 def build(settings: Settings, scheduler: Scheduler) -> tuple[Outbox, APIRouter]:
     """The credit_grants outbox (its drain on ``scheduler``) and the grants route."""
     deliver = (
-        HttpTransport(settings.CREDIT_GRANTS_URL)
-        if settings.CREDIT_GRANTS_URL
+        HttpTransport(settings.credit_grants_url)
+        if settings.credit_grants_url
         else _wait_for_configuration
     )
     outbox = Outbox("credit_grants", deliver, scheduler=scheduler)

@@ -136,6 +136,11 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
     import uvicorn
 
     target = _app_target(args, settings)
+    if target == DEFAULT_APP:
+        # Checked here too: each worker would otherwise fail alone, after a migration.
+        from .jobs import JobDeps, refuse_logging_gateways
+
+        refuse_logging_gateways(settings, JobDeps())
 
     with _database_url(settings) as (url, embedded):
         if embedded:

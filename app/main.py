@@ -184,12 +184,12 @@ def _default_app() -> FastAPI:
 
     try:
         settings = load_settings()
+        jobs = build(settings)
     except SettingsError as exc:
         # Under plain `uvicorn app.main:app` an exception here prints uvicorn's import
         # traceback before the message; the message alone says what to fix.
         print(f"regent: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    jobs = build(settings)
     app = create_app(settings, jobs.scheduler)
     app.include_router(jobs.router)
     return app

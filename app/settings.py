@@ -71,6 +71,16 @@ class Settings(BaseSettings):
         default=24, ge=1, le=1000, description="attempts after which an outbox row becomes stuck"
     )
     TRACKING_EVENT_RETENTION_DAYS: int = Field(default=365, ge=1, le=36500)
+    BOOKING_REMINDERS_ENABLED: bool = Field(
+        default=True, description="the booking_reminders job (it needs JobDeps(sms=...))"
+    )
+    SUBSCRIPTIONS_ENABLED: bool = Field(
+        default=True,
+        description="the subscription_charges job (it needs JobDeps(payments=...))",
+    )
+    UPDATES_CONSUMER_ENABLED: bool = Field(
+        default=True, description="the updates_consumer service (it needs JobDeps(updates=...))"
+    )
     REPORT_WARM_ENABLED: bool = True
     REPORT_WARM_INTERVAL_MINUTES: float = _finite(default=60, gt=0, le=_WEEK / 60)
     CREDIT_GRANTS_URL: SecretUrl | None = Field(

@@ -94,6 +94,11 @@ class Settings(BaseSettings):
         description="bearer token of the admin API and page, at least "
         f"{ADMIN_TOKEN_MIN_LENGTH} characters; unset: they 404",
     )
+    API_TOKEN: SecretStr | None = Field(
+        default=None,
+        description="bearer token of the example routes /api/stats and /api/credits/grants, "
+        f"at least {ADMIN_TOKEN_MIN_LENGTH} characters; unset: they 404",
+    )
     DATABASE_CONNECT_TIMEOUT_SECONDS: float = _finite(default=10, gt=0, le=600)
     LEASE_SECONDS: int = Field(
         default=30,
@@ -105,7 +110,7 @@ class Settings(BaseSettings):
     HANDOVER_GRACE_SECONDS: float = _finite(default=1, ge=0, le=3600)
     SHUTDOWN_GRACE_SECONDS: float = _finite(default=10, ge=0, le=3600)
 
-    @field_validator("ADMIN_TOKEN")
+    @field_validator("ADMIN_TOKEN", "API_TOKEN")
     @classmethod
     def _strong_token(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None:
@@ -115,7 +120,7 @@ class Settings(BaseSettings):
             raise ValueError(
                 "is empty or has surrounding whitespace; set a random value of at least "
                 f"{ADMIN_TOKEN_MIN_LENGTH} characters (e.g. `openssl rand -hex 32`), or "
-                "unset it to turn the admin off"
+                "unset it to turn off the routes it guards"
             )
         if len(token) < ADMIN_TOKEN_MIN_LENGTH:
             raise ValueError(

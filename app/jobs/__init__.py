@@ -2,16 +2,18 @@
 idempotency pattern (see each module's docstring).
 
 ``build(settings, deps)`` registers them on a new Scheduler and returns it with the
-routes that go with them; ``app.main:app`` uses it. Systems outside the app (SMS,
-payments, a bot's updates) come in through ``JobDeps``; the defaults only log, so with
-ENVIRONMENT=production ``build`` refuses them for every job that is enabled.
+routes that go with them; ``app.main:app`` uses it. The routes answer only to
+``Authorization: Bearer <API_TOKEN>`` (404 while API_TOKEN is unset; see api_token.py).
+Systems outside the app (SMS, payments, a bot's updates) come in through ``JobDeps``;
+the defaults only log, so with ENVIRONMENT=production ``build`` refuses them for every
+job that is enabled.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from app.outbox import Outbox
 from app.scheduler import Scheduler
@@ -27,6 +29,7 @@ from . import (
     subscriptions,
     updates_consumer,
 )
+from .api_token import require_api_token
 from .gateways import (
     LOGGING_ONLY,
     LoggingPaymentProvider,
@@ -121,7 +124,8 @@ def build(settings: Settings, deps: JobDeps | None = None) -> AppJobs:
     if settings.UPDATES_CONSUMER_ENABLED:
         updates_consumer.register(scheduler, deps.updates)
     grants, grants_router = credit_grants.build(settings, scheduler)
-    router = APIRouter()
+    # They move money and read any workspace: never open, and off until configured.
+    router = APIRouter(dependencies=[Depends(require_api_token)])
     router.include_router(grants_router)
     router.include_router(report_warm.router)
     return AppJobs(scheduler, grants, router)

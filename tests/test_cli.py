@@ -302,3 +302,16 @@ def test_a_bad_app_target_fails_in_one_line_naming_it(target: str) -> None:
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1, result.stderr
     assert target in result.stderr
+
+
+def test_operator_commands_reach_the_running_embedded_server(embedded_app: EmbeddedApp) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "jobs"],
+        env=embedded_app.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("id "), result.stdout

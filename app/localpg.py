@@ -34,6 +34,7 @@ from pathlib import Path
 import psycopg
 
 from .parent_death import set_parent_death_signal
+from .redact import redact
 
 __all__ = ["LocalPostgres", "LocalPostgresError", "find_bindir", "free_port", "local_url"]
 
@@ -302,7 +303,8 @@ class LocalPostgres:
             check=False,
         )
         if result.returncode != 0:
-            raise LocalPostgresError(f"pg_basebackup failed: {result.stderr.strip()}")
+            # Its errors may quote the connection string, password included.
+            raise LocalPostgresError(f"pg_basebackup failed: {redact(result.stderr.strip())}")
         return LocalPostgres(data_dir, port=port, fsync=self.fsync, bindir=self.bindir)
 
     def _prepare_data_dir(self) -> None:

@@ -3,7 +3,8 @@
 ``POST /api/credits/grants`` commits the grant and its outbox row in one transaction,
 answers 202, and tries delivery after the response through the outbox's inline attempt;
 the drain, every minute, is the durability half. A reused ``reference`` returns the
-existing grant and adds nothing.
+existing grant and adds nothing. ``build()`` in ``app.jobs`` mounts the route behind
+``Authorization: Bearer <API_TOKEN>`` (see api_token.py): it moves money.
 """
 
 from __future__ import annotations

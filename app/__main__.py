@@ -76,8 +76,8 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 @contextlib.contextmanager
 def _database_url(settings: Settings) -> Iterator[tuple[str, bool]]:
     """The URL to use, and whether it is the embedded server (started here)."""
-    if settings.DATABASE_URL is not None:
-        yield settings.DATABASE_URL, False
+    if settings.database_url is not None:
+        yield settings.database_url, False
         return
     data_dir = settings.REGENT_DATA_DIR or default_data_dir()
     print(f"regent: embedded PostgreSQL, data directory {data_dir}", file=sys.stderr)
@@ -148,6 +148,11 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
     import uvicorn
 
     target = _app_target(args, settings)
+    if target == DEFAULT_APP:
+        # Checked here too: each worker would otherwise fail alone, after a migration.
+        from .jobs import JobDeps, refuse_logging_gateways
+
+        refuse_logging_gateways(settings, JobDeps())
 
     with _database_url(settings) as (url, embedded):
         if embedded:

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .admin import display, queries
 from .db import DatabaseUnreachableError, async_url, verify_schema_at_head
+from .embedded import default_data_dir, embedded_url
 from .scheduler import SystemClock
 from .settings import Settings
 
@@ -207,10 +208,12 @@ COMMANDS: dict[str, Callable[[AsyncEngine, argparse.Namespace, Settings], Awaita
 
 
 def database_url(settings: Settings) -> str:
-    """DATABASE_URL, or the embedded server a running `python -m app` listens on."""
-    return settings.DATABASE_URL or (
-        f"postgresql://regent@127.0.0.1:{settings.REGENT_PG_PORT}/regent"
-    )
+    """DATABASE_URL, or the embedded server a running `python -m app` listens on (with
+    the password kept in its data directory)."""
+    if settings.database_url is not None:
+        return settings.database_url
+    data_dir = settings.REGENT_DATA_DIR or default_data_dir()
+    return embedded_url(data_dir, settings.REGENT_PG_PORT)
 
 
 async def run_command(settings: Settings, args: argparse.Namespace) -> str:

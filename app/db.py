@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from alembic import command
@@ -25,6 +25,8 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 from sqlalchemy.orm import Session, sessionmaker
+
+from .redact import redact
 
 __all__ = [
     "Database",
@@ -131,7 +133,8 @@ def _connection_error(exc: BaseException, target: str) -> DatabaseError | None:
         # SQLAlchemy wraps the driver's error in several lines; the driver's first says it.
         cause = getattr(exc, "orig", None) or exc
         cause = cause.__cause__ or cause
-        reason = (str(cause).strip().splitlines() or [""])[0]
+        # A driver may quote the DSN it was given: never print its password.
+        reason = redact((str(cause).strip().splitlines() or [""])[0])
         return DatabaseUnreachableError(
             f"cannot use PostgreSQL at {target}: {cause.__class__.__name__}: {reason}; "
             "check DATABASE_URL (user, password, database name)"
@@ -182,9 +185,10 @@ async def verify_schema_at_head(engine: AsyncEngine, *, timeout: float = 10) -> 
 
 @dataclass
 class Database:
-    """The app's engines and session factories, built from one URL."""
+    """The app's engines and session factories, built from one URL (kept out of the
+    repr: it carries the password)."""
 
-    url: str
+    url: str = field(repr=False)
     engine: AsyncEngine
     sync_engine: Engine
     sessions: async_sessionmaker[AsyncSession]

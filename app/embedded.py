@@ -12,9 +12,12 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from .localpg import LocalPostgres, LocalPostgresError
+from .localpg import LocalPostgres, LocalPostgresError, local_url
 
-__all__ = ["default_data_dir", "embedded_postgres"]
+__all__ = ["default_data_dir", "embedded_postgres", "embedded_url"]
+
+_PGDATA = "pgdata"
+_DATABASE = "regent"
 
 
 def default_data_dir() -> Path:
@@ -26,6 +29,22 @@ def default_data_dir() -> Path:
         return Path("/var/lib/regent")
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "regent"
+
+
+def embedded_url(data_dir: Path, port: int) -> str:
+    """URL of the app database on the embedded server of ``data_dir`` (one a running
+    `python -m app` started), with its password.
+
+    Raises LocalPostgresError when the password file cannot be read, naming the
+    settings that point at the embedded server.
+    """
+    try:
+        return local_url(data_dir / _PGDATA, port, _DATABASE)
+    except LocalPostgresError as exc:
+        raise LocalPostgresError(
+            f"no embedded PostgreSQL in {data_dir} (REGENT_DATA_DIR) for port {port} "
+            f"(REGENT_PG_PORT): {exc}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -59,7 +78,7 @@ def embedded_postgres(data_dir: Path, port: int) -> Iterator[LocalPostgres]:
         lock_file.truncate()
         lock_file.write(str(os.getpid()))
         lock_file.flush()
-        server = LocalPostgres(data_dir / "pgdata", port=port)
+        server = LocalPostgres(data_dir / _PGDATA, port=port, database=_DATABASE)
         server.start()
         try:
             yield server

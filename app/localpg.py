@@ -5,15 +5,24 @@ The server is started directly (not through pg_ctl) so that it stays our child: 
 a parent-death signal, and a SIGKILL of this process still takes it down. As root it
 runs as an unprivileged user, because initdb and postgres refuse root. It listens on
 127.0.0.1 only, with no Unix socket, so no lock file outside its data directory.
+
+Any local user can reach 127.0.0.1, so the server takes a password (scram-sha-256), never
+``trust``: initdb sets a random one, kept in ``regent.password`` (mode 0600) in the data
+directory, and every URL this module hands out carries it. A data directory an older
+version made with ``trust`` is moved to a password before its server starts: the role
+gets one in single-user mode and pg_hba.conf is rewritten, so the server never listens
+with ``trust`` again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import logging
 import os
 import pwd
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -25,11 +34,16 @@ from pathlib import Path
 import psycopg
 
 from .parent_death import set_parent_death_signal
+from .redact import redact
 
-__all__ = ["LocalPostgres", "LocalPostgresError", "find_bindir", "free_port"]
+__all__ = ["LocalPostgres", "LocalPostgresError", "find_bindir", "free_port", "local_url"]
+
+logger = logging.getLogger("app.localpg")
 
 _UNPRIVILEGED_USERS = ("postgres", "nobody")
 _DB_USER = "regent"
+PASSWORD_FILE = "regent.password"
+_AUTH_METHOD = "scram-sha-256"
 
 
 class LocalPostgresError(Exception):
@@ -85,6 +99,25 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def local_url(data_dir: Path, port: int, database: str) -> str:
+    """libpq URL of ``database`` on the server of ``data_dir`` at 127.0.0.1:``port``,
+    with the password kept in the data directory.
+
+    Raises LocalPostgresError when the password cannot be read (no server was ever
+    started there, or it belongs to another user).
+    """
+    path = data_dir / PASSWORD_FILE
+    try:
+        password = path.read_text().strip()
+    except OSError as exc:
+        raise LocalPostgresError(
+            f"cannot read the embedded PostgreSQL password {path} ({exc.strerror}); start "
+            "`python -m app` once as this user (it creates it), or set DATABASE_URL"
+        ) from None
+    # token_urlsafe: nothing in it needs escaping in a URL.
+    return f"postgresql://{_DB_USER}:{password}@127.0.0.1:{port}/{database}"
 
 
 def _port_in_use(port: int) -> bool:
@@ -154,8 +187,14 @@ class LocalPostgres:
         return self.url_for(self.database)
 
     def url_for(self, database: str) -> str:
-        """libpq URL of another database on this server."""
-        return f"postgresql://{_DB_USER}@127.0.0.1:{self.port}/{database}"
+        """libpq URL of another database on this server (with its password: never
+        print it unredacted)."""
+        return local_url(self.data_dir, self.port, database)
+
+    @property
+    def password_path(self) -> Path:
+        """The file (mode 0600) that holds the password of the server's role."""
+        return self.data_dir / PASSWORD_FILE
 
     @property
     def pid(self) -> int | None:
@@ -177,6 +216,7 @@ class LocalPostgres:
                 "stop that server or choose another port with REGENT_PG_PORT"
             )
         self._clear_stale_pid_file()
+        self._require_password()
         options = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
@@ -247,13 +287,13 @@ class LocalPostgres:
         data_dir.mkdir(parents=True, mode=0o700)
         if self.account is not None:
             os.chown(data_dir, self.account.pw_uid, self.account.pw_gid)
+        # The password file is copied with the data directory: the replica's role is
+        # the primary's, and primary_conninfo (-R) carries the password.
         result = subprocess.run(
             [
                 str(self.bindir / "pg_basebackup"),
                 f"--pgdata={data_dir}",
-                "--host=127.0.0.1",
-                f"--port={self.port}",
-                f"--username={_DB_USER}",
+                f"--dbname={self.url_for('postgres')}",
                 "--write-recovery-conf",
                 "--checkpoint=fast",
             ],
@@ -263,7 +303,8 @@ class LocalPostgres:
             check=False,
         )
         if result.returncode != 0:
-            raise LocalPostgresError(f"pg_basebackup failed: {result.stderr.strip()}")
+            # Its errors may quote the connection string, password included.
+            raise LocalPostgresError(f"pg_basebackup failed: {redact(result.stderr.strip())}")
         return LocalPostgres(data_dir, port=port, fsync=self.fsync, bindir=self.bindir)
 
     def _prepare_data_dir(self) -> None:
@@ -286,29 +327,97 @@ class LocalPostgres:
         return self.data_dir.stat().st_uid == os.geteuid() and not any(self.data_dir.iterdir())
 
     def _initdb(self) -> None:
+        password = secrets.token_urlsafe(32)
+        # initdb reads the password from a file its account can read (it refuses root).
+        pwfile = self.data_dir.parent / f".{self.data_dir.name}.pwfile"
+        self._write_private(pwfile, password)
         args = [
             str(self.bindir / "initdb"),
             f"--pgdata={self.data_dir}",
             f"--username={_DB_USER}",
-            "--auth=trust",
+            f"--auth={_AUTH_METHOD}",
+            f"--pwfile={pwfile}",
             "--encoding=UTF8",
             "--locale=C",
         ]
         if not self.fsync:
             args.append("--no-sync")
-        result = subprocess.run(
-            args,
-            capture_output=True,
-            text=True,
-            preexec_fn=_child_setup(self.account, signal.SIGKILL),
-            check=False,
-        )
-        if result.returncode != 0:
+        try:
+            result = subprocess.run(
+                args,
+                capture_output=True,
+                text=True,
+                preexec_fn=_child_setup(self.account, signal.SIGKILL),
+                check=False,
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
+        if result.returncode == 0:
+            self._write_private(self.password_path, password)
+        else:
             raise LocalPostgresError(
                 f"initdb failed for {self.data_dir} (is every parent directory readable by "
                 f"{_user_name(self.account.pw_uid if self.account else os.geteuid())}?): "
                 f"{result.stderr.strip() or result.stdout.strip()}"
             )
+
+    def _write_private(self, path: Path, text: str) -> None:
+        """Write ``text`` to ``path``, mode 0600, owned by the server's account."""
+        path.unlink(missing_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(text + "\n")
+        if self.account is not None:
+            os.chown(path, self.account.pw_uid, self.account.pw_gid)
+
+    def _require_password(self) -> None:
+        """Move a data directory made with ``trust`` (or that lost its password file)
+        to a password, before the server listens: set the role's password in
+        single-user mode, then rewrite pg_hba.conf. Safe to repeat after a crash at
+        any step: the file is written first and reused."""
+        hba = self.data_dir / "pg_hba.conf"
+        lines = hba.read_text().splitlines()
+        trusting = [i for i, line in enumerate(lines) if _trusts(line)]
+        if not trusting and self.password_path.exists():
+            return
+        if not self.password_path.exists():
+            self._write_private(self.password_path, secrets.token_urlsafe(32))
+        password = self.password_path.read_text().strip()
+        result = subprocess.run(
+            [str(self.bindir / "postgres"), "--single", "-D", str(self.data_dir), "postgres"],
+            # On stdin, not in argv, where any local user could read it.
+            input=f"ALTER ROLE \"{_DB_USER}\" PASSWORD '{password}'\n",
+            capture_output=True,
+            text=True,
+            preexec_fn=_child_setup(self.account, signal.SIGKILL),
+            check=False,
+        )
+        output = f"{result.stdout}\n{result.stderr}"
+        if result.returncode != 0 or "ERROR:" in output:
+            reason = next(
+                (
+                    line.strip()
+                    for line in output.splitlines()
+                    if "ERROR:" in line or "FATAL:" in line
+                ),
+                f"exit status {result.returncode}",
+            )
+            raise LocalPostgresError(
+                f"could not set a password on the PostgreSQL in {self.data_dir} (made with "
+                f"trust authentication): {reason}; see its log, or move the directory aside "
+                "and start again"
+            )
+        for i in trusting:
+            lines[i] = re.sub(r"\btrust\b", _AUTH_METHOD, lines[i])
+        # Written in place: the file keeps its owner (the server's account).
+        hba.write_text("\n".join(lines) + "\n")
+        logger.warning(
+            "localpg.password_set: the PostgreSQL in %s (trust authentication, or no "
+            "password file) now takes only the password in %s",
+            self.data_dir,
+            self.password_path,
+            extra={"action": "localpg.password_set", "data_dir": str(self.data_dir)},
+        )
 
     def _clear_stale_pid_file(self) -> None:
         pid_file = self.data_dir / "postmaster.pid"
@@ -357,6 +466,13 @@ class LocalPostgres:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
+
+
+def _trusts(line: str) -> bool:
+    """True for a pg_hba.conf line whose method is ``trust``."""
+    # TYPE DATABASE USER [ADDRESS [MASK]] METHOD [OPTIONS]: the method comes after the
+    # third field, and no other field there can be the bare word trust.
+    return "trust" in line.split("#", 1)[0].split()[3:]
 
 
 def _user_name(uid: int) -> str:

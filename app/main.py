@@ -109,13 +109,14 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         # A worker of `uvicorn --workers N` (or `python -m app`) must not outlive its
         # supervisor: a SIGKILLed parent would leave it serving on the port.
         worker_dies_with_parent()
-        if resolved.DATABASE_URL is None:
+        database_url = resolved.database_url
+        if database_url is None:
             raise DatabaseError(
                 "DATABASE_URL is not set; set it to postgresql://user:pass@host:5432/db, "
                 "or run `python -m app`, which starts an embedded PostgreSQL"
             )
         database = Database.from_url(
-            resolved.DATABASE_URL, connect_timeout=resolved.DATABASE_CONNECT_TIMEOUT_SECONDS
+            database_url, connect_timeout=resolved.DATABASE_CONNECT_TIMEOUT_SECONDS
         )
         try:
             await verify_schema_at_head(
@@ -191,12 +192,12 @@ def _default_app() -> FastAPI:
 
     try:
         settings = load_settings()
+        jobs = build(settings)
     except SettingsError as exc:
         # Under plain `uvicorn app.main:app` an exception here prints uvicorn's import
         # traceback before the message; the message alone says what to fix.
         print(f"regent: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    jobs = build(settings)
     app = create_app(settings, jobs.scheduler)
     app.include_router(jobs.router)
     return app

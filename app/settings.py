@@ -16,6 +16,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from .secret_url import SecretUrl
+
 __all__ = ["ADMIN_TOKEN_MIN_LENGTH", "Settings", "SettingsError", "load_settings"]
 
 _POSTGRES_SCHEMES = ("postgres", "postgresql")
@@ -43,11 +45,11 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", frozen=True)
 
-    DATABASE_URL: str | None = Field(
+    DATABASE_URL: SecretUrl | None = Field(
         default=None,
         description="libpq URL of the app database; unset: `python -m app` runs an embedded one",
     )
-    LOCK_DATABASE_URL: str | None = Field(
+    LOCK_DATABASE_URL: SecretUrl | None = Field(
         default=None,
         description="URL for the scheduler's lock connection (bypass a pooling proxy); "
         "defaults to DATABASE_URL",
@@ -69,9 +71,19 @@ class Settings(BaseSettings):
         default=24, ge=1, le=1000, description="attempts after which an outbox row becomes stuck"
     )
     TRACKING_EVENT_RETENTION_DAYS: int = Field(default=365, ge=1, le=36500)
+    BOOKING_REMINDERS_ENABLED: bool = Field(
+        default=True, description="the booking_reminders job (it needs JobDeps(sms=...))"
+    )
+    SUBSCRIPTIONS_ENABLED: bool = Field(
+        default=True,
+        description="the subscription_charges job (it needs JobDeps(payments=...))",
+    )
+    UPDATES_CONSUMER_ENABLED: bool = Field(
+        default=True, description="the updates_consumer service (it needs JobDeps(updates=...))"
+    )
     REPORT_WARM_ENABLED: bool = True
     REPORT_WARM_INTERVAL_MINUTES: float = _finite(default=60, gt=0, le=_WEEK / 60)
-    CREDIT_GRANTS_URL: str | None = Field(
+    CREDIT_GRANTS_URL: SecretUrl | None = Field(
         default=None, description="receiver of credit grants; unset: grants wait, pending"
     )
     CHARGE_CLAIM_COOLDOWN_SECONDS: float = _finite(
@@ -81,6 +93,11 @@ class Settings(BaseSettings):
         default=None,
         description="bearer token of the admin API and page, at least "
         f"{ADMIN_TOKEN_MIN_LENGTH} characters; unset: they 404",
+    )
+    API_TOKEN: SecretStr | None = Field(
+        default=None,
+        description="bearer token of the example routes /api/stats and /api/credits/grants, "
+        f"at least {ADMIN_TOKEN_MIN_LENGTH} characters; unset: they 404",
     )
     DATABASE_CONNECT_TIMEOUT_SECONDS: float = _finite(default=10, gt=0, le=600)
     LEASE_SECONDS: int = Field(
@@ -93,7 +110,7 @@ class Settings(BaseSettings):
     HANDOVER_GRACE_SECONDS: float = _finite(default=1, ge=0, le=3600)
     SHUTDOWN_GRACE_SECONDS: float = _finite(default=10, ge=0, le=3600)
 
-    @field_validator("ADMIN_TOKEN")
+    @field_validator("ADMIN_TOKEN", "API_TOKEN")
     @classmethod
     def _strong_token(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None:
@@ -103,7 +120,7 @@ class Settings(BaseSettings):
             raise ValueError(
                 "is empty or has surrounding whitespace; set a random value of at least "
                 f"{ADMIN_TOKEN_MIN_LENGTH} characters (e.g. `openssl rand -hex 32`), or "
-                "unset it to turn the admin off"
+                "unset it to turn off the routes it guards"
             )
         if len(token) < ADMIN_TOKEN_MIN_LENGTH:
             raise ValueError(
@@ -114,10 +131,10 @@ class Settings(BaseSettings):
 
     @field_validator("CREDIT_GRANTS_URL")
     @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is None or value == "":
+    def _http_url(cls, value: SecretUrl | None) -> SecretUrl | None:
+        if value is None or value.get_secret_value() == "":
             return None
-        parts = urlsplit(value)
+        parts = urlsplit(value.get_secret_value())
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
                 "must be an http:// or https:// URL with a host, e.g. https://host/path"
@@ -126,10 +143,10 @@ class Settings(BaseSettings):
 
     @field_validator("DATABASE_URL", "LOCK_DATABASE_URL")
     @classmethod
-    def _postgres_url(cls, value: str | None) -> str | None:
-        if value is None or value == "":
+    def _postgres_url(cls, value: SecretUrl | None) -> SecretUrl | None:
+        if value is None or value.get_secret_value() == "":
             return None
-        _parse_postgres_url(value)
+        _parse_postgres_url(value.get_secret_value())
         return value
 
     @field_validator("REGENT_DATA_DIR")
@@ -167,14 +184,29 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def database_url(self) -> str | None:
+        """DATABASE_URL with its password, for the code that connects (never print it)."""
+        return _revealed(self.DATABASE_URL)
+
+    @property
     def lock_database_url(self) -> str | None:
-        """The URL the scheduler's lock connection uses."""
-        return self.LOCK_DATABASE_URL or self.DATABASE_URL
+        """The URL the scheduler's lock connection uses, with its password."""
+        return _revealed(self.LOCK_DATABASE_URL) or self.database_url
+
+    @property
+    def credit_grants_url(self) -> str | None:
+        """CREDIT_GRANTS_URL with its credentials, for the transport that posts to it."""
+        return _revealed(self.CREDIT_GRANTS_URL)
 
     @property
     def is_production(self) -> bool:
         """True when ENVIRONMENT is production: the scheduler then fails closed."""
         return self.ENVIRONMENT == "production"
+
+
+def _revealed(url: SecretUrl | str | None) -> str | None:
+    # model_copy(update=...) skips validation, so a copied Settings may hold a plain str.
+    return url.get_secret_value() if isinstance(url, SecretUrl) else url
 
 
 def _parse_postgres_url(value: str) -> URL:

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import Database, asyncpg_dsn
 from app.scheduler import Clock, FakeClock, Scheduler, SchedulerConfig
 from app.scheduler.supervisor import Supervisor
-from app.settings import Settings
+from app.settings import Settings, load_settings
 from app.testing import TestServer
 
 
@@ -66,7 +66,7 @@ def empty_database_url(pg_server: TestServer) -> Iterator[str]:
 @pytest.fixture
 def settings(database_url: str) -> Settings:
     """Test settings bound to this test's database, ignoring any .env file."""
-    return Settings(  # type: ignore[call-arg]
+    return load_settings(
         _env_file=None,
         DATABASE_URL=database_url,
         ENVIRONMENT="test",

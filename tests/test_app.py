@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from app.db import DatabaseUnreachableError, SchemaNotAtHeadError
 from app.localpg import free_port
 from app.main import create_app
-from app.settings import Settings
+from app.settings import Settings, load_settings
 
 
 class _Lifespan:
@@ -52,7 +52,7 @@ async def test_readyz_answers_503_with_the_reason_when_schema_falls_behind(
 
 
 async def test_start_up_refuses_a_database_behind_head(empty_database_url: str) -> None:
-    settings = Settings(_env_file=None, DATABASE_URL=empty_database_url)  # type: ignore[call-arg]
+    settings = load_settings(_env_file=None, DATABASE_URL=empty_database_url)
     with pytest.raises(SchemaNotAtHeadError):
         async with _Lifespan(create_app(settings)):
             pass
@@ -60,7 +60,7 @@ async def test_start_up_refuses_a_database_behind_head(empty_database_url: str) 
 
 async def test_start_up_names_an_unreachable_server() -> None:
     port = free_port()
-    settings = Settings(  # type: ignore[call-arg]
+    settings = load_settings(
         _env_file=None,
         DATABASE_URL=f"postgresql://u:p@127.0.0.1:{port}/app",
         DATABASE_CONNECT_TIMEOUT_SECONDS=3,

@@ -319,3 +319,16 @@ def test_start_up_names_the_admin_page_url_with_a_token() -> None:
     assert admin_page_note(settings, "127.0.0.1", 8000) == (
         "regent: admin page at http://127.0.0.1:8000/admin"
     )
+
+
+def test_operator_commands_reach_the_running_embedded_server(embedded_app: EmbeddedApp) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "jobs"],
+        env=embedded_app.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("id "), result.stdout

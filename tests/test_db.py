@@ -12,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.db import (
+    Database,
     DatabaseUnreachableError,
     SchemaNotAtHeadError,
     async_url,
@@ -125,3 +126,11 @@ async def test_sessions_of_both_engines_reach_the_database(database_url: str) ->
             assert sync_session.execute(text("SELECT 2")).scalar_one() == 2
     finally:
         await db.dispose()
+
+
+async def test_a_database_object_prints_no_password() -> None:
+    database = Database.from_url("postgresql://app:db-pass-1@127.0.0.1:5432/app")
+    try:
+        assert "db-pass-1" not in repr(database) + str(database)
+    finally:
+        await database.dispose()

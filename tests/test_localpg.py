@@ -116,3 +116,64 @@ def test_stop_leaves_no_server_process(scratch: Path) -> None:
     assert _wait_gone(postmaster, timeout=1)
     with pytest.raises(ProcessLookupError):
         os.kill(postmaster, signal.SIG_DFL)
+
+
+def _passwordless(server: LocalPostgres) -> str:
+    return f"postgresql://regent@127.0.0.1:{server.port}/postgres"
+
+
+def _hba_methods(data_dir: Path) -> set[str]:
+    lines = (data_dir / "pg_hba.conf").read_text().splitlines()
+    return {line.split()[-1] for line in lines if line.strip() and not line.startswith("#")}
+
+
+def test_a_new_server_takes_only_its_password_kept_0600_in_the_data_directory(
+    scratch: Path,
+) -> None:
+    server = LocalPostgres(scratch / "data", port=free_port(), fsync=False)
+    server.start()
+    try:
+        password_file = scratch / "data" / "regent.password"
+        assert password_file.stat().st_mode & 0o777 == 0o600
+        password = password_file.read_text().strip()
+        assert len(password) >= 32 and password in server.url
+        assert _hba_methods(scratch / "data") == {"scram-sha-256"}
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(_passwordless(server), connect_timeout=5).close()
+        with psycopg.connect(server.url) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        server.stop()
+
+
+def test_a_data_directory_made_with_trust_is_moved_to_a_password_on_start(
+    scratch: Path,
+) -> None:
+    data = scratch / "data"
+    server = LocalPostgres(data, port=free_port(), fsync=False)
+    server.start()
+    # What an older version left: a role without a password, trust for every client.
+    with psycopg.connect(server.url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (id int)")
+        conn.execute("INSERT INTO kept VALUES (1)")
+        conn.execute("ALTER ROLE regent PASSWORD NULL")
+    server.stop()
+    (data / "regent.password").unlink(missing_ok=True)
+    (data / "pg_hba.conf").write_text(
+        "local all all trust\n"
+        "host all all 127.0.0.1/32 trust\n"
+        "host all all ::1/128 trust\n"
+        "local replication all trust\n"
+        "host replication all 127.0.0.1/32 trust\n"
+    )
+    upgraded = LocalPostgres(data, port=free_port(), fsync=False)
+    upgraded.start()
+    try:
+        assert (data / "regent.password").stat().st_mode & 0o777 == 0o600
+        assert _hba_methods(data) == {"scram-sha-256"}
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(_passwordless(upgraded), connect_timeout=5).close()
+        with psycopg.connect(upgraded.url) as conn:
+            assert conn.execute("SELECT id FROM kept").fetchall() == [(1,)]
+    finally:
+        upgraded.stop()

@@ -140,3 +140,18 @@ def test_a_job_id_that_is_not_text_is_not_found_in_one_line(database_url: str) -
 def test_migrate_succeeds_with_the_sslmode_a_hosting_provider_adds(database_url: str) -> None:
     result = _app("migrate", DATABASE_URL=f"{database_url}?sslmode=disable")
     assert result.returncode == 0, result.stderr
+
+
+PRODUCTION = {"ENVIRONMENT": "production", "DATABASE_URL": "postgresql://u@127.0.0.1:1/x"}
+
+
+def test_plain_uvicorn_in_production_with_logging_gateways_says_one_line() -> None:
+    result = _run(
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(free_port())], PRODUCTION
+    )
+    assert_one_line_error(result, "LoggingSmsGateway", "JobDeps(", "BOOKING_REMINDERS_ENABLED")
+
+
+def test_serving_in_production_with_logging_gateways_says_one_line() -> None:
+    result = _app("--port", str(free_port()), **PRODUCTION)
+    assert_one_line_error(result, "LoggingSmsGateway", "JobDeps(", "BOOKING_REMINDERS_ENABLED")

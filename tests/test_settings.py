@@ -98,7 +98,7 @@ def test_credit_grants_url_must_be_http_or_https(url: str) -> None:
 
 def test_an_https_credit_grants_url_is_accepted() -> None:
     url = "https://grants.example/v1/grants"
-    assert url == load_settings(_env_file=None, CREDIT_GRANTS_URL=url).CREDIT_GRANTS_URL
+    assert url == load_settings(_env_file=None, CREDIT_GRANTS_URL=url).credit_grants_url
 
 
 @pytest.mark.parametrize("token", ["", "   ", "\t\n", "short-token-15c", "x" * 15])
@@ -114,3 +114,25 @@ def test_admin_token_refuses_empty_blank_and_short_values(token: str) -> None:
 def test_admin_token_of_16_characters_is_accepted() -> None:
     settings = load_settings(_env_file=None, ADMIN_TOKEN="a" * 16)
     assert settings.ADMIN_TOKEN is not None
+
+
+def test_no_url_setting_shows_its_password_in_repr_or_str_but_the_code_gets_it() -> None:
+    settings = load_settings(
+        _env_file=None,
+        DATABASE_URL="postgresql://app:db-pass-1@db:5432/app",
+        LOCK_DATABASE_URL="postgresql://app:lock-pass-2@db:5432/app",
+        CREDIT_GRANTS_URL="https://grants:grants-pass-3@receiver.example/grants?token=tok-4",
+    )
+    shown = repr(settings) + str(settings)
+    shown += "".join(
+        repr(value) + str(value) + f"{value}"
+        for value in (settings.DATABASE_URL, settings.LOCK_DATABASE_URL, settings.CREDIT_GRANTS_URL)
+    )
+    for secret in ("db-pass-1", "lock-pass-2", "grants-pass-3", "tok-4"):
+        assert secret not in shown
+    assert "db:5432/app" in shown and "receiver.example/grants" in shown
+    assert settings.database_url == "postgresql://app:db-pass-1@db:5432/app"
+    assert settings.lock_database_url == "postgresql://app:lock-pass-2@db:5432/app"
+    assert settings.credit_grants_url == (
+        "https://grants:grants-pass-3@receiver.example/grants?token=tok-4"
+    )

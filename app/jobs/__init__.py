@@ -2,19 +2,22 @@
 idempotency pattern (see each module's docstring).
 
 ``build(settings, deps)`` registers them on a new Scheduler and returns it with the
-routes that go with them; ``app.main:app`` uses it. Systems outside the app (SMS,
-payments, a bot's updates) come in through ``JobDeps``; the defaults only log.
+routes that go with them; ``app.main:app`` uses it. The routes answer only to
+``Authorization: Bearer <API_TOKEN>`` (404 while API_TOKEN is unset; see api_token.py).
+Systems outside the app (SMS, payments, a bot's updates) come in through ``JobDeps``;
+the defaults only log, so with ENVIRONMENT=production ``build`` refuses them for every
+job that is enabled.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from app.outbox import Outbox
 from app.scheduler import Scheduler
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 
 from . import (
     booking_reminders,
@@ -26,7 +29,9 @@ from . import (
     subscriptions,
     updates_consumer,
 )
+from .api_token import require_api_token
 from .gateways import (
+    LOGGING_ONLY,
     LoggingPaymentProvider,
     LoggingSmsGateway,
     NoUpdates,
@@ -35,7 +40,13 @@ from .gateways import (
     UpdatesSource,
 )
 
-__all__ = ["AppJobs", "JobDeps", "build"]
+__all__ = [
+    "AppJobs",
+    "JobDeps",
+    "LoggingGatewayInProductionError",
+    "build",
+    "refuse_logging_gateways",
+]
 
 
 @dataclass
@@ -45,6 +56,43 @@ class JobDeps:
     sms: SmsGateway = field(default_factory=LoggingSmsGateway)
     payments: PaymentProvider = field(default_factory=LoggingPaymentProvider)
     updates: UpdatesSource = field(default_factory=NoUpdates)
+
+
+# (JobDeps field, the job that uses it, the setting that disables that job)
+_USES = (
+    ("sms", "booking_reminders", "BOOKING_REMINDERS_ENABLED"),
+    ("payments", "subscription_charges", "SUBSCRIPTIONS_ENABLED"),
+    ("updates", "updates_consumer", "UPDATES_CONSUMER_ENABLED"),
+)
+
+
+class LoggingGatewayInProductionError(SettingsError):
+    """ENVIRONMENT=production and an enabled job would use a development gateway that
+    only logs; ``problems`` says which job, which gateway and the two fixes."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__(
+            "ENVIRONMENT=production, but "
+            + "; ".join(problems)
+            + ": a logging gateway records charges as succeeded and reminders as sent "
+            "without doing either"
+        )
+
+
+def refuse_logging_gateways(settings: Settings, deps: JobDeps) -> None:
+    """Raise LoggingGatewayInProductionError when ENVIRONMENT=production and an enabled
+    job would use one of the logging defaults; return otherwise."""
+    if not settings.is_production:
+        return
+    problems = [
+        f"{job} would use {type(gateway).__name__} (pass a real one as "
+        f"JobDeps({dep}=...), or set {switch}=false)"
+        for dep, job, switch in _USES
+        if getattr(settings, switch) and isinstance(gateway := getattr(deps, dep), LOGGING_ONLY)
+    ]
+    if problems:
+        raise LoggingGatewayInProductionError(problems)
 
 
 @dataclass
@@ -57,19 +105,27 @@ class AppJobs:
 
 
 def build(settings: Settings, deps: JobDeps | None = None) -> AppJobs:
-    """Register every job of the app on a new Scheduler."""
+    """Register every enabled job of the app on a new Scheduler.
+
+    Raises LoggingGatewayInProductionError (see refuse_logging_gateways).
+    """
     deps = deps or JobDeps()
+    refuse_logging_gateways(settings, deps)
     scheduler = Scheduler()
-    booking_reminders.register(scheduler, deps.sms)
+    if settings.BOOKING_REMINDERS_ENABLED:
+        booking_reminders.register(scheduler, deps.sms)
     standing_orders.register(scheduler)
-    subscriptions.register(scheduler, deps.payments, settings.CHARGE_CLAIM_COOLDOWN_SECONDS)
+    if settings.SUBSCRIPTIONS_ENABLED:
+        subscriptions.register(scheduler, deps.payments, settings.CHARGE_CLAIM_COOLDOWN_SECONDS)
     reservations.register(scheduler)
     retention.register(scheduler, settings.TRACKING_EVENT_RETENTION_DAYS)
     if settings.REPORT_WARM_ENABLED:
         report_warm.register(scheduler, settings.REPORT_WARM_INTERVAL_MINUTES)
-    updates_consumer.register(scheduler, deps.updates)
+    if settings.UPDATES_CONSUMER_ENABLED:
+        updates_consumer.register(scheduler, deps.updates)
     grants, grants_router = credit_grants.build(settings, scheduler)
-    router = APIRouter()
+    # They move money and read any workspace: never open, and off until configured.
+    router = APIRouter(dependencies=[Depends(require_api_token)])
     router.include_router(grants_router)
     router.include_router(report_warm.router)
     return AppJobs(scheduler, grants, router)

@@ -3,7 +3,8 @@
 ``POST /api/credits/grants`` commits the grant and its outbox row in one transaction,
 answers 202, and tries delivery after the response through the outbox's inline attempt;
 the drain, every minute, is the durability half. A reused ``reference`` returns the
-existing grant and adds nothing.
+existing grant and adds nothing. ``build()`` in ``app.jobs`` mounts the route behind
+``Authorization: Bearer <API_TOKEN>`` (see api_token.py): it moves money.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ async def _wait_for_configuration(message: Message) -> None:
 def build(settings: Settings, scheduler: Scheduler) -> tuple[Outbox, APIRouter]:
     """The credit_grants outbox (its drain on ``scheduler``) and the grants route."""
     deliver = (
-        HttpTransport(settings.CREDIT_GRANTS_URL)
-        if settings.CREDIT_GRANTS_URL
+        HttpTransport(settings.credit_grants_url)
+        if settings.credit_grants_url
         else _wait_for_configuration
     )
     outbox = Outbox("credit_grants", deliver, scheduler=scheduler)

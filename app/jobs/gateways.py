@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 __all__ = [
+    "LOGGING_ONLY",
     "ChargeResult",
     "LoggingPaymentProvider",
     "LoggingSmsGateway",
@@ -99,3 +100,7 @@ class NoUpdates:
 
         await asyncio.sleep(timeout)
         return ()
+
+
+# The development defaults: each does nothing real, so production refuses them.
+LOGGING_ONLY: tuple[type, ...] = (LoggingSmsGateway, LoggingPaymentProvider, NoUpdates)

@@ -2,7 +2,8 @@
 
 A read endpoint people poll is a job, not a request: the aggregate runs once per
 REPORT_WARM_INTERVAL_MINUTES (first 30 s after the first boot), one commit per
-workspace, and the endpoint reads one row.
+workspace, and the endpoint reads one row. ``build()`` in ``app.jobs`` mounts it behind
+``Authorization: Bearer <API_TOKEN>`` (see api_token.py): it reads any workspace.
 """
 
 from __future__ import annotations

@@ -33,7 +33,11 @@ class Hostile:
 
 @pytest.fixture
 def hostile_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"ADMIN_TOKEN": SecretStr(TOKEN)})
+    # One token for both, so every probe sent with AUTH passes the admin's guard and
+    # the example routes' guard and reaches the code behind them.
+    return settings.model_copy(
+        update={"ADMIN_TOKEN": SecretStr(TOKEN), "API_TOKEN": SecretStr(TOKEN)}
+    )
 
 
 @pytest.fixture

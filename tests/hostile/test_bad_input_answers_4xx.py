@@ -49,7 +49,7 @@ async def test_admin_page_actions_answer_4xx_for_ids_that_cannot_exist(
 async def test_stats_refuses_a_workspace_id_past_the_column_type(
     hostile: Hostile, query: str
 ) -> None:
-    response = await hostile.client.get(f"/api/stats?{query}")
+    response = await hostile.client.get(f"/api/stats?{query}", headers=AUTH)
     assert response.status_code in (404, 422), response.text
 
 
@@ -68,6 +68,6 @@ async def test_grant_refuses_a_body_the_database_cannot_store_with_422(
     hostile: Hostile, body: str
 ) -> None:
     response = await hostile.client.post(
-        "/api/credits/grants", content=body, headers={"Content-Type": "application/json"}
+        "/api/credits/grants", content=body, headers={"Content-Type": "application/json"} | AUTH
     )
     assert response.status_code == 422, response.text

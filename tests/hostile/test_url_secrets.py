@@ -71,7 +71,11 @@ async def test_a_credential_in_the_receiver_url_leaks_nowhere(
         f"?token={QUERY_SECRET}&region=eu"
     )
     configured = settings.model_copy(
-        update={"ADMIN_TOKEN": SecretStr(TOKEN), "CREDIT_GRANTS_URL": url}
+        update={
+            "ADMIN_TOKEN": SecretStr(TOKEN),
+            "API_TOKEN": SecretStr(TOKEN),
+            "CREDIT_GRANTS_URL": url,
+        }
     )
     async with database.engine.begin() as conn:
         await conn.execute(text("INSERT INTO workspaces (id, name) VALUES (1, 'Acme')"))
@@ -82,7 +86,8 @@ async def test_a_credential_in_the_receiver_url_leaks_nowhere(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             grant = {"workspace_id": 1, "amount": 5, "reference": "leak-1"}
-            assert (await client.post("/api/credits/grants", json=grant)).status_code == 202
+            granted = await client.post("/api/credits/grants", json=grant, headers=AUTH)
+            assert granted.status_code == 202, granted.text
             async with asyncio.timeout(30):
                 while True:
                     async with database.engine.connect() as conn:

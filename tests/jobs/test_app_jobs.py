@@ -7,6 +7,7 @@ from datetime import timedelta
 import httpx
 import pytest
 from fastapi import FastAPI
+from pydantic import SecretStr
 from sqlalchemy import text
 
 from app.db import Database
@@ -18,6 +19,8 @@ from app.outbox import Message
 from app.settings import Settings
 
 from .conftest import NOW
+
+API_TOKEN = "api-token-0123456789abcdef"
 
 
 async def test_retention_deletes_in_batches_and_keeps_recent_events(
@@ -68,6 +71,7 @@ async def client(
     settings: Settings,
 ) -> AsyncIterator[tuple[httpx.AsyncClient, FastAPI, list[Message]]]:
     received: list[Message] = []
+    settings = settings.model_copy(update={"API_TOKEN": SecretStr(API_TOKEN)})
     jobs = build(settings, JobDeps())
 
     async def receive(message: Message) -> None:
@@ -78,7 +82,11 @@ async def client(
     app.include_router(jobs.router)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        async with httpx.AsyncClient(
+            transport=transport,
+            base_url="http://test",
+            headers={"Authorization": f"Bearer {API_TOKEN}"},
+        ) as http:
             yield http, app, received
 
 

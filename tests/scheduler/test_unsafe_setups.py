@@ -78,7 +78,8 @@ def pooler(server: TestServer, database_url: str) -> Iterator[str]:
     tmp_path.chmod(0o755)
     port = free_port()
     upstream = make_url(database_url)
-    (tmp_path / "users.txt").write_text('"regent" ""\n')
+    # pgbouncer logs in to the server with the password it finds here.
+    (tmp_path / "users.txt").write_text(f'"regent" "{upstream.password}"\n')
     (tmp_path / "pgbouncer.ini").write_text(
         "[databases]\n"
         f"* = host=127.0.0.1 port={upstream.port}\n"
@@ -209,9 +210,9 @@ def unprivileged_lock_url(pg_server: TestServer, database_url: str) -> Iterator[
     """URL of ``database_url`` as a login role that may not call pg_control_system()."""
     role = f"regent_plain_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE ROLE "{role}" LOGIN'.encode())
+        conn.execute(f"CREATE ROLE \"{role}\" LOGIN PASSWORD '{role}'".encode())
     try:
-        yield make_url(database_url).set(username=role, password=None).render_as_string(False)
+        yield make_url(database_url).set(username=role, password=role).render_as_string(False)
     finally:
         with psycopg.connect(pg_server.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP ROLE IF EXISTS "{role}"'.encode())

@@ -20,7 +20,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.queries import leader
 from app.db import Database, asyncpg_dsn
-from app.scheduler import FakeClock, JobContext, Role, Scheduler, SchedulerConfig, every
+from app.scheduler import (
+    FakeClock,
+    JobContext,
+    Role,
+    Scheduler,
+    SchedulerConfig,
+    ServiceContext,
+    every,
+)
 from app.scheduler.election import LockConnection
 from app.scheduler.keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
 from app.scheduler.store import JobStore
@@ -444,3 +452,52 @@ async def test_the_lock_connection_probes_its_peer_with_tcp_keepalives(
         assert 0 < server_idle <= 10
     finally:
         await lock.release()
+
+
+async def test_a_standby_granted_the_key_as_it_begins_to_stop_does_not_promote(
+    start_scheduler: StartScheduler,
+    engine: AsyncEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The old leader stops at the same moment (SIGTERM to every worker), so the key
+    can come between a standby's stop request and the supervisor acting on the grant:
+    it releases the key without leading (no promoted line, no LEADER role, no job
+    rows, no services)."""
+    leading_scheduler = Scheduler()
+    leading = await start_scheduler(leading_scheduler)
+    await leading.wait_for_role(Role.LEADER)
+    stopping = Scheduler()
+    stopping.job(every(seconds=1), id="only_on_the_stopping_standby")(lambda ctx: None)
+    services: list[str] = []
+
+    @stopping.service(id="never_started")
+    async def never_started(ctx: ServiceContext) -> None:
+        services.append(ctx.service_id)
+
+    roles: list[str] = []
+    stopping.observe(on_role=roles.append)
+    granted = asyncio.Event()
+    wait_acquire = LockConnection.wait_acquire
+
+    async def granted_as_stop_begins(lock: LockConnection) -> None:
+        await wait_acquire(lock)
+        # Runs before the supervisor's next step: the stop request beats the grant.
+        asyncio.get_running_loop().call_soon(standby.begin_stop)
+        granted.set()
+
+    monkeypatch.setattr(LockConnection, "wait_acquire", granted_as_stop_begins)
+    standby = await start_scheduler(stopping)
+    await standby.wait_for_role(Role.STANDBY)
+    caplog.set_level(logging.INFO, logger="app.scheduler")
+    caplog.clear()
+    await leading_scheduler.stop()
+    await asyncio.wait_for(granted.wait(), 5)
+    await stopping.stop()
+    assert "leader" not in roles
+    assert not [r for r in caplog.records if "scheduler.promoted" in r.getMessage()]
+    assert services == []
+    assert await holder_count(engine) == 0
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text("SELECT id FROM scheduler_jobs"))).scalars().all()
+    assert "only_on_the_stopping_standby" not in rows

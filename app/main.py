@@ -39,6 +39,7 @@ from .outbox import Outbox, OutboxError, UnregisteredDrainError
 from .parent_death import worker_dies_with_parent
 from .scheduler import Scheduler, SchedulerConfig, SystemClock
 from .settings import Settings, SettingsError, load_settings
+from .stop_signal import on_stop_signal
 
 __all__ = ["app", "create_app", "scheduler_config"]
 
@@ -142,9 +143,12 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
                 )
             except Exception:
                 logger.exception("scheduler.start_failed: the API serves without a scheduler")
+        # A worker told to stop must not promote while the server drains.
+        restore_signals = on_stop_signal(scheduler.begin_stop) if scheduler else lambda: None
         try:
             yield
         finally:
+            restore_signals()
             if scheduler is not None:
                 await scheduler.stop()
             lag.cancel()

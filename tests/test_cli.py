@@ -110,7 +110,8 @@ def embedded_app() -> Iterator[EmbeddedApp]:
         yield app
     finally:
         if process.poll() is None:
-            # SIGTERM, not SIGKILL: uvicorn's workers outlive a SIGKILLed master.
+            # A clean stop; test_a_killed_app_leaves_no_worker_and_restarts_at_once
+            # covers SIGKILL.
             process.terminate()
             try:
                 process.wait(60)

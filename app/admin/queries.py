@@ -183,7 +183,11 @@ async def set_paused(engine: AsyncEngine, job_id: str, paused: bool) -> None:
 
 async def leader(engine: AsyncEngine) -> dict[str, Any]:
     """The holder of the leader key (None fields when nobody leads) and the number of
-    standbys waiting for it, from pg_locks and pg_stat_activity."""
+    standbys waiting for it, from pg_locks and pg_stat_activity.
+
+    A standby whose process died leaves the count within the lock connection's client
+    check (CLIENT_CHECK_SECONDS), not at the next handover.
+    """
     async with engine.connect() as conn:
         holder = (await conn.execute(_LEADER)).first()
         standbys = (await conn.execute(_STANDBYS)).scalar_one()

@@ -52,6 +52,12 @@ The lease and what happens on each fault:
   ``SHUTDOWN_GRACE_SECONDS`` while it keeps checking ownership every tick (a standby
   cannot be promoted while a body still runs; a lock lost meanwhile cancels them at
   once), unlocks and closes; a standby takes over at once.
+- *kill -9 or Ctrl-C of a standby*: its backend waits in ``pg_advisory_lock`` and
+  reads nothing from the client, so the server checks the socket every
+  ``CLIENT_CHECK_SECONDS`` (``client_connection_check_interval``) and ends the backend
+  once the client closed it: the dead standby leaves the queue, and the ``leader``
+  count, within a second or two, not at the next handover. TCP keepalives on both
+  ends (``KEEPALIVE_SECONDS``) find a peer whose host vanished without a FIN.
 
 Why a double fire is harmless anyway
 ====================================

@@ -8,6 +8,16 @@ lease (hung loop, SIGSTOP, partition) is disconnected by the server, which relea
 the key for a standby. So a leader talks to the server at least every
 LEADER_TICK_SECONDS through every wait, the handover and shutdown graces included.
 
+A standby's backend waits inside ``pg_advisory_lock`` and reads nothing from its
+client, so a standby that died (kill -9, Ctrl-C of its uvicorn) would stay queued for
+the key, in CLOSE-WAIT, until the next handover, and be counted as a standby. The
+session therefore sets ``client_connection_check_interval`` (the server polls the
+socket during the wait and ends the backend once the client has closed it) and
+``tcp_keepalives_*`` (probes find a client whose host vanished without a FIN); the
+client socket probes the server the same way, so a standby whose server vanished
+stops waiting. A dead standby leaves the queue within CLIENT_CHECK_SECONDS, one
+whose host vanished within KEEPALIVE_SECONDS.
+
 Its startup packet also sets ``lock_timeout`` and ``statement_timeout`` to 0 (and
 ``transaction_timeout`` where the server has it): a standby waits inside
 ``pg_advisory_lock`` for as long as the leader leads, and a timeout set on the role
@@ -25,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,6 +48,8 @@ from .errors import SchedulerError
 from .keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
 
 __all__ = [
+    "CLIENT_CHECK_SECONDS",
+    "KEEPALIVE_SECONDS",
     "OWNERSHIP_SQL",
     "WAKE_CHANNEL",
     "DatabaseIdentity",
@@ -65,6 +78,25 @@ _NO_TIMEOUTS = {"lock_timeout": "0", "statement_timeout": "0"}
 _NO_TRANSACTION_TIMEOUT = (
     "SELECT set_config('transaction_timeout', '0', false)"
     " WHERE current_setting('transaction_timeout', true) IS NOT NULL"
+)
+
+# How often the server checks that a waiting client is still connected.
+CLIENT_CHECK_SECONDS = 1
+# Keepalive probes on both ends: the first after _KEEPALIVE_IDLE silent seconds, then
+# every _KEEPALIVE_INTERVAL; _KEEPALIVE_COUNT unanswered ones end the connection.
+_KEEPALIVE_IDLE = 5
+_KEEPALIVE_INTERVAL = 1
+_KEEPALIVE_COUNT = 3
+KEEPALIVE_SECONDS = _KEEPALIVE_IDLE + _KEEPALIVE_INTERVAL * _KEEPALIVE_COUNT
+# Set after connect, not in the startup packet: a session-pooling proxy in front of
+# the server refuses startup parameters it does not know. client_connection_check_
+# interval (PostgreSQL 14) is set only where it exists.
+_LIVENESS = (
+    "SELECT set_config('tcp_keepalives_idle', $1, false),"
+    " set_config('tcp_keepalives_interval', $2, false),"
+    " set_config('tcp_keepalives_count', $3, false),"
+    " (SELECT set_config('client_connection_check_interval', $4, false)"
+    "  WHERE current_setting('client_connection_check_interval', true) IS NOT NULL)"
 )
 
 _IDENTITY_SQL = "SELECT current_database(), pg_postmaster_start_time()"
@@ -169,6 +201,24 @@ def check_primary(in_recovery: bool) -> None:
         )
 
 
+def _probe_server(connection: asyncpg.Connection) -> None:
+    """Turn on TCP keepalives on the client socket (asyncpg has no option for them)."""
+    # The driver keeps its transport private; the socket is the only way in.
+    sock = connection._transport.get_extra_info("socket")
+    if sock is None or sock.family == socket.AF_UNIX:
+        # A Unix socket has no peer host that could vanish.
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    # Linux names; other systems keep their defaults (probes still on).
+    for name, value in (
+        ("TCP_KEEPIDLE", _KEEPALIVE_IDLE),
+        ("TCP_KEEPINTVL", _KEEPALIVE_INTERVAL),
+        ("TCP_KEEPCNT", _KEEPALIVE_COUNT),
+    ):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 class LockConnection:
     """A dedicated connection that can hold the scheduler's session advisory lock."""
 
@@ -186,8 +236,9 @@ class LockConnection:
 
     @classmethod
     async def connect(cls, dsn: str, *, lease_seconds: int, timeout: float = 10) -> LockConnection:
-        """Open the connection with the lease, no statement or lock timeout, and the
-        holder's name set at connect.
+        """Open the connection with the lease, no statement or lock timeout, the
+        holder's name set at connect, keepalives on both ends and the server's client
+        check.
 
         Raises OSError, asyncpg errors or TimeoutError when the server cannot be reached,
         and UnsafeLockConnectionError behind a transaction-pooling proxy or on a replica.
@@ -206,10 +257,18 @@ class LockConnection:
             },
         )
         try:
+            _probe_server(connection)
             backend_pid = await connection.fetchval("SELECT pg_backend_pid()")
             check_pooling(backend_pid, await connection.fetchval("SELECT pg_backend_pid()"))
             check_primary(await connection.fetchval("SELECT pg_is_in_recovery()"))
             await connection.execute(_NO_TRANSACTION_TIMEOUT)
+            await connection.execute(
+                _LIVENESS,
+                str(_KEEPALIVE_IDLE),
+                str(_KEEPALIVE_INTERVAL),
+                str(_KEEPALIVE_COUNT),
+                str(CLIENT_CHECK_SECONDS * 1000),
+            )
             identity = await _identity(connection)
         except _POOLER_SYMPTOMS as exc:
             # A statement prepared on one backend and run on another: a pooler.

@@ -158,6 +158,12 @@ class Scheduler:
         self._task = asyncio.create_task(self._supervise(self.supervisor), name="scheduler")
         return self.supervisor
 
+    def begin_stop(self) -> None:
+        """Begin stopping now and return at once (from a signal handler's call_soon):
+        from here on this worker never promotes; ``stop()`` still waits for the end."""
+        if self.supervisor is not None:
+            self.supervisor.begin_stop()
+
     async def stop(self) -> None:
         """Stop firing, give running jobs the shutdown grace, release the key, return."""
         if self.supervisor is None or self._task is None:

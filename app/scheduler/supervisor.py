@@ -12,6 +12,13 @@ and shutdown graces too (the check is what keeps the idle connection inside its
 lease). The termination listener of that connection demotes at once; the fence in
 every slot claim makes a leader that lost the key unable to claim anything even before
 it notices. UNGUARDED fires jobs but starts no service.
+
+A stopping worker never promotes: once begin_stop() (or stop()) is called, a standby's
+wait is cancelled, and a key granted in the same instant is released at once, with no
+promoted line, no LEADER role, no job rows and no services. The app calls
+begin_stop() on SIGTERM and SIGINT (app/stop_signal.py), not only at the lifespan's
+shutdown, because every worker stopping at once would otherwise hand the key to a
+standby that is itself on its way out.
 """
 
 from __future__ import annotations
@@ -190,6 +197,8 @@ class Supervisor:
             self._stopping.set()
             return
         except _LockCheckError as exc:
+            if self._stopping.is_set():
+                return
             if self.config.fail_closed:
                 await self._back_off("scheduler.fail_closed", exc)
                 return
@@ -206,10 +215,22 @@ class Supervisor:
         finally:
             self._acquiring = None
         self._failures = 0
+        if self._stopping.is_set():
+            # The key came as this worker began to stop (the old leader stopping at the
+            # same moment): leading now would promote and demote at once, so the key
+            # goes straight back to whoever waits next.
+            await lock.release()
+            return
         await self._lead(lock)
 
     async def stop(self) -> None:
         """Stop firing; wait up to the shutdown grace for running jobs; release the key."""
+        self.begin_stop()
+
+    def begin_stop(self) -> None:
+        """Ask this worker to stop, from any callback on the loop (a signal handler's
+        call_soon too), and return at once: from now on it never promotes, and a
+        standby waiting for the key stops waiting."""
         self._stopping.set()
         if self._acquiring is not None:
             self._acquiring.cancel()

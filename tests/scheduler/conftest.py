@@ -3,35 +3,51 @@
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.scheduler import SchedulerConfig
 from app.scheduler.keys import LEADER_KEY_LOCKS
 
 from ..conftest import StartScheduler
 
 __all__ = [
     "BlockingBodies",
+    "StandbyProcesses",
     "StartScheduler",
     "eventually",
     "holder_count",
     "runs",
     "wait_for_runs",
+    "waiting_count",
 ]
 
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
 HOLDERS_SQL = text(f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted")
+WAITERS_SQL = text(f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND NOT granted")
 
 
 async def holder_count(engine: AsyncEngine) -> int:
     """How many sessions hold the leader key in this database (the seed's query)."""
     async with engine.connect() as conn:
         count: int = (await conn.execute(HOLDERS_SQL)).scalar_one()
+        return count
+
+
+async def waiting_count(engine: AsyncEngine) -> int:
+    """How many sessions are queued for the leader key in this database."""
+    async with engine.connect() as conn:
+        count: int = (await conn.execute(WAITERS_SQL)).scalar_one()
         return count
 
 
@@ -103,3 +119,48 @@ def bodies() -> Iterator[BlockingBodies]:
     blocking = BlockingBodies()
     yield blocking
     blocking.release.set()
+
+
+class StandbyProcesses:
+    """Processes that each open the lock connection and queue for the key (see
+    tests/procs/standby.py); every one still running is SIGKILLed at teardown."""
+
+    def __init__(self, lock_dsn: str) -> None:
+        self.lock_dsn = lock_dsn
+        self.processes: list[asyncio.subprocess.Process] = []
+
+    async def start(self) -> asyncio.subprocess.Process:
+        """Start one; return once its connection waits for the key."""
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.procs.standby",
+            self.lock_dsn,
+            cwd=PROJECT_ROOT,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        self.processes.append(process)
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        assert line == b"waiting\n", f"the standby process said {line!r}"
+        return process
+
+    async def kill(self, process: asyncio.subprocess.Process) -> None:
+        """SIGKILL one, as the OOM killer or kill -9 would, and reap it."""
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+
+    async def kill_all(self) -> None:
+        for process in self.processes:
+            if process.returncode is None:
+                await self.kill(process)
+
+
+@pytest.fixture
+async def standby_processes(config: SchedulerConfig) -> AsyncIterator[StandbyProcesses]:
+    """Start standby processes on this test's database; all are killed at teardown."""
+    processes = StandbyProcesses(config.lock_dsn)
+    try:
+        yield processes
+    finally:
+        await processes.kill_all()

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import re
+import socket
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,28 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.queries import leader
 from app.db import Database, asyncpg_dsn
-from app.scheduler import FakeClock, JobContext, Role, Scheduler, SchedulerConfig, every
+from app.scheduler import (
+    FakeClock,
+    JobContext,
+    Role,
+    Scheduler,
+    SchedulerConfig,
+    ServiceContext,
+    every,
+)
 from app.scheduler.election import LockConnection
 from app.scheduler.keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
 from app.scheduler.store import JobStore
 from app.scheduler.supervisor import Supervisor
 
-from .conftest import StartScheduler, eventually, holder_count, wait_for_runs
+from .conftest import (
+    StandbyProcesses,
+    StartScheduler,
+    eventually,
+    holder_count,
+    wait_for_runs,
+    waiting_count,
+)
 
 APP_DIR = Path(__file__).resolve().parents[2] / "app"
 
@@ -371,3 +387,117 @@ async def test_a_stopping_leader_that_loses_its_lock_cancels_at_once(
     # Not after the 60 s grace: another worker may lead already.
     await asyncio.wait_for(cancelled.wait(), 5)
     await stopping
+
+
+# How long the server may keep the queued connection of a standby that was killed: its
+# client check runs every second.
+_DEAD_STANDBY_SECONDS = 10
+
+
+async def test_a_killed_standby_leaves_the_queue_for_the_key_within_seconds(
+    config: SchedulerConfig, engine: AsyncEngine, standby_processes: StandbyProcesses
+) -> None:
+    """A standby waits inside pg_advisory_lock, where its backend reads nothing from the
+    client: without a client check the dead connection stays queued (CLOSE-WAIT) until
+    the next handover."""
+    holder = await LockConnection.connect(config.lock_dsn, lease_seconds=30)
+    try:
+        assert await holder.try_acquire()
+        standby = await standby_processes.start()
+        assert await waiting_count(engine) == 1
+        await standby_processes.kill(standby)
+        await eventually(
+            lambda: _none_waiting(engine), _DEAD_STANDBY_SECONDS, "the dead standby to leave"
+        )
+        assert await holder.holds_lock(timeout=5)
+    finally:
+        await holder.release()
+
+
+async def _none_waiting(engine: AsyncEngine) -> bool:
+    return await waiting_count(engine) == 0
+
+
+async def test_leader_counts_only_the_standbys_that_are_alive(
+    start_scheduler: StartScheduler, engine: AsyncEngine, standby_processes: StandbyProcesses
+) -> None:
+    leading = await start_scheduler(Scheduler())
+    await leading.wait_for_role(Role.LEADER)
+    survivor = await standby_processes.start()
+    killed = [await standby_processes.start() for _ in range(2)]
+    assert (await leader(engine))["standbys"] == 3
+    for standby in killed:
+        await standby_processes.kill(standby)
+
+    async def one_standby() -> bool:
+        return bool((await leader(engine))["standbys"] == 1)
+
+    await eventually(one_standby, _DEAD_STANDBY_SECONDS, "only the live standby to count")
+    assert survivor.returncode is None
+
+
+async def test_the_lock_connection_probes_its_peer_with_tcp_keepalives(
+    config: SchedulerConfig,
+) -> None:
+    """A vanished host sends no FIN: keepalive probes from both ends find it, so the
+    server drops a standby whose host vanished, and a standby whose server vanished
+    stops waiting."""
+    lock = await LockConnection.connect(config.lock_dsn, lease_seconds=30)
+    try:
+        driver = lock._connection  # the driver's connection: its socket and session
+        client = driver._transport.get_extra_info("socket")
+        assert client.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert 0 < client.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) <= 10
+        server_idle = await driver.fetchval("SELECT current_setting('tcp_keepalives_idle')::int")
+        assert 0 < server_idle <= 10
+    finally:
+        await lock.release()
+
+
+async def test_a_standby_granted_the_key_as_it_begins_to_stop_does_not_promote(
+    start_scheduler: StartScheduler,
+    engine: AsyncEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The old leader stops at the same moment (SIGTERM to every worker), so the key
+    can come between a standby's stop request and the supervisor acting on the grant:
+    it releases the key without leading (no promoted line, no LEADER role, no job
+    rows, no services)."""
+    leading_scheduler = Scheduler()
+    leading = await start_scheduler(leading_scheduler)
+    await leading.wait_for_role(Role.LEADER)
+    stopping = Scheduler()
+    stopping.job(every(seconds=1), id="only_on_the_stopping_standby")(lambda ctx: None)
+    services: list[str] = []
+
+    @stopping.service(id="never_started")
+    async def never_started(ctx: ServiceContext) -> None:
+        services.append(ctx.service_id)
+
+    roles: list[str] = []
+    stopping.observe(on_role=roles.append)
+    granted = asyncio.Event()
+    wait_acquire = LockConnection.wait_acquire
+
+    async def granted_as_stop_begins(lock: LockConnection) -> None:
+        await wait_acquire(lock)
+        # Runs before the supervisor's next step: the stop request beats the grant.
+        asyncio.get_running_loop().call_soon(standby.begin_stop)
+        granted.set()
+
+    monkeypatch.setattr(LockConnection, "wait_acquire", granted_as_stop_begins)
+    standby = await start_scheduler(stopping)
+    await standby.wait_for_role(Role.STANDBY)
+    caplog.set_level(logging.INFO, logger="app.scheduler")
+    caplog.clear()
+    await leading_scheduler.stop()
+    await asyncio.wait_for(granted.wait(), 5)
+    await stopping.stop()
+    assert "leader" not in roles
+    assert not [r for r in caplog.records if "scheduler.promoted" in r.getMessage()]
+    assert services == []
+    assert await holder_count(engine) == 0
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text("SELECT id FROM scheduler_jobs"))).scalars().all()
+    assert "only_on_the_stopping_standby" not in rows

@@ -15,6 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from app.scheduler.keys import LEADER_KEY_LOCKS
 from app.testing import TestServer
 
 from ..procs.cluster import LEASE_SECONDS, PROBE_TABLE_SQL, Cluster
@@ -69,6 +70,29 @@ def test_sigterm_of_the_leader_hands_over_within_2_s(cluster: Cluster) -> None:
     )
     cluster.processes[leader].wait(30)
     assert f"scheduler.demoted (pid={leader}, reason=stopped)" in cluster.log_of(leader)
+
+
+def test_workers_stopped_together_promote_no_standby(cluster: Cluster) -> None:
+    """SIGTERM to every worker (Ctrl-C, a deploy): the standbys are told first, the old
+    leader then releases the key while their servers still drain, and no standby that
+    was told to stop promotes (it used to log promoted, then demoted 30 ms later)."""
+    leader = cluster.leader()
+    standbys = [pid for pid in cluster.processes if pid != leader]
+    cluster.wait_for(
+        lambda: (
+            cluster.query(
+                f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND NOT granted"
+            )[0][0]
+            == len(standbys)
+        ),
+        20,
+        "the standbys to queue for the key",
+    )
+    for pid in [*standbys, leader]:
+        cluster.processes[pid].send_signal(signal.SIGTERM)
+    for process in cluster.processes.values():
+        process.wait(30)
+    assert [pid for pid in standbys if "scheduler.promoted" in cluster.log_of(pid)] == []
 
 
 def test_sigstopped_leader_is_replaced_and_fires_nothing_after_sigcont(cluster: Cluster) -> None:

@@ -82,7 +82,7 @@ async def _jobs(engine: AsyncEngine, args: argparse.Namespace) -> str:
     if args.jobs_command == "history":
         runs = await queries.job_runs(engine, args.job_id, limit=args.limit)
         return _table(runs, ["id", "slot", "status", "duration_ms", "lateness_ms", "pid", "error"])
-    jobs = await queries.list_jobs(engine)
+    jobs = await queries.list_jobs(engine, now)
     columns = ["id", "name", "trigger", "next_run_at", "last_status", "last_finished_at", "paused"]
     return _table(jobs, columns)
 

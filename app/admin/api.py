@@ -43,7 +43,7 @@ async def admin_error_response(request: Request, exc: Exception) -> JSONResponse
 async def jobs(request: Request) -> list[dict[str, Any]]:
     """Every job: schedule, last start and finish, status, duration, lateness, running,
     paused."""
-    return await queries.list_jobs(_engine(request))
+    return await queries.list_jobs(_engine(request), _now(request))
 
 
 @router.get("/jobs/{job_id}/runs")

@@ -88,7 +88,7 @@ async def _page(
         "csrf": csrf,
         "flash": flash,
         "leader": await queries.leader(engine),
-        "jobs": await queries.list_jobs(engine),
+        "jobs": await queries.list_jobs(engine, _now(request)),
         "outboxes": await queries.outbox_summary(engine, _now(request)),
         "stuck": await queries.stuck_messages(engine),
     }

@@ -39,13 +39,16 @@ GRACE_FLOOR = timedelta(minutes=10)
 
 def last_due_slots(
     trigger: Trigger, next_slot: datetime, now: datetime, zone: Any
-) -> tuple[datetime, datetime]:
-    """The last slot at or before ``now`` and the one before it, found from a known
-    slot of the trigger (``next_slot``, the row's stored next run)."""
-    latest = next_slot
-    while latest > now:
-        latest = trigger.previous_slot(latest, zone)
-    latest, _ = trigger.latest_slot(latest, now, zone)
+) -> tuple[datetime, datetime] | None:
+    """The last slot at or before ``now`` and the one before it, found from the job's
+    next slot (the row's stored next run); None when no slot before ``next_slot`` has
+    come yet (a ``first_run`` placed it, or the trigger changed)."""
+    if next_slot > now:
+        latest = trigger.previous_slot(next_slot, zone)
+        if latest > now:
+            return None
+    else:
+        latest, _ = trigger.latest_slot(next_slot, now, zone)
     return latest, trigger.previous_slot(latest, zone)
 
 
@@ -63,11 +66,14 @@ def stale_jobs(
             continue
         try:
             anchor = row.get("next_run_at") or spec.trigger.next_after(now, zone)
-            latest, before = last_due_slots(spec.trigger, anchor, now, zone)
+            due = last_due_slots(spec.trigger, anchor, now, zone)
         except Exception:
             # Health cannot vouch for a job whose slots it cannot compute.
             stale.append(spec.id)
             continue
+        if due is None:
+            continue
+        latest, before = due
         last = row["last_success_at"] or row["created_at"]
         if last < min(before, latest - GRACE_FLOOR):
             stale.append(spec.id)

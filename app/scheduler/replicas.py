@@ -41,20 +41,8 @@ _BROKEN_RETRY_SECONDS = 60.0
 async def run_replica_jobs(
     specs: list[JobSpec], *, store: JobStore, runner: Runner, clock: Clock, zone: ZoneInfo
 ) -> None:
-    """Register the jobs' rows (retrying while the database is away), then run each on
-    its schedule until cancelled."""
-    if not specs:
-        return
-    failures = 0
-    while True:
-        try:
-            await store.register_replica_jobs(specs, clock.now(), zone)
-            break
-        except Exception as exc:
-            delay = backoff_delay(failures)
-            failures += 1
-            log_retry("scheduler.replica_jobs_waiting", exc, delay)
-            await clock.sleep(delay)
+    """Run each job on its own schedule until cancelled; each registers its own row
+    first, so one job that cannot be handled holds up no other."""
     async with asyncio.TaskGroup() as group:
         for spec in specs:
             loop = _ReplicaLoop(spec, store, runner, clock, zone)
@@ -76,26 +64,36 @@ class _ReplicaLoop:
         self.broken = False
 
     async def run(self) -> None:
-        """Fire the job at each of its slots until cancelled; never raises otherwise."""
+        """Register the job's row, then fire the job at each of its slots until
+        cancelled; never raises otherwise. A passing outage is retried with backoff,
+        a fault of the job's own every minute."""
         spec, now = self.spec, self.clock.now()
         slot: datetime | None = None
         if spec.first_run is not None:
             slot = now + timedelta(seconds=spec.first_run)
+        registered, failures = False, 0
         while True:
             try:
+                if not registered:
+                    await self.store.register_replica_job(spec, self.clock.now(), self.zone)
+                    registered = True
                 if slot is None:
                     slot = spec.trigger.first_slot(self.clock.now(), self.zone)
                 slot = await self.run_once(slot)
+                failures = 0
                 if self.broken:
                     await self.store.clear_broken([spec.id])
                     self.broken = False
             except Exception as exc:
+                slot = None
                 if await self.store.blames_job(exc):
                     await self._mark_broken(exc)
-                else:
-                    logger.warning("replica job %s could not run; retrying", spec.id, exc_info=True)
-                slot = None
-                await self.clock.sleep(_BROKEN_RETRY_SECONDS)
+                    await self.clock.sleep(_BROKEN_RETRY_SECONDS)
+                    continue
+                delay = backoff_delay(failures)
+                failures += 1
+                log_retry("scheduler.replica_job_waiting", exc, delay)
+                await self.clock.sleep(delay)
 
     async def run_once(self, slot: datetime) -> datetime:
         """Show ``slot``, wait for its jittered fire time, run it unless the job is

@@ -341,17 +341,22 @@ class JobStore:
         self, specs: Iterable[JobSpec], now: datetime, zone: ZoneInfo
     ) -> None:
         """Make sure every per-replica job has a row, so its runs can be recorded."""
+        for spec in specs:
+            await self.register_replica_job(spec, now, zone)
+
+    async def register_replica_job(self, spec: JobSpec, now: datetime, zone: ZoneInfo) -> None:
+        """Make sure one per-replica job has a row, in its own commit."""
+        first_slot = spec.trigger.first_slot(now, zone)
         async with self.engine.begin() as conn:
-            for spec in specs:
-                await conn.execute(
-                    _UPSERT_REPLICA,
-                    {
-                        "id": spec.id,
-                        "name": spec.name,
-                        "trigger": spec.trigger.describe(),
-                        "first_slot": spec.trigger.first_slot(now, zone),
-                    },
-                )
+            await conn.execute(
+                _UPSERT_REPLICA,
+                {
+                    "id": spec.id,
+                    "name": spec.name,
+                    "trigger": spec.trigger.describe(),
+                    "first_slot": first_slot,
+                },
+            )
 
     async def load(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
         """The stored next slot and pause flag of each job."""

@@ -86,7 +86,8 @@ async def test_a_broken_job_is_listed_and_makes_health_not_ok(serve: Serve) -> N
         assert jobs["hourly"]["broken"] is False
         await client.post("/admin/login", data={"token": TOKEN})
         page = (await client.get("/admin")).text
-        assert 'data-job="poisoned"' in page and "broken" in page
+        poisoned_row = page[page.index('data-job="poisoned"') :].split("</tr>")[0]
+        assert '<span class="broken"' in poisoned_row
 
 
 async def test_health_is_not_ok_while_the_leader_does_not_fire(serve: Serve) -> None:
@@ -170,3 +171,17 @@ def test_health_allows_a_weekday_cron_the_age_its_schedule_implies(
         "leader_only": True,
     }
     assert stale_jobs(scheduler, [row], now, UTC_ZONE) == (["weekday"] if stale else [])
+
+
+def test_health_does_not_call_a_job_stale_before_its_first_slot() -> None:
+    scheduler = Scheduler()
+    scheduler.job(every(seconds=1), id="later", first_run=86400 * 365)(_noop)
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    row = {
+        "id": "later",
+        "paused": False,
+        "next_run_at": now + timedelta(days=364),
+        "last_success_at": None,
+        "created_at": now - timedelta(days=1),
+    }
+    assert stale_jobs(scheduler, [row], now, UTC_ZONE) == []

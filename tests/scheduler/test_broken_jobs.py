@@ -92,3 +92,21 @@ async def test_a_row_the_claim_cannot_update_is_broken_and_the_rest_fire(
     assert "this row cannot be updated" in broken["poisoned"]
     [record] = _broken_logs(caplog)
     assert getattr(record, "job_id", None) == "poisoned"
+
+
+async def test_a_per_worker_job_whose_slot_cannot_be_computed_stops_no_other(
+    start_scheduler: StartScheduler, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="app.scheduler")
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(every(minutes=1), id="good", leader_only=False)(_noop)
+    poisoned = _PoisonedTrigger(timedelta(minutes=1))
+    scheduler.job(poisoned, id="poisoned", leader_only=False)(_noop)
+    await start_scheduler(scheduler, clock=clock)
+    await clock.wait_for_sleepers(3)
+    clock.advance(60)
+    assert await wait_for_runs(engine, "good", 1) == [("ok", T0 + timedelta(minutes=1))]
+    assert list(await _broken(engine)) == ["poisoned"]
+    [record] = _broken_logs(caplog)
+    assert getattr(record, "job_id", None) == "poisoned"

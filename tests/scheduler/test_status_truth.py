@@ -2,7 +2,7 @@
 "running", a skipped or missed slot never hides a body that still runs, and a run
 whose owner died is reaped to ``abandoned`` once its lease has passed."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import text
@@ -86,3 +86,25 @@ async def test_a_run_whose_owner_died_is_reaped_to_abandoned_once_its_lease_pass
         "last_status": "abandoned",
         "running_run_id": None,
     }
+
+
+async def test_a_leader_runs_lateness_counts_from_its_jittered_fire_time(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+
+    @scheduler.job(every(minutes=1), id="jittered", jitter=30)
+    async def jittered(ctx: JobContext) -> None:
+        return None
+
+    slot = T0 + timedelta(minutes=1)
+    jitter = scheduler.jobs["jittered"].jitter_delay(slot)
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    await clock.wait_for_sleepers(2)
+    clock.set(slot + timedelta(seconds=jitter))
+    await wait_for_runs(engine, "jittered", 1)
+    async with engine.connect() as conn:
+        run = (await conn.execute(text("SELECT lateness_ms, jitter_ms FROM scheduler_runs"))).one()
+    assert (run.lateness_ms, run.jitter_ms) == (0, int(jitter * 1000))

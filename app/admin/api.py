@@ -41,8 +41,8 @@ async def admin_error_response(request: Request, exc: Exception) -> JSONResponse
 
 @router.get("/jobs")
 async def jobs(request: Request) -> list[dict[str, Any]]:
-    """Every job: schedule, last start and finish, status, duration, lateness, running,
-    paused."""
+    """Every job: schedule, last start and finish, status, duration, lateness, running
+    (its running lease holds), paused, broken (with the error)."""
     return await queries.list_jobs(_engine(request), _now(request))
 
 
@@ -63,14 +63,17 @@ async def runs(
 
 @router.post("/jobs/{job_id}/run", status_code=202)
 async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
-    """Fire now, through the same slot claim; 409 while the job runs."""
+    """Fire now, through the same slot claim; 409 while the job runs (its running lease
+    holds), while it is paused, and for a per-worker job (each worker runs that on its
+    own schedule)."""
     await queries.run_job_now(_engine(request), job_id, _now(request))
     return {"status": "queued"}
 
 
 @router.post("/jobs/{job_id}/pause")
 async def pause(request: Request, job_id: JobId) -> dict[str, str]:
-    """Pause the job: no slot is claimed until it is resumed."""
+    """Pause the job: no slot is claimed (per-worker jobs: no worker runs a slot) until
+    it is resumed."""
     await queries.set_paused(_engine(request), job_id, True)
     return {"status": "paused"}
 

@@ -82,8 +82,7 @@ class _ReplicaLoop:
                 slot = await self.run_once(slot)
                 failures = 0
                 if self.broken:
-                    await self.store.clear_broken([spec.id])
-                    self.broken = False
+                    await self._clear_broken()
             except Exception as exc:
                 slot = None
                 if await self.store.blames_job(exc):
@@ -110,6 +109,19 @@ class _ReplicaLoop:
                 spec, latest, jitter=spec.jitter_delay(latest, salt=self.salt)
             )
         return next_slot
+
+    async def _clear_broken(self) -> None:
+        try:
+            await self.store.clear_broken([self.spec.id])
+        except Exception:
+            logger.warning("could not clear the broken mark of job %s", self.spec.id, exc_info=True)
+            return
+        self.broken = False
+        logger.info(
+            "job.repaired: job %s is handled again on this worker",
+            self.spec.id,
+            extra={"action": "job.repaired", "job_id": self.spec.id, "pid": self.store.pid},
+        )
 
     async def _mark_broken(self, exc: Exception) -> None:
         if self.broken:

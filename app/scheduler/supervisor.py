@@ -332,11 +332,12 @@ class Supervisor:
         if job_id not in self._broken:
             self._broken.add(job_id)
             logger.error(
-                "job.broken: job %s cannot be handled; its other jobs keep firing and it is "
-                "retried every %s s: %s",
+                "job.broken: job %s cannot be handled (%s); its other jobs keep firing and "
+                "it is retried every %s s",
                 job_id,
+                # The last line of a traceback names the exception; the table keeps it all.
+                error.strip().splitlines()[-1],
                 _BROKEN_RETRY_SECONDS,
-                error,
                 extra={"action": "job.broken", "job_id": job_id, "pid": os.getpid()},
             )
         try:
@@ -345,8 +346,13 @@ class Supervisor:
             logger.warning("scheduler: could not record job %s as broken", job_id, exc_info=True)
 
     async def _repaired(self, job_ids: list[str]) -> None:
-        """Forget the broken mark of jobs whose registration or claim succeeded."""
-        await self.store.clear_broken(job_ids)
+        """Forget the broken mark of jobs whose registration or claim succeeded. Never
+        raises: a mark left behind is cleared by the next success."""
+        try:
+            await self.store.clear_broken(job_ids)
+        except Exception:
+            logger.warning("scheduler: could not clear the broken marks", exc_info=True)
+            return
         for job_id in self._broken.intersection(job_ids):
             self._broken.discard(job_id)
             logger.info(
@@ -476,13 +482,13 @@ class Supervisor:
             if self._rows[spec.id] == row:
                 await self._wait_or_refresh(self.config.leader_tick_seconds)
             return
-        if spec.id in self._broken:
-            await self._repaired([spec.id])
         self._rows[spec.id] = JobRow(claim.next_slot, paused=False)
         if claim.runs:
             body = self.runner.start(spec, claim)
             self._bodies.add(body)
             body.add_done_callback(self._bodies.discard)
+        if spec.id in self._broken:
+            await self._repaired([spec.id])
 
     async def _hold(self, lock: LockConnection | None, seconds: float) -> bool:
         """Wait ``seconds`` on the clock (less after stop()), checking ownership every

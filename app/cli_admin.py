@@ -150,7 +150,7 @@ async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Setting
     if args.jobs_command == "history":
         runs = await queries.job_runs(engine, args.job_id, limit=args.limit)
         return _json(runs) if args.json else _history(runs, args.full)
-    jobs = await queries.list_jobs(engine)
+    jobs = await queries.list_jobs(engine, now)
     if args.json:
         return _json(jobs)
     rows = [job | {"trigger": display.trigger(job["trigger"], settings.TIMEZONE)} for job in jobs]

@@ -43,11 +43,11 @@ async def admin_error_response(request: Request, exc: Exception) -> JSONResponse
 async def jobs(request: Request) -> list[dict[str, Any]]:
     """Every job: schedule (``trigger`` as stored, ``trigger_description`` as a human
     reads it with the zone named), last start and finish, status, duration, lateness,
-    running, paused."""
+    running (its running lease holds), paused, broken (with the error)."""
     zone = request.app.state.settings.TIMEZONE
     return [
         job | {"trigger_description": display.trigger(job["trigger"], zone)}
-        for job in await queries.list_jobs(_engine(request))
+        for job in await queries.list_jobs(_engine(request), _now(request))
     ]
 
 
@@ -73,14 +73,17 @@ async def runs(
 
 @router.post("/jobs/{job_id}/run", status_code=202)
 async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
-    """Fire now, through the same slot claim; 409 while the job runs."""
+    """Fire now, through the same slot claim; 409 while the job runs (its running lease
+    holds), while it is paused, and for a per-worker job (each worker runs that on its
+    own schedule)."""
     await queries.run_job_now(_engine(request), job_id, _now(request))
     return {"status": "queued"}
 
 
 @router.post("/jobs/{job_id}/pause")
 async def pause(request: Request, job_id: JobId) -> dict[str, str]:
-    """Pause the job: no slot is claimed until it is resumed."""
+    """Pause the job: no slot is claimed (per-worker jobs: no worker runs a slot) until
+    it is resumed."""
     await queries.set_paused(_engine(request), job_id, True)
     return {"status": "paused"}
 

@@ -54,10 +54,13 @@ def yes_no(flag: bool | None) -> str:
     return "yes" if flag else "no"
 
 
-def trigger(stored: str, default_zone: str) -> str:
+def trigger(stored: str | None, default_zone: str) -> str:
     """A stored trigger description as a human reads it: ``every 15 min``,
     ``cron 0 6 * * * (Europe/Zurich)`` with the scheduler's default zone resolved to
-    ``default_zone``. A text of another shape is returned unchanged."""
+    ``default_zone``. A text of another shape is returned unchanged; none (a broken job
+    that never got its row) is empty."""
+    if stored is None:
+        return ""
     every = _EVERY.match(stored)
     if every is not None:
         seconds = float(every.group(1))

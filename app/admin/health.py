@@ -1,9 +1,19 @@
-"""GET /health/scheduler: is the schedule alive? No authentication; job ids only.
+"""GET /health/scheduler: does the schedule fire? No authentication; job ids only.
 
-200 when a process holds the leader key and every leader-only job (not paused) has
-succeeded within its interval plus one interval of grace, the grace floored at 10
-minutes; 503 listing the stale job ids otherwise. Keyed on job id, never on the name
-(a renamed job is not a phantom alert).
+200 when all of these hold, 503 naming what failed otherwise:
+
+- a process holds the leader key (``leader``);
+- that leader fires (``firing``): it has registered its jobs and started its job loops
+  (the leadership row names its lock backend) and its tick said so within one lease.
+  A handover that never ends or a leader whose tick is stuck is not firing;
+- no job of this app is broken (``broken_jobs``): the leader could not handle its row
+  or next slot, or its job loop died;
+- no leader-only job (not paused) is stale (``stale_jobs``): each must have succeeded
+  since the slot before its last due slot, and at most ``GRACE_FLOOR`` before that
+  last slot. The allowed age follows the job's own schedule, so a weekday cron is not
+  stale on a weekend. A job never succeeded counts from its registration.
+
+Keyed on job id, never on the name (a renamed job is not a phantom alert).
 """
 
 from __future__ import annotations
@@ -16,55 +26,88 @@ from fastapi.responses import JSONResponse
 
 from app.db import Database
 from app.scheduler import Clock, Scheduler, Trigger
+from app.settings import Settings
 
 from . import queries
 
-__all__ = ["interval_of", "router", "stale_jobs"]
+__all__ = ["last_due_slots", "router", "stale_jobs"]
 
 router = APIRouter(tags=["health"])
 
 GRACE_FLOOR = timedelta(minutes=10)
 
 
-def interval_of(trigger: Trigger, now: datetime, zone: Any) -> timedelta:
-    """The gap between a trigger's next two slots: its interval as operators mean it."""
-    first = trigger.next_after(now, zone)
-    return trigger.next_after(first, zone) - first
+def last_due_slots(
+    trigger: Trigger, next_slot: datetime, now: datetime, zone: Any
+) -> tuple[datetime, datetime] | None:
+    """The last slot at or before ``now`` and the one before it, found from the job's
+    next slot (the row's stored next run); None when no slot before ``next_slot`` has
+    come yet (a ``first_run`` placed it, or the trigger changed)."""
+    if next_slot > now:
+        latest = trigger.previous_slot(next_slot, zone)
+        if latest > now:
+            return None
+    else:
+        latest, _ = trigger.latest_slot(next_slot, now, zone)
+    return latest, trigger.previous_slot(latest, zone)
 
 
 def stale_jobs(
     scheduler: Scheduler, rows: list[dict[str, Any]], now: datetime, zone: Any
 ) -> list[str]:
-    """Ids of the leader-only jobs whose last success (or registration) is too old."""
+    """Ids of the leader-only jobs that have not succeeded since the slot before their
+    last due slot (see the module docstring)."""
     stale = []
     by_id = {row["id"]: row for row in rows}
     for spec in scheduler.jobs.values():
         row = by_id.get(spec.id)
-        if not spec.leader_only or row is None or row["paused"]:
+        # A broken job is reported as broken; its trigger may be what raises.
+        if not spec.leader_only or row is None or row["paused"] or row.get("broken"):
             continue
-        interval = interval_of(spec.trigger, now, zone)
-        allowed = interval + max(interval, GRACE_FLOOR)
+        try:
+            anchor = row.get("next_run_at") or spec.trigger.next_after(now, zone)
+            due = last_due_slots(spec.trigger, anchor, now, zone)
+        except Exception:
+            # Health cannot vouch for a job whose slots it cannot compute.
+            stale.append(spec.id)
+            continue
+        if due is None:
+            continue
+        latest, before = due
         last = row["last_success_at"] or row["created_at"]
-        if now - last > allowed:
+        if last < min(before, latest - GRACE_FLOOR):
             stale.append(spec.id)
     return stale
 
 
+def _firing(holder: dict[str, Any], now: datetime, lease: timedelta) -> bool:
+    """True when the key holder's leadership row is its own and its tick is fresh."""
+    heartbeat = holder["heartbeat_at"]
+    return heartbeat is not None and now - heartbeat <= lease
+
+
 @router.get("/health/scheduler")
 async def scheduler_health(request: Request) -> JSONResponse:
-    """200 with a live leader and no stale job; 503 with the reasons otherwise."""
+    """200 with a firing leader and no broken or stale job; 503 with the reasons."""
     database: Database = request.app.state.database
     scheduler: Scheduler | None = request.app.state.scheduler
+    settings: Settings = request.app.state.settings
     clock: Clock = request.app.state.clock
     now = clock.now()
     holder = await queries.leader(database.engine)
-    rows = await queries.list_jobs(database.engine)
+    rows = await queries.list_jobs(database.engine, now)
     zone = request.app.state.zone
     stale = stale_jobs(scheduler, rows, now, zone) if scheduler is not None else []
-    healthy = holder["backend_pid"] is not None and not stale
+    ours = set(scheduler.jobs) if scheduler is not None else set()
+    broken = [row["id"] for row in rows if row["broken"] and row["id"] in ours]
+    leads = holder["backend_pid"] is not None
+    firing = leads and _firing(holder, now, timedelta(seconds=settings.LEASE_SECONDS))
+    healthy = firing and not stale and not broken
     body = {
         "status": "ok" if healthy else "unhealthy",
-        "leader": holder["backend_pid"] is not None,
+        "leader": leads,
+        "firing": firing,
+        "broken_jobs": broken,
         "stale_jobs": stale,
     }
     return JSONResponse(body, status_code=200 if healthy else 503)

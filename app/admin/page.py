@@ -114,7 +114,7 @@ async def _page(
     engine = _engine(request)
     context = _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
         "leader": await queries.leader(engine),
-        "jobs": await queries.list_jobs(engine),
+        "jobs": await queries.list_jobs(engine, _now(request)),
         "outboxes": await queries.outbox_summary(engine, _now(request)),
         "pending": await queries.outbox_messages(engine, status="pending", limit=_PENDING_SHOWN),
         "pending_shown": _PENDING_SHOWN,
@@ -134,7 +134,9 @@ async def _job_page(
     except NotFound as exc:
         context |= {"job": None, "flash": str(exc), "failed": True, "runs": [], "older": None}
         return templates.TemplateResponse(request, "job.html", context, status_code=exc.status)
-    job = next((job for job in await queries.list_jobs(engine) if job["id"] == job_id), None)
+    job = next(
+        (job for job in await queries.list_jobs(engine, _now(request)) if job["id"] == job_id), None
+    )
     older = None
     if len(runs) == limit:
         older = f"/admin/jobs/{job_id}?before={runs[-1]['id']}&limit={limit}"

@@ -37,14 +37,30 @@ __all__ = [
     "stuck_messages",
 ]
 
+# "running" is the running lease, not last_status: a lease past running_until is not
+# running, and a 'running' status without a live lease is read as 'abandoned' (its
+# owner died; the leader reaps it at its next tick). A broken job is listed even when
+# it has no row (its first slot could not be computed).
 _JOBS = text(
     """
     SELECT j.id, j.name, j.trigger, j.leader_only, j.next_run_at, j.last_started_at,
-        j.last_finished_at, j.last_status, j.last_error, j.last_duration_ms, j.last_success_at,
-        j.paused, j.created_at, coalesce(j.last_status = 'running', false) AS running,
+        j.last_finished_at,
+        CASE WHEN j.last_status = 'running'
+                AND NOT coalesce(j.running_until > CAST(:now AS timestamptz), false)
+            THEN 'abandoned' ELSE j.last_status END AS last_status,
+        j.last_error, j.last_duration_ms, j.last_success_at,
+        j.paused, j.created_at,
+        coalesce(j.running_until > CAST(:now AS timestamptz), false) AS running,
         (SELECT r.lateness_ms FROM scheduler_runs r WHERE r.job_id = j.id
-         ORDER BY r.id DESC LIMIT 1) AS last_lateness_ms
-    FROM scheduler_jobs j ORDER BY j.id
+         ORDER BY r.id DESC LIMIT 1) AS last_lateness_ms,
+        b.job_id IS NOT NULL AS broken, b.error AS broken_error, b.since AS broken_since
+    FROM scheduler_jobs j LEFT JOIN scheduler_broken_jobs b ON b.job_id = j.id
+    UNION ALL
+    SELECT b.job_id, b.job_id, NULL, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+        false, b.since, false, NULL, true, b.error, b.since
+    FROM scheduler_broken_jobs b
+    WHERE NOT EXISTS (SELECT 1 FROM scheduler_jobs j WHERE j.id = b.job_id)
+    ORDER BY id
     """
 )
 _RUNS = text(
@@ -58,7 +74,7 @@ _RUNS = text(
     ORDER BY r.id DESC LIMIT :limit
     """
 )
-_JOB = text("SELECT last_status, paused FROM scheduler_jobs WHERE id = :job_id")
+_JOB = text("SELECT leader_only, paused, running_until FROM scheduler_jobs WHERE id = :job_id")
 _RUN_NOW = text(
     "UPDATE scheduler_jobs SET next_run_at = LEAST(next_run_at, :now), updated_at = now()"
     " WHERE id = :job_id RETURNING next_run_at"
@@ -75,7 +91,7 @@ _WAKE = text(f"NOTIFY {WAKE_CHANNEL}")
 _LEADER = text(
     f"""
     SELECT a.pid AS backend_pid, a.application_name, a.client_addr::text AS client_addr,
-        s.pid, s.host, s.since
+        s.pid, s.host, s.since, s.heartbeat_at
     FROM (SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted) l
     JOIN pg_stat_activity a ON a.pid = l.pid
     LEFT JOIN scheduler_leadership s ON s.backend_pid = l.pid
@@ -122,10 +138,11 @@ def _rows(result: Any) -> list[dict[str, Any]]:
     return [dict(row._mapping) for row in result]
 
 
-async def list_jobs(engine: AsyncEngine) -> list[dict[str, Any]]:
-    """Every job with its schedule state and last outcome."""
+async def list_jobs(engine: AsyncEngine, now: datetime) -> list[dict[str, Any]]:
+    """Every job with its schedule state, last outcome and whether it is broken;
+    ``running`` and a crashed run's ``abandoned`` status are read as of ``now``."""
     async with engine.connect() as conn:
-        return _rows(await conn.execute(_JOBS))
+        return _rows(await conn.execute(_JOBS, {"now": now}))
 
 
 def _unknown_job(job_id: str) -> NotFound:
@@ -156,11 +173,18 @@ async def job_runs(
 async def run_job_now(engine: AsyncEngine, job_id: str, now: datetime) -> None:
     """Make the job due now; the leader fires it through the same slot claim.
 
-    Raises NotFound for an unknown job and Conflict while it runs or is paused.
+    Raises NotFound for an unknown job, and Conflict while it runs (its running lease
+    holds), while it is paused, and for a per-worker job (``leader_only=False``): each
+    worker runs that on its own schedule, so there is no one slot to move.
     """
     async with engine.begin() as conn:
         row = await _require_job(conn, job_id)
-        if row.last_status == "running":
+        if not row.leader_only:
+            raise Conflict(
+                f"job {job_id!r} runs on every worker on its own schedule (leader_only=False), "
+                "so it cannot be run now; each worker runs it at its next slot"
+            )
+        if row.running_until is not None and row.running_until > now:
             raise Conflict(f"job {job_id!r} is running; try again when it has finished")
         if row.paused:
             raise Conflict(f"job {job_id!r} is paused; resume it first")
@@ -173,7 +197,9 @@ async def run_job_now(engine: AsyncEngine, job_id: str, now: datetime) -> None:
 
 
 async def set_paused(engine: AsyncEngine, job_id: str, paused: bool) -> None:
-    """Pause or resume a job. Raises NotFound for an unknown job."""
+    """Pause or resume a job: the leader claims no slot of a paused job, and every
+    worker skips the slots of a paused per-worker job. Raises NotFound for an unknown
+    job."""
     async with engine.begin() as conn:
         await _require_job(conn, job_id)
         if (await conn.execute(_PAUSE, {"job_id": job_id, "paused": paused})).first() is None:
@@ -183,7 +209,9 @@ async def set_paused(engine: AsyncEngine, job_id: str, paused: bool) -> None:
 
 async def leader(engine: AsyncEngine) -> dict[str, Any]:
     """The holder of the leader key (None fields when nobody leads) and the number of
-    standbys waiting for it, from pg_locks and pg_stat_activity.
+    standbys waiting for it, from pg_locks and pg_stat_activity; ``since`` and
+    ``heartbeat_at`` (its last tick that found it firing) when the holder has recorded
+    its leadership.
 
     A standby whose process died leaves the count within the lock connection's client
     check (CLIENT_CHECK_SECONDS), not at the next handover.
@@ -198,6 +226,7 @@ async def leader(engine: AsyncEngine) -> dict[str, Any]:
         "client_addr": None,
         "backend_pid": None,
         "since": None,
+        "heartbeat_at": None,
     }
     if holder is not None:
         info |= dict(holder._mapping)

@@ -94,6 +94,29 @@ On demotion an async body is cancelled at once and recorded ``cancelled``. A thr
 run stays ``running`` and gets its real outcome (``ok``, ``error``) when the thread
 ends, logged as ``job.finished_after_demotion``. Per-replica runs take no lease.
 
+The lease is also what "running" means to operators: a skipped or missed slot never
+overwrites the ``running`` status of a job whose lease holds, and a lease that ran out
+(its owner died) is *reaped*: the leader's tick, and the claim that takes the job
+over, set its run and the job's status to ``abandoned`` (logged as ``job.abandoned``)
+and clear the lease, so run-now is refused only while a lease holds.
+
+One bad job stops nothing
+=========================
+
+Each job's row is registered in its own commit and each job's loop handles its own
+failures. When a job's step fails while the database answers (its trigger raises, its
+row refuses the claim, its loop died), the job is *broken*: logged once as
+``job.broken`` with its id, recorded in ``scheduler_broken_jobs`` (shown in the admin
+job list and page, and by ``/health/scheduler``, which is then not ok), and retried
+every minute until a registration or claim of it succeeds. Every other job keeps
+firing. A failure while the database does not answer is a passing outage: retried,
+never called broken. The leader also writes ``heartbeat_at`` on its leadership row
+every tick, so health can tell a leader that holds the key but does not fire (a
+handover that never ends, a stuck tick) from one that does.
+
+Per-worker jobs (``leader_only=False``) keep their slots per worker; see replicas.py
+for what their row, pause and run-now mean.
+
 The scheduler does not make jobs idempotent: a job's idempotency is a committed
 column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
 """

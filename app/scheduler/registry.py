@@ -103,17 +103,19 @@ class JobSpec:
         """True for ``async def`` jobs (or objects with an ``async def __call__``)."""
         return _is_async(self.func)
 
-    def jitter_delay(self, slot: datetime) -> float:
+    def jitter_delay(self, slot: datetime, *, salt: str = "") -> float:
         """Seconds to wait after ``slot`` before firing it, in [0, jitter).
 
         Drawn once per (job id, slot): a hash, not a random draw, so every wake-up of the
         job loop and every leader after a failover waits the same delay for the same
         slot, and the delays of successive slots spread uniformly over the jitter.
+        ``salt`` spreads the workers of a ``leader_only=False`` job apart (their pid).
         """
         if not self.jitter:
             return 0.0
         micros = (slot - _EPOCH) // timedelta(microseconds=1)
-        digest = hashlib.blake2b(f"{self.id}\x00{micros}".encode(), digest_size=8).digest()
+        key = f"{self.id}\x00{micros}" + (f"\x00{salt}" if salt else "")
+        digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
         return self.jitter * int.from_bytes(digest, "big") / 2**64
 
 

@@ -1,60 +1,142 @@
 """Jobs with ``leader_only=False``: every worker runs them, with no claim and no lock.
 
 For idempotent per-replica sweeps. Each job keeps its slots in memory from this
-worker's boot and never overlaps itself (the next slot waits for the run).
+worker's boot and never overlaps itself (the next slot waits for the run). What the
+operator sees and can do:
+
+- *Next run*: before waiting for a slot, each worker shows it on the job's row unless
+  another worker's upcoming slot is sooner, so the row shows the soonest upcoming run.
+- *Jitter*: each worker waits its own delay in [0, jitter) after a slot (a hash of the
+  job, the slot and its pid, so workers spread apart); the run records it apart, and
+  its lateness counts from the jittered fire time.
+- *Pause*: every worker reads the row's pause flag at each slot and skips the slot
+  while the job is paused.
+- *Run now* is refused (see app/admin/queries.py): the job has no one slot to move;
+  each worker runs it at its own next slot.
+- *Broken*: a slot this worker cannot compute or record is logged once as
+  ``job.broken`` and recorded in ``scheduler_broken_jobs``; the job's loop retries
+  after a minute and no other job's loop is touched.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from .clock import Clock
 from .registry import JobSpec
 from .retry import backoff_delay, log_retry
 from .runner import Runner
-from .store import JobStore
+from .store import JobStore, format_error
 
 __all__ = ["run_replica_jobs"]
 
 logger = logging.getLogger("app.scheduler")
 
+_BROKEN_RETRY_SECONDS = 60.0
+
 
 async def run_replica_jobs(
     specs: list[JobSpec], *, store: JobStore, runner: Runner, clock: Clock, zone: ZoneInfo
 ) -> None:
-    """Register the jobs' rows (retrying while the database is away), then run each on
-    its schedule until cancelled."""
-    if not specs:
-        return
-    failures = 0
-    while True:
-        try:
-            await store.register_replica_jobs(specs, clock.now(), zone)
-            break
-        except Exception as exc:
-            delay = backoff_delay(failures)
-            failures += 1
-            log_retry("scheduler.replica_jobs_waiting", exc, delay)
-            await clock.sleep(delay)
+    """Run each job on its own schedule until cancelled; each registers its own row
+    first, so one job that cannot be handled holds up no other."""
     async with asyncio.TaskGroup() as group:
         for spec in specs:
-            group.create_task(_loop(spec, runner, clock, zone), name=f"replica-loop:{spec.id}")
+            loop = _ReplicaLoop(spec, store, runner, clock, zone)
+            group.create_task(loop.run(), name=f"replica-loop:{spec.id}")
 
 
-async def _loop(spec: JobSpec, runner: Runner, clock: Clock, zone: ZoneInfo) -> None:
-    now = clock.now()
-    first_run = now + timedelta(seconds=spec.first_run) if spec.first_run is not None else None
-    slot = first_run or spec.trigger.first_slot(now, zone)
-    while True:
-        jitter = random.uniform(0, spec.jitter) if spec.jitter else 0.0
-        await clock.sleep((slot - clock.now()).total_seconds() + jitter)
-        latest, _ = spec.trigger.latest_slot(slot, clock.now(), zone)
+class _ReplicaLoop:
+    """One per-replica job on this worker: its slots, its pause check, its runs."""
+
+    def __init__(
+        self, spec: JobSpec, store: JobStore, runner: Runner, clock: Clock, zone: ZoneInfo
+    ) -> None:
+        self.spec = spec
+        self.store = store
+        self.runner = runner
+        self.clock = clock
+        self.zone = zone
+        self.salt = str(store.pid)
+        self.broken = False
+
+    async def run(self) -> None:
+        """Register the job's row, then fire the job at each of its slots until
+        cancelled; never raises otherwise. A passing outage is retried with backoff,
+        a fault of the job's own every minute."""
+        spec, now = self.spec, self.clock.now()
+        slot: datetime | None = None
+        if spec.first_run is not None:
+            slot = now + timedelta(seconds=spec.first_run)
+        registered, failures = False, 0
+        while True:
+            try:
+                if not registered:
+                    await self.store.register_replica_job(spec, self.clock.now(), self.zone)
+                    registered = True
+                if slot is None:
+                    slot = spec.trigger.first_slot(self.clock.now(), self.zone)
+                slot = await self.run_once(slot)
+                failures = 0
+                if self.broken:
+                    await self._clear_broken()
+            except Exception as exc:
+                slot = None
+                if await self.store.blames_job(exc):
+                    await self._mark_broken(exc)
+                    await self.clock.sleep(_BROKEN_RETRY_SECONDS)
+                    continue
+                delay = backoff_delay(failures)
+                failures += 1
+                log_retry("scheduler.replica_job_waiting", exc, delay)
+                await self.clock.sleep(delay)
+
+    async def run_once(self, slot: datetime) -> datetime:
+        """Show ``slot``, wait for its jittered fire time, run it unless the job is
+        paused; return the next slot."""
+        spec = self.spec
+        await self.store.show_replica_slot(spec.id, slot, self.clock.now())
+        jitter = spec.jitter_delay(slot, salt=self.salt)
+        await self.clock.sleep((slot - self.clock.now()).total_seconds() + jitter)
+        latest, _ = spec.trigger.latest_slot(slot, self.clock.now(), self.zone)
+        next_slot = spec.trigger.next_after(latest, self.zone)
+        rows = await self.store.load([spec.id])
+        if spec.id in rows and not rows[spec.id].paused:
+            await self.runner.fire_replica(
+                spec, latest, jitter=spec.jitter_delay(latest, salt=self.salt)
+            )
+        return next_slot
+
+    async def _clear_broken(self) -> None:
         try:
-            await runner.fire_replica(spec, latest)
+            await self.store.clear_broken([self.spec.id])
         except Exception:
-            logger.warning("replica job %s could not start", spec.id, exc_info=True)
-        slot = spec.trigger.next_after(latest, zone)
+            logger.warning("could not clear the broken mark of job %s", self.spec.id, exc_info=True)
+            return
+        self.broken = False
+        logger.info(
+            "job.repaired: job %s is handled again on this worker",
+            self.spec.id,
+            extra={"action": "job.repaired", "job_id": self.spec.id, "pid": self.store.pid},
+        )
+
+    async def _mark_broken(self, exc: Exception) -> None:
+        if self.broken:
+            return
+        self.broken = True
+        logger.error(
+            "job.broken: job %s cannot be handled on this worker (%s: %s); retrying every %s s",
+            self.spec.id,
+            exc.__class__.__name__,
+            exc,
+            _BROKEN_RETRY_SECONDS,
+            exc_info=exc,
+            extra={"action": "job.broken", "job_id": self.spec.id, "pid": self.store.pid},
+        )
+        try:
+            await self.store.mark_broken(self.spec.id, format_error(exc), self.clock.now())
+        except Exception:
+            logger.warning("could not record job %s as broken", self.spec.id, exc_info=True)

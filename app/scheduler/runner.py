@@ -55,6 +55,8 @@ class Claim:
     """A slot this process won: its run row, the slot run, and the job's next slot.
 
     ``leased``: the run holds the job's running lease (leader runs, not replica runs).
+    ``jitter``: seconds the fire waited after the slot by design; lateness counts from
+    the slot plus the jitter.
     """
 
     run_id: int
@@ -62,6 +64,7 @@ class Claim:
     next_slot: datetime
     runs: bool
     leased: bool = False
+    jitter: float = 0.0
 
 
 def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
@@ -183,6 +186,7 @@ class Runner:
                 due,
                 f"{at_least}{passed} slot(s) later than misfire_grace ({grace:g} s)",
             )
+        jitter = spec.jitter_delay(latest)
         claimed = await self.store.claim(
             spec,
             due=due,
@@ -194,6 +198,7 @@ class Runner:
             running_until=now + timedelta(seconds=self.lease_seconds),
             error=error,
             missed_before=missed_before,
+            jitter=jitter,
         )
         if claimed is None:
             return None
@@ -229,7 +234,9 @@ class Runner:
                 extra={"action": "job.missed", "job_id": spec.id, "pid": self.store.pid},
             )
             self._observe(spec, "missed", 0.0, now - latest)
-        return Claim(claimed.run_id, latest, next_slot, runs=not missed, leased=not missed)
+        return Claim(
+            claimed.run_id, latest, next_slot, runs=not missed, leased=not missed, jitter=jitter
+        )
 
     async def skip_overlap(
         self, spec: JobSpec, due: datetime, fence_pid: int | None
@@ -253,10 +260,11 @@ class Runner:
         self._observe(spec, "skipped_overlap", 0.0, now - latest)
         return Claim(claimed.run_id, latest, next_slot, runs=False)
 
-    async def fire_replica(self, spec: JobSpec, slot: datetime) -> None:
-        """Run a per-replica job's slot on this worker: no claim, no lock."""
-        run_id = await self.store.start_replica_run(spec, slot, self.clock.now())
-        await self.execute(spec, Claim(run_id, slot, slot, runs=True))
+    async def fire_replica(self, spec: JobSpec, slot: datetime, *, jitter: float = 0.0) -> None:
+        """Run a per-replica job's slot on this worker: no claim, no lock. ``jitter``:
+        the seconds this worker waited after the slot by design."""
+        run_id = await self.store.start_replica_run(spec, slot, self.clock.now(), jitter=jitter)
+        await self.execute(spec, Claim(run_id, slot, slot, runs=True, jitter=jitter))
 
     async def run_service(self, spec: ServiceSpec) -> None:
         """Run a leader-only service until cancelled, restarting it with backoff when it
@@ -312,7 +320,8 @@ class Runner:
             _sessions=self.sessions if spec.is_async else None,
             _sync_sessions=None if spec.is_async else self.sync_sessions,
         )
-        run = _Run(spec, claim, log, time.perf_counter(), self.clock.now() - slot)
+        lateness = self.clock.now() - slot - timedelta(seconds=claim.jitter)
+        run = _Run(spec, claim, log, time.perf_counter(), lateness)
         if spec.is_async:
             await self._run_async(run, ctx)
             return

@@ -15,6 +15,15 @@ unexpired, a claim that would start a run records its slot as ``skipped_overlap`
 instead, whichever process holds the lease. The owner renews ``running_until`` while
 its body runs and clears the lease with the run's outcome; renewing and clearing match
 on the run id, so a lease that ran out and was taken by a newer run is left alone.
+
+The lease is also the truth for "running": a skipped or missed slot never overwrites
+the job's ``running`` status while a lease holds, and a lease that ran out (its owner
+died) is *reaped*: its run and the job's status become ``abandoned`` and the lease is
+cleared, by the leader every tick and by the claim that takes the job over.
+
+A job whose row or next slot the leader cannot handle is recorded in
+``scheduler_broken_jobs`` (a table of its own: the job's row may be what cannot be
+written) until a later registration or claim of it succeeds.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .keys import LEADER_KEY_LOCKS
@@ -55,15 +65,17 @@ _LOAD = text("SELECT id, next_run_at, paused FROM scheduler_jobs WHERE id = ANY(
 # A run starts only when no other body holds an unexpired running lease on the job.
 _STARTS = """(CAST(:runs AS boolean)
         AND (running_until IS NULL OR running_until <= CAST(:now AS timestamptz)))"""
+# A slot that is not run never overwrites the status of a body that still runs.
 _CLAIM = """
     UPDATE scheduler_jobs
     SET next_run_at = :next_slot,
         last_started_at = CASE WHEN {starts}
             THEN CAST(:now AS timestamptz) ELSE last_started_at END,
         last_status = CASE WHEN {starts} THEN 'running'
+            WHEN running_until > CAST(:now AS timestamptz) THEN last_status
             WHEN CAST(:runs AS boolean) THEN 'skipped_overlap' ELSE CAST(:status AS text) END,
         running_run_id = CASE WHEN {starts}
-            THEN nextval(pg_get_serial_sequence('scheduler_runs', 'id')) ELSE running_run_id END,
+            THEN CAST(:run_id AS bigint) ELSE running_run_id END,
         running_since = CASE WHEN {starts}
             THEN CAST(:now AS timestamptz) ELSE running_since END,
         running_until = CASE WHEN {starts}
@@ -72,7 +84,8 @@ _CLAIM = """
         running_host = CASE WHEN {starts} THEN CAST(:host AS text) ELSE running_host END,
         updated_at = now()
     WHERE id = :job_id AND next_run_at = :due AND NOT paused {fence}
-    RETURNING last_status, running_run_id, running_until, running_pid, running_host
+    RETURNING running_run_id IS NOT DISTINCT FROM CAST(:run_id AS bigint) AS started,
+        running_run_id, running_until, running_pid, running_host
     """
 _FENCE = f"""
       AND EXISTS (
@@ -84,10 +97,11 @@ _CLAIM_FENCED = text(_CLAIM.format(starts=_STARTS, fence=_FENCE))
 _INSERT_RUN = text(
     """
     INSERT INTO scheduler_runs
-        (id, job_id, scope, slot, started_at, finished_at, status, lateness_ms, pid, host, error)
+        (id, job_id, scope, slot, started_at, finished_at, status, lateness_ms, jitter_ms,
+         pid, host, error)
     VALUES (COALESCE(CAST(:id AS bigint), nextval(pg_get_serial_sequence('scheduler_runs', 'id'))),
             :job_id, :scope, :slot, :started_at, :finished_at, :status, :lateness_ms,
-            :pid, :host, :error)
+            :jitter_ms, :pid, :host, :error)
     ON CONFLICT (job_id, slot) WHERE scope = 'leader' DO NOTHING
     RETURNING id
     """
@@ -145,6 +159,61 @@ _RELEASE_LEASE = text(
     """
 )
 
+# A lease that ran out: its owner died (or froze past it). Its run, if still recorded
+# as running, and the job's running status become 'abandoned'; the lease is cleared.
+_REAP = text(
+    """
+    WITH expired AS (
+        SELECT id, running_run_id,
+            format('abandoned: the process that ran it (pid %s on %s) stopped renewing its '
+                   'running lease, which ran out at %s', running_pid, running_host,
+                   running_until) AS note
+        FROM scheduler_jobs
+        WHERE running_until <= CAST(:now AS timestamptz)
+            AND (CAST(:job_id AS text) IS NULL OR id = CAST(:job_id AS text))
+        FOR UPDATE SKIP LOCKED
+    ), abandoned_runs AS (
+        UPDATE scheduler_runs r
+        SET status = 'abandoned', finished_at = CAST(:now AS timestamptz), error = e.note
+        FROM expired e
+        WHERE r.id = e.running_run_id AND r.status = 'running'
+    )
+    UPDATE scheduler_jobs j
+    SET last_status = CASE WHEN j.last_status = 'running' THEN 'abandoned' ELSE j.last_status END,
+        last_finished_at = CASE WHEN j.last_status = 'running'
+            THEN CAST(:now AS timestamptz) ELSE j.last_finished_at END,
+        last_error = CASE WHEN j.last_status = 'running' THEN e.note ELSE j.last_error END,
+        running_run_id = NULL, running_since = NULL, running_until = NULL,
+        running_pid = NULL, running_host = NULL, updated_at = now()
+    FROM expired e
+    WHERE j.id = e.id
+    RETURNING j.id
+    """
+)
+
+_MARK_BROKEN = text(
+    """
+    INSERT INTO scheduler_broken_jobs (job_id, error, since, pid, host)
+    VALUES (:job_id, :error, :now, :pid, :host)
+    ON CONFLICT (job_id) DO UPDATE SET error = excluded.error, pid = excluded.pid,
+        host = excluded.host
+    """
+)
+_CLEAR_BROKEN = text("DELETE FROM scheduler_broken_jobs WHERE job_id = ANY(:ids)")
+
+_HEARTBEAT = text(
+    "UPDATE scheduler_leadership SET heartbeat_at = :now WHERE backend_pid = :backend_pid"
+)
+
+# Each worker keeps its own slots of a per-worker job; the row shows the soonest
+# upcoming one: a worker replaces a slot that has passed or is later than its own.
+_SHOW_REPLICA_SLOT = text(
+    """
+    UPDATE scheduler_jobs SET next_run_at = :slot
+    WHERE id = :job_id AND (next_run_at <= :now OR next_run_at > :slot)
+    """
+)
+
 _UPSERT_REPLICA = text(
     """
     INSERT INTO scheduler_jobs (id, name, trigger, leader_only, next_run_at)
@@ -158,10 +227,11 @@ _UPSERT_REPLICA = text(
 
 _RECORD_LEADERSHIP = text(
     """
-    INSERT INTO scheduler_leadership (id, pid, host, backend_pid, since)
-    VALUES (1, :pid, :host, :backend_pid, :since)
+    INSERT INTO scheduler_leadership (id, pid, host, backend_pid, since, heartbeat_at)
+    VALUES (1, :pid, :host, :backend_pid, :since, :since)
     ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, host = excluded.host,
-        backend_pid = excluded.backend_pid, since = excluded.since
+        backend_pid = excluded.backend_pid, since = excluded.since,
+        heartbeat_at = excluded.heartbeat_at
     """
 )
 
@@ -219,27 +289,73 @@ class JobStore:
         first boot of the deployment): once per job row. A promotion or a restart never
         moves a stored slot, and a changed trigger restarts from its own first slot.
         """
-        rows: dict[str, JobRow] = {}
+        return {spec.id: await self.register_leader_job(spec, now, zone) for spec in specs}
+
+    async def register_leader_job(self, spec: JobSpec, now: datetime, zone: ZoneInfo) -> JobRow:
+        """Upsert one leader job's row in its own commit (see register_leader_jobs), so
+        that a job whose row or first slot cannot be handled stops no other job."""
+        own_first_slot = spec.trigger.first_slot(now, zone)
+        first_slot = own_first_slot
+        if spec.first_run is not None:
+            first_slot = now + timedelta(seconds=spec.first_run)
         async with self.engine.begin() as conn:
-            for spec in specs:
-                own_first_slot = spec.trigger.first_slot(now, zone)
-                first_slot = own_first_slot
-                if spec.first_run is not None:
-                    first_slot = now + timedelta(seconds=spec.first_run)
-                result = await conn.execute(
-                    _UPSERT,
-                    {
-                        "id": spec.id,
-                        "name": spec.name,
-                        "trigger": spec.trigger.describe(),
-                        "leader_only": True,
-                        "first_slot": first_slot,
-                        "reset_slot": own_first_slot,
-                    },
-                )
-                row = result.one()
-                rows[row.id] = JobRow(row.next_run_at, row.paused)
-        return rows
+            result = await conn.execute(
+                _UPSERT,
+                {
+                    "id": spec.id,
+                    "name": spec.name,
+                    "trigger": spec.trigger.describe(),
+                    "leader_only": True,
+                    "first_slot": first_slot,
+                    "reset_slot": own_first_slot,
+                },
+            )
+            row = result.one()
+            return JobRow(row.next_run_at, row.paused)
+
+    async def blames_job(self, exc: BaseException) -> bool:
+        """True when a job's step failed with ``exc`` while the database answers: the
+        fault is the job's (its trigger raised, its row refused the statement), not a
+        passing outage, which is retried instead."""
+        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+            return False
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        except Exception:
+            return False
+        return True
+
+    async def mark_broken(self, job_id: str, error: str, now: datetime) -> None:
+        """Record that the leader cannot handle the job's row or next slot."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                _MARK_BROKEN,
+                {"job_id": job_id, "error": error, "now": now, "pid": self.pid, "host": self.host},
+            )
+
+    async def clear_broken(self, job_ids: Iterable[str]) -> None:
+        """Forget that these jobs were broken: their registration or claim succeeded."""
+        async with self.engine.begin() as conn:
+            await conn.execute(_CLEAR_BROKEN, {"ids": list(job_ids)})
+
+    async def reap(self, now: datetime) -> list[str]:
+        """Reap every running lease that ran out by ``now`` (see the module docstring);
+        return the ids of the jobs reaped."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(_REAP, {"now": now, "job_id": None})
+            return [row.id for row in result]
+
+    async def heartbeat(self, backend_pid: int, now: datetime) -> None:
+        """Note that the leader on lock backend ``backend_pid`` still fires, at ``now``."""
+        async with self.engine.begin() as conn:
+            await conn.execute(_HEARTBEAT, {"backend_pid": backend_pid, "now": now})
+
+    async def show_replica_slot(self, job_id: str, slot: datetime, now: datetime) -> None:
+        """Show ``slot`` as the per-worker job's next run unless another worker's
+        upcoming slot is sooner."""
+        async with self.engine.begin() as conn:
+            await conn.execute(_SHOW_REPLICA_SLOT, {"job_id": job_id, "slot": slot, "now": now})
 
     async def record_leadership(self, backend_pid: int, since: datetime) -> None:
         """Note who leads and since when, for operators (the lock stays the truth)."""
@@ -253,17 +369,22 @@ class JobStore:
         self, specs: Iterable[JobSpec], now: datetime, zone: ZoneInfo
     ) -> None:
         """Make sure every per-replica job has a row, so its runs can be recorded."""
+        for spec in specs:
+            await self.register_replica_job(spec, now, zone)
+
+    async def register_replica_job(self, spec: JobSpec, now: datetime, zone: ZoneInfo) -> None:
+        """Make sure one per-replica job has a row, in its own commit."""
+        first_slot = spec.trigger.first_slot(now, zone)
         async with self.engine.begin() as conn:
-            for spec in specs:
-                await conn.execute(
-                    _UPSERT_REPLICA,
-                    {
-                        "id": spec.id,
-                        "name": spec.name,
-                        "trigger": spec.trigger.describe(),
-                        "first_slot": spec.trigger.first_slot(now, zone),
-                    },
-                )
+            await conn.execute(
+                _UPSERT_REPLICA,
+                {
+                    "id": spec.id,
+                    "name": spec.name,
+                    "trigger": spec.trigger.describe(),
+                    "first_slot": first_slot,
+                },
+            )
 
     async def load(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
         """The stored next slot and pause flag of each job."""
@@ -284,6 +405,7 @@ class JobStore:
         running_until: datetime | None = None,
         error: str | None = None,
         missed_before: tuple[datetime, str] | None = None,
+        jitter: float = 0.0,
     ) -> ClaimedSlot | None:
         """Claim slot ``due`` and record its run row, in one commit.
 
@@ -292,7 +414,9 @@ class JobStore:
         ``running_until`` in the claim's own UPDATE; while another body holds an
         unexpired lease the slot is recorded 'skipped_overlap' instead. ``missed_before``
         (slot, note) adds a 'missed' row for the slots an outage passed over before this
-        one. Returns the run row and the status it got, or None when the claim matched
+        one. A lease of the job that ran out is reaped first. ``jitter`` (seconds) is
+        recorded apart: lateness counts from ``run_slot`` + ``jitter``. Returns the run
+        row and the status it got, or None when the claim matched
         nothing: another process took the slot, the job is paused, or (fenced) this
         process no longer holds the leader key.
         """
@@ -319,13 +443,16 @@ class JobStore:
             missed_id = None
             if missed_before is not None:
                 missed_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
+            run_id: int | None = None
+            if runs:
+                await conn.execute(_REAP, {"now": now, "job_id": spec.id})
+                run_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
+            params |= {"run_id": run_id}
             claimed = (await conn.execute(statement, params)).one_or_none()
             if claimed is None:
                 return None
-            run_id: int | None = None
-            if runs and claimed.last_status == "running":
-                run_id = claimed.running_run_id
-            elif runs:
+            if runs and not claimed.started:
+                run_id = None
                 status = "skipped_overlap"
                 error = (
                     f"run {claimed.running_run_id} was still going on "
@@ -344,7 +471,9 @@ class JobStore:
             inserted = (
                 await conn.execute(
                     _INSERT_RUN,
-                    self._run_params(spec, "leader", run_slot, now, status, error=error, id=run_id),
+                    self._run_params(
+                        spec, "leader", run_slot, now, status, error=error, id=run_id, jitter=jitter
+                    ),
                 )
             ).scalar_one_or_none()
             if inserted is not None:
@@ -376,11 +505,14 @@ class JobStore:
         async with self.engine.begin() as conn:
             await conn.execute(_RELEASE_LEASE, {"job_id": job_id, "run_id": run_id})
 
-    async def start_replica_run(self, spec: JobSpec, slot: datetime, now: datetime) -> int:
-        """Record the start of a per-replica run (no claim: every worker runs it)."""
+    async def start_replica_run(
+        self, spec: JobSpec, slot: datetime, now: datetime, *, jitter: float = 0.0
+    ) -> int:
+        """Record the start of a per-replica run (no claim: every worker runs it);
+        lateness counts from ``slot`` + ``jitter`` seconds."""
         async with self.engine.begin() as conn:
             result = await conn.execute(
-                _INSERT_RUN, self._run_params(spec, "replica", slot, now, "running")
+                _INSERT_RUN, self._run_params(spec, "replica", slot, now, "running", jitter=jitter)
             )
             run_id: int = result.scalar_one()
             return run_id
@@ -422,8 +554,10 @@ class JobStore:
         *,
         error: str | None = None,
         id: int | None = None,
+        jitter: float = 0.0,
     ) -> dict[str, object]:
         finished = None if status == "running" else now
+        fire_at = slot + timedelta(seconds=jitter)
         return {
             "id": id,
             "job_id": spec.id,
@@ -432,7 +566,8 @@ class JobStore:
             "started_at": now,
             "finished_at": finished,
             "status": status,
-            "lateness_ms": max(0, int((now - slot).total_seconds() * 1000)),
+            "lateness_ms": max(0, int((now - fire_at).total_seconds() * 1000)),
+            "jitter_ms": int(jitter * 1000),
             "pid": self.pid,
             "host": self.host,
             "error": error,

@@ -41,7 +41,7 @@ from .registry import JobSpec, Registry
 from .replicas import run_replica_jobs
 from .retry import backoff_delay, log_retry
 from .runner import Runner
-from .store import JobRow, JobStore
+from .store import JobRow, JobStore, format_error
 
 __all__ = ["Role", "SchedulerConfig", "Supervisor"]
 
@@ -51,6 +51,8 @@ logger = logging.getLogger("app.scheduler")
 # production, fire unguarded this long between checks.
 _FAIL_OPEN_SECONDS = 60.0
 _GRACEFUL = ("stopped", "unguarded period over")
+# A broken job's loop tries again this often; its other jobs are never held up.
+_BROKEN_RETRY_SECONDS = 60.0
 # The server cannot be reached, is going away or is full: retry, whatever ENVIRONMENT.
 _UNREACHABLE = (
     OSError,
@@ -128,6 +130,7 @@ class Supervisor:
         self._failures = 0
         self._reload = asyncio.Event()
         self._firing = asyncio.Event()
+        self._broken: set[str] = set()
         self.refusal: str | None = None
 
     @property
@@ -300,17 +303,18 @@ class Supervisor:
             if self._stopping.is_set():
                 return
             now = self.clock.now()
-            self._rows = await self.store.register_leader_jobs(
-                self.leader_jobs, now, self.config.zone
-            )
+            await self._register(now)
             if lock is not None:
                 await self.store.record_leadership(lock.backend_pid, now)
                 await lock.on_wake(self._reload.set)
             fence = lock.backend_pid if lock else None
-            loops = [
-                asyncio.create_task(self._job_loop(spec, fence), name=f"job-loop:{spec.id}")
+            job_loops = {
+                spec.id: asyncio.create_task(
+                    self._job_loop(spec, fence), name=f"job-loop:{spec.id}"
+                )
                 for spec in self.leader_jobs
-            ]
+            }
+            loops = list(job_loops.values())
             if lock is not None:
                 # Services (long-poll consumers) run on one process at most: never
                 # unguarded, where another worker may lead.
@@ -319,15 +323,71 @@ class Supervisor:
                     for spec in self.registry.services.values()
                 ]
             self._firing.set()
-            reason = await self._tick_until_done(lock, until)
+            reason = await self._tick_until_done(lock, until, job_loops)
         except Exception as exc:
-            # The lock decides leadership; without the job rows we cannot lead either.
+            # The database went away while registering (a job's own fault only marks
+            # that job broken): without the job rows we cannot lead.
             logger.warning("scheduler: leading failed", exc_info=True)
             reason = f"{exc.__class__.__name__} while leading"
         finally:
             await self._step_down(lock, loops, reason)
 
-    async def _tick_until_done(self, lock: LockConnection | None, until: datetime | None) -> str:
+    async def _register(self, now: datetime) -> None:
+        """Upsert each leader job's row in its own commit. A job whose row or first slot
+        cannot be handled is marked broken and left to its loop to retry; a database
+        that does not answer fails the whole leadership, to be retried."""
+        self._rows = {}
+        for spec in self.leader_jobs:
+            try:
+                self._rows[spec.id] = await self.store.register_leader_job(
+                    spec, now, self.config.zone
+                )
+            except Exception as exc:
+                if not await self.store.blames_job(exc):
+                    raise
+                await self._mark_broken(spec.id, format_error(exc))
+        await self._repaired(list(self._rows))
+
+    async def _mark_broken(self, job_id: str, error: str) -> None:
+        """Record the job as broken; log it once per process until it is repaired."""
+        if job_id not in self._broken:
+            self._broken.add(job_id)
+            logger.error(
+                "job.broken: job %s cannot be handled (%s); its other jobs keep firing and "
+                "it is retried every %s s",
+                job_id,
+                # The last line of a traceback names the exception; the table keeps it all.
+                error.strip().splitlines()[-1],
+                _BROKEN_RETRY_SECONDS,
+                extra={"action": "job.broken", "job_id": job_id, "pid": os.getpid()},
+            )
+        try:
+            await self.store.mark_broken(job_id, error, self.clock.now())
+        except Exception:
+            logger.warning("scheduler: could not record job %s as broken", job_id, exc_info=True)
+
+    async def _repaired(self, job_ids: list[str]) -> None:
+        """Forget the broken mark of jobs whose registration or claim succeeded. Never
+        raises: a mark left behind is cleared by the next success."""
+        try:
+            await self.store.clear_broken(job_ids)
+        except Exception:
+            logger.warning("scheduler: could not clear the broken marks", exc_info=True)
+            return
+        for job_id in self._broken.intersection(job_ids):
+            self._broken.discard(job_id)
+            logger.info(
+                "job.repaired: job %s is handled again",
+                job_id,
+                extra={"action": "job.repaired", "job_id": job_id, "pid": os.getpid()},
+            )
+
+    async def _tick_until_done(
+        self,
+        lock: LockConnection | None,
+        until: datetime | None,
+        job_loops: dict[str, asyncio.Task[None]],
+    ) -> str:
         while True:
             woken = await _first(
                 self.clock.sleep(self.config.leader_tick_seconds),
@@ -342,12 +402,24 @@ class Supervisor:
                 return "unguarded period over"
             if lock is not None and not await lock.holds_lock(self.config.leader_tick_seconds):
                 return "lock no longer held"
-            # Pick up what others changed (pause, resume, run now) since the last tick.
+            # Pick up what others changed (pause, resume, run now) since the last tick,
+            # reap the running leases whose owners died, and say that we still fire.
             try:
                 self._rows.update(await self.store.load(list(self._rows)))
+                for job_id in await self.store.reap(self.clock.now()):
+                    logger.warning(
+                        "job.abandoned: the running lease of job %s ran out (its owner died)",
+                        job_id,
+                        extra={"action": "job.abandoned", "job_id": job_id},
+                    )
+                if lock is not None:
+                    await self.store.heartbeat(lock.backend_pid, self.clock.now())
             except Exception:
                 logger.warning("scheduler: could not reload the job rows", exc_info=True)
                 continue
+            for job_id, loop in job_loops.items():
+                if loop.done() and job_id not in self._broken:
+                    await self._mark_broken(job_id, _loop_death(loop))
             refreshed, self._refreshed = self._refreshed, asyncio.Event()
             refreshed.set()
 
@@ -383,22 +455,13 @@ class Supervisor:
 
     async def _job_loop(self, spec: JobSpec, fence: int | None) -> None:
         while True:
-            row = self._rows[spec.id]
-            if row.paused:
-                await self._wait_or_refresh(self.config.leader_tick_seconds)
-                continue
-            fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
-            delay = (fire_at - self.clock.now()).total_seconds()
-            if delay > 0 and await self._wait_or_refresh(delay):
-                continue
-            # The runner outlives this loop: a thread from an earlier leadership counts.
-            busy = self.runner.is_running(spec.id)
             try:
-                if busy:
-                    claim = await self.runner.skip_overlap(spec, row.next_run_at, fence)
-                else:
-                    claim = await self.runner.claim_leader(spec, row.next_run_at, fence)
-            except Exception:
+                await self._job_pass(spec, fence)
+            except Exception as exc:
+                if await self.store.blames_job(exc):
+                    await self._mark_broken(spec.id, format_error(exc))
+                    await self.clock.sleep(_BROKEN_RETRY_SECONDS)
+                    continue
                 logger.warning(
                     "scheduler: claim of %s failed; retrying",
                     spec.id,
@@ -406,22 +469,47 @@ class Supervisor:
                     extra={"action": "scheduler.claim_failed", "job_id": spec.id},
                 )
                 await self._wait_or_refresh(self.config.leader_tick_seconds)
-                continue
-            if claim is None:
-                # Another process took the slot, the job was paused, or our key is gone.
-                try:
-                    fresh = await self.store.load([spec.id])
-                except Exception:
-                    fresh = {}
-                self._rows[spec.id] = fresh.get(spec.id, row)
-                if self._rows[spec.id] == row:
-                    await self._wait_or_refresh(self.config.leader_tick_seconds)
-                continue
-            self._rows[spec.id] = JobRow(claim.next_slot, paused=False)
-            if claim.runs:
-                body = self.runner.start(spec, claim)
-                self._bodies.add(body)
-                body.add_done_callback(self._bodies.discard)
+
+    async def _job_pass(self, spec: JobSpec, fence: int | None) -> None:
+        """One step of a job's loop: register its row if it has none, else wait for its
+        next slot, claim it and start the body. Raises what the job's trigger or row
+        raise, for the loop to tell a broken job from a passing outage."""
+        row = self._rows.get(spec.id)
+        if row is None:
+            self._rows[spec.id] = await self.store.register_leader_job(
+                spec, self.clock.now(), self.config.zone
+            )
+            await self._repaired([spec.id])
+            return
+        if row.paused:
+            await self._wait_or_refresh(self.config.leader_tick_seconds)
+            return
+        fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
+        delay = (fire_at - self.clock.now()).total_seconds()
+        if delay > 0 and await self._wait_or_refresh(delay):
+            return
+        # The runner outlives this loop: a thread from an earlier leadership counts.
+        if self.runner.is_running(spec.id):
+            claim = await self.runner.skip_overlap(spec, row.next_run_at, fence)
+        else:
+            claim = await self.runner.claim_leader(spec, row.next_run_at, fence)
+        if claim is None:
+            # Another process took the slot, the job was paused, or our key is gone.
+            try:
+                fresh = await self.store.load([spec.id])
+            except Exception:
+                fresh = {}
+            self._rows[spec.id] = fresh.get(spec.id, row)
+            if self._rows[spec.id] == row:
+                await self._wait_or_refresh(self.config.leader_tick_seconds)
+            return
+        self._rows[spec.id] = JobRow(claim.next_slot, paused=False)
+        if claim.runs:
+            body = self.runner.start(spec, claim)
+            self._bodies.add(body)
+            body.add_done_callback(self._bodies.discard)
+        if spec.id in self._broken:
+            await self._repaired([spec.id])
 
     async def _hold(self, lock: LockConnection | None, seconds: float) -> bool:
         """Wait ``seconds`` on the clock (less after stop()), checking ownership every
@@ -499,6 +587,14 @@ class Supervisor:
             self._role_changed.notify_all()
         if changed:
             self.runner.observers.role_changed(role.value)
+
+
+def _loop_death(loop: asyncio.Task[None]) -> str:
+    """Why a job loop that should run for the whole leadership ended."""
+    if loop.cancelled():
+        return "its job loop was cancelled while this worker leads"
+    exc = loop.exception()
+    return format_error(exc) if exc is not None else "its job loop returned"
 
 
 async def _first(*awaitables: Awaitable[object]) -> int:

@@ -65,6 +65,10 @@ class Trigger(ABC):
     def describe(self) -> str:
         """A stable text form, stored with the job: a change resets its countdown."""
 
+    @abstractmethod
+    def previous_slot(self, slot: datetime, zone: ZoneInfo) -> datetime:
+        """The last slot strictly before ``slot`` (itself a slot), aware, in UTC."""
+
     def first_slot(self, now: datetime, zone: ZoneInfo) -> datetime:
         """The slot a newly registered job is first due at."""
         return self.next_after(now, zone)
@@ -95,6 +99,10 @@ class Interval(Trigger):
     def next_after(self, moment: datetime, zone: ZoneInfo) -> datetime:
         """``moment`` + period: slots follow each other, anchored at the first one."""
         return moment.astimezone(UTC) + self.period
+
+    def previous_slot(self, slot: datetime, zone: ZoneInfo) -> datetime:
+        """``slot`` - period."""
+        return slot.astimezone(UTC) - self.period
 
     def latest_slot(self, due: datetime, now: datetime, zone: ZoneInfo) -> tuple[datetime, int]:
         """Arithmetic, so that a long outage of a one-second job costs nothing."""
@@ -162,6 +170,10 @@ class Cron(Trigger):
             # The next wall time is a minute later at least: can it still fall earlier?
             if best is not None and (wall + _ONE_MINUTE - max(offsets)).replace(tzinfo=UTC) > best:
                 return best
+
+    def previous_slot(self, slot: datetime, zone: ZoneInfo) -> datetime:
+        """The matching instant before ``slot``, by the DST rules above."""
+        return self._at_or_before(slot - timedelta(microseconds=1), self._zone(zone))
 
     def latest_slot(self, due: datetime, now: datetime, zone: ZoneInfo) -> tuple[datetime, int]:
         """Found from ``now`` backwards, never by walking the outage: the slots passed

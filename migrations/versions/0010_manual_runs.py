@@ -6,7 +6,7 @@ keeps (job, slot) of each request; a leader run of that slot (at most one, by th
 one-run-per-slot index) is the manual run, and history reads the mark from here.
 
 Revision ID: 0010
-Revises: 0007
+Revises: 0008
 Create Date: 2026-12-02
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0010"
-down_revision: str | None = "0007"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -147,10 +147,10 @@ async def test_a_crashed_owners_running_lease_runs_out_and_the_job_fires_again(
     clock.advance(10)  # T0+20: the dead owner's lease (until T0+25) still holds
     await wait_for_runs(engine, "orphaned", 2, finished=False)
     await clock.wait_for_sleepers(2)
-    clock.advance(10)  # T0+30: it ran out
-    history = await wait_for_runs(engine, "orphaned", 2)
+    clock.advance(10)  # T0+30: it ran out, and its run is reaped
+    history = await wait_for_runs(engine, "orphaned", 3)
     assert history == [
-        ("running", T0 + timedelta(seconds=10)),
+        ("abandoned", T0 + timedelta(seconds=10)),
         ("skipped_overlap", T0 + timedelta(seconds=20)),
         ("ok", T0 + timedelta(seconds=30)),
     ]

@@ -344,3 +344,47 @@ def test_cron_catch_up_equals_the_slot_by_slot_walk(
     now = due + outage
     latest, passed = _walked(trigger, due, now)
     assert trigger.latest_slot(due, now, UTC_ZONE) == (latest, min(passed, COUNTED_SLOTS))
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(
+    minute=MINUTES,
+    hour=HOURS,
+    day=DAYS,
+    weekday=WEEKDAYS,
+    zone=st.sampled_from(ZONES),
+    start=st.datetimes(datetime(2020, 1, 1), datetime(2027, 12, 31), timezones=st.just(UTC)),
+)
+def test_cron_previous_slot_is_the_slot_next_after_steps_from(
+    minute: str, hour: str, day: str, weekday: str, zone: str, start: datetime
+) -> None:
+    trigger = cron(f"{minute} {hour} {day} * {weekday}", tz=zone)
+    slot = trigger.next_after(trigger.next_after(start, UTC_ZONE), UTC_ZONE)
+    previous = trigger.previous_slot(slot, UTC_ZONE)
+    assert previous < slot
+    assert trigger.next_after(previous, UTC_ZONE) == slot
+
+
+@pytest.mark.parametrize(
+    ("trigger", "slot", "previous"),
+    [
+        (
+            every(minutes=15),
+            datetime(2026, 1, 1, 12, tzinfo=UTC),
+            datetime(2026, 1, 1, 11, 45, tzinfo=UTC),
+        ),
+        (
+            cron("0 6 * * 1-5", tz="UTC"),
+            datetime(2026, 1, 5, 6, tzinfo=UTC),
+            datetime(2026, 1, 2, 6, tzinfo=UTC),
+        ),
+        # Fall-back in Zurich: a fixed hour fires in the first occurrence only.
+        (
+            cron("30 2 * * *", tz="Europe/Zurich"),
+            datetime(2026, 10, 26, 1, 30, tzinfo=UTC),
+            datetime(2026, 10, 25, 0, 30, tzinfo=UTC),
+        ),
+    ],
+)
+def test_previous_slot(trigger: Trigger, slot: datetime, previous: datetime) -> None:
+    assert trigger.previous_slot(slot, UTC_ZONE) == previous

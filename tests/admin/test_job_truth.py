@@ -1,0 +1,187 @@
+"""Operators see the truth: broken jobs in the job list, page and health; a leader that
+does not fire is not healthy; "running" is the running lease; health allows each job the
+age its own schedule implies."""
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import httpx
+import pytest
+from pydantic import SecretStr
+from sqlalchemy import text
+
+from app.admin.health import stale_jobs
+from app.db import Database
+from app.main import create_app
+from app.scheduler import Interval, JobContext, Role, Scheduler, cron, every
+from app.settings import Settings
+
+TOKEN = "truth-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+UTC_ZONE = ZoneInfo("UTC")
+
+Serve = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+class _PoisonedTrigger(Interval):
+    """A trigger whose slot math always raises."""
+
+    def next_after(self, moment: datetime, zone: ZoneInfo) -> datetime:
+        raise ArithmeticError("this trigger cannot compute a slot")
+
+
+async def _noop(ctx: JobContext) -> None:
+    return None
+
+
+def _hourly(*extra: tuple[str, Any]) -> Scheduler:
+    scheduler = Scheduler()
+    scheduler.job(every(hours=1), id="hourly")(_noop)
+    for job_id, trigger in extra:
+        scheduler.job(trigger, id=job_id)(_noop)
+    return scheduler
+
+
+@pytest.fixture
+def serve(settings: Settings) -> Serve:
+    @asynccontextmanager
+    async def serve(scheduler: Scheduler, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+        update = {"ADMIN_TOKEN": SecretStr(TOKEN)} | overrides
+        app = create_app(settings.model_copy(update=update), scheduler)
+        async with app.router.lifespan_context(app):
+            assert scheduler.supervisor is not None
+            await scheduler.supervisor.wait_for_role(Role.LEADER)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                yield client
+
+    return serve
+
+
+async def _eventually_json(
+    client: httpx.AsyncClient, path: str, condition: Callable[[Any], bool], **kwargs: Any
+) -> Any:
+    async with asyncio.timeout(10):
+        while not condition(body := (await client.get(path, **kwargs)).json()):
+            await asyncio.sleep(0.05)
+    return body
+
+
+async def test_a_broken_job_is_listed_and_makes_health_not_ok(serve: Serve) -> None:
+    scheduler = _hourly(("poisoned", _PoisonedTrigger(timedelta(hours=1))))
+    async with serve(scheduler) as client:
+        health = await _eventually_json(
+            client, "/health/scheduler", lambda body: body.get("broken_jobs")
+        )
+        assert health["status"] == "unhealthy" and health["broken_jobs"] == ["poisoned"]
+        jobs = {
+            job["id"]: job for job in (await client.get("/admin/api/jobs", headers=AUTH)).json()
+        }
+        assert jobs["poisoned"]["broken"] is True
+        assert "ArithmeticError" in jobs["poisoned"]["broken_error"]
+        assert jobs["hourly"]["broken"] is False
+        await client.post("/admin/login", data={"token": TOKEN})
+        page = (await client.get("/admin")).text
+        poisoned_row = page[page.index('data-job="poisoned"') :].split("</tr>")[0]
+        assert '<span class="broken"' in poisoned_row
+
+
+async def test_health_is_not_ok_while_the_leader_does_not_fire(serve: Serve) -> None:
+    async with serve(_hourly(), HANDOVER_GRACE_SECONDS=3600) as client:
+        response = await client.get("/health/scheduler")
+    assert response.status_code == 503
+    assert response.json()["leader"] is True and response.json()["firing"] is False
+
+
+async def test_health_is_not_ok_once_a_job_loop_died(serve: Serve) -> None:
+    scheduler = _hourly()
+    async with serve(scheduler) as client:
+        assert scheduler.supervisor is not None
+        await scheduler.supervisor.wait_until_firing()
+        await _eventually_json(client, "/health/scheduler", lambda body: body["status"] == "ok")
+        [loop] = [task for task in asyncio.all_tasks() if task.get_name() == "job-loop:hourly"]
+        loop.cancel()
+        health = await _eventually_json(
+            client, "/health/scheduler", lambda body: body["status"] != "ok"
+        )
+    assert health["broken_jobs"] == ["hourly"]
+
+
+async def _set_lease(database: Database, until: str) -> None:
+    async with database.engine.begin() as conn:
+        await conn.execute(
+            text(
+                "UPDATE scheduler_jobs SET last_status = 'running', running_run_id = 1,"
+                " running_since = now() - interval '1 hour', running_until = " + until + ","
+                " running_pid = 999999, running_host = 'gone'"
+            )
+        )
+
+
+async def test_run_now_is_a_409_while_the_running_lease_holds(
+    serve: Serve, database: Database
+) -> None:
+    async with serve(_hourly()) as client:
+        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs)
+        await _set_lease(database, "now() + interval '1 hour'")
+        response = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
+        [job] = (await client.get("/admin/api/jobs", headers=AUTH)).json()
+    assert response.status_code == 409 and "running" in response.json()["detail"]
+    assert job["running"] is True
+
+
+async def test_a_running_status_whose_lease_ran_out_does_not_block_run_now(
+    serve: Serve, database: Database
+) -> None:
+    async with serve(_hourly()) as client:
+        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs)
+        await _set_lease(database, "now() - interval '1 minute'")
+        [job] = (await client.get("/admin/api/jobs", headers=AUTH)).json()
+        response = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
+    assert job["running"] is False and job["last_status"] == "abandoned"
+    assert response.status_code == 202
+
+
+FRIDAY_RUN = datetime(2026, 1, 2, 6, 0, 5, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("now", "stale"),
+    [
+        (datetime(2026, 1, 3, 12, tzinfo=UTC), False),  # Saturday
+        (datetime(2026, 1, 4, 23, tzinfo=UTC), False),  # Sunday night
+        (datetime(2026, 1, 5, 6, 30, tzinfo=UTC), False),  # Monday's run may still go on
+        (datetime(2026, 1, 6, 7, tzinfo=UTC), True),  # Tuesday: Monday's slot had no success
+    ],
+)
+def test_health_allows_a_weekday_cron_the_age_its_schedule_implies(
+    now: datetime, stale: bool
+) -> None:
+    scheduler = Scheduler()
+    scheduler.job(cron("0 6 * * 1-5", tz="UTC"), id="weekday")(_noop)
+    row = {
+        "id": "weekday",
+        "paused": False,
+        "last_success_at": FRIDAY_RUN,
+        "created_at": FRIDAY_RUN - timedelta(days=30),
+        "leader_only": True,
+    }
+    assert stale_jobs(scheduler, [row], now, UTC_ZONE) == (["weekday"] if stale else [])
+
+
+def test_health_does_not_call_a_job_stale_before_its_first_slot() -> None:
+    scheduler = Scheduler()
+    scheduler.job(every(seconds=1), id="later", first_run=86400 * 365)(_noop)
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    row = {
+        "id": "later",
+        "paused": False,
+        "next_run_at": now + timedelta(days=364),
+        "last_success_at": None,
+        "created_at": now - timedelta(days=1),
+    }
+    assert stale_jobs(scheduler, [row], now, UTC_ZONE) == []

@@ -95,7 +95,7 @@ column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
 from .clock import Clock, FakeClock, SystemClock
 from .context import JobContext, ServiceContext
 from .election import UnsafeLockConnectionError
-from .errors import InvalidJobError, SchedulerError
+from .errors import InvalidJobError, LeadershipLostError, SchedulerError
 from .events import RunFinished
 from .scheduler import Scheduler
 from .supervisor import Role, SchedulerConfig
@@ -108,6 +108,7 @@ __all__ = [
     "Interval",
     "InvalidJobError",
     "JobContext",
+    "LeadershipLostError",
     "Role",
     "RunFinished",
     "Scheduler",

@@ -55,6 +55,8 @@ class Claim:
     """A slot this process won: its run row, the slot run, and the job's next slot.
 
     ``leased``: the run holds the job's running lease (leader runs, not replica runs).
+    ``term``: the leadership term the claim saw, which fences the body's commits; None
+    for a replica run, which no leadership fences.
     """
 
     run_id: int
@@ -62,6 +64,7 @@ class Claim:
     next_slot: datetime
     runs: bool
     leased: bool = False
+    term: int | None = None
 
 
 def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
@@ -217,7 +220,14 @@ class Runner:
                 extra={"action": "job.missed", "job_id": spec.id, "pid": self.store.pid},
             )
             self._observe(spec, "missed", 0.0, now - latest)
-        return Claim(claimed.run_id, latest, next_slot, runs=not missed, leased=not missed)
+        return Claim(
+            claimed.run_id,
+            latest,
+            next_slot,
+            runs=not missed,
+            leased=not missed,
+            term=claimed.term,
+        )
 
     async def skip_overlap(
         self, spec: JobSpec, due: datetime, fence_pid: int | None
@@ -297,6 +307,7 @@ class Runner:
             clock=self.clock,
             log=log,
             zone=self.zone,
+            term=claim.term,
             _sessions=self.sessions if spec.is_async else None,
             _sync_sessions=None if spec.is_async else self.sync_sessions,
         )

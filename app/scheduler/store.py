@@ -8,6 +8,12 @@ fence to the same statement: the claim matches only while the leader's own lock
 connection (by backend pid) still holds the key, so a leader that lost its lock while
 paused cannot claim a slot after it wakes.
 
+The claim also reads the leadership term (scheduler_leadership.term, which every
+promotion moves while it holds the key) and the run keeps it: the job's own commit is
+fenced by it (``JobContext.fence``). A fenced claim sees its own leadership's term,
+since a newer term begins only after another process took the key, when the claim's
+fence matches nothing.
+
 The same UPDATE takes the job's *running lease* when it starts a run: it allocates the
 run's id (``running_run_id``, the lease's token) and sets ``running_since``,
 ``running_until`` and the owner (``running_pid``, ``running_host``). While a lease is
@@ -72,7 +78,8 @@ _CLAIM = """
         running_host = CASE WHEN {starts} THEN CAST(:host AS text) ELSE running_host END,
         updated_at = now()
     WHERE id = :job_id AND next_run_at = :due AND NOT paused {fence}
-    RETURNING last_status, running_run_id, running_until, running_pid, running_host
+    RETURNING last_status, running_run_id, running_until, running_pid, running_host,
+        COALESCE((SELECT term FROM scheduler_leadership WHERE id = 1), 0) AS term
     """
 _FENCE = f"""
       AND EXISTS (
@@ -140,23 +147,15 @@ _UPSERT_REPLICA = text(
 )
 
 
-_RECORD_LEADERSHIP = text(
-    """
-    INSERT INTO scheduler_leadership (id, pid, host, backend_pid, since)
-    VALUES (1, :pid, :host, :backend_pid, :since)
-    ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, host = excluded.host,
-        backend_pid = excluded.backend_pid, since = excluded.since
-    """
-)
-
-
 @dataclass(frozen=True)
 class ClaimedSlot:
     """A slot claim that matched: its run row, and 'running', 'missed' or
-    'skipped_overlap' (a run refused because another body holds the running lease)."""
+    'skipped_overlap' (a run refused because another body holds the running lease).
+    ``term``: the leadership term the claim saw (0 before any leader was recorded)."""
 
     run_id: int
     status: str
+    term: int
     error: str | None = None
 
 
@@ -212,14 +211,6 @@ class JobStore:
                 row = result.one()
                 rows[row.id] = JobRow(row.next_run_at, row.paused)
         return rows
-
-    async def record_leadership(self, backend_pid: int, since: datetime) -> None:
-        """Note who leads and since when, for operators (the lock stays the truth)."""
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                _RECORD_LEADERSHIP,
-                {"pid": self.pid, "host": self.host, "backend_pid": backend_pid, "since": since},
-            )
 
     async def register_replica_jobs(
         self, specs: Iterable[JobSpec], now: datetime, zone: ZoneInfo
@@ -316,7 +307,7 @@ class JobStore:
                 _INSERT_RUN,
                 self._run_params(spec, "leader", run_slot, now, status, error=error, id=run_id),
             )
-            return ClaimedSlot(result.scalar_one(), status, error)
+            return ClaimedSlot(result.scalar_one(), status, claimed.term, error)
 
     async def renew_lease(self, job_id: str, run_id: int, running_until: datetime) -> bool:
         """Move the running lease of run ``run_id`` to ``running_until``; False when the

@@ -88,6 +88,28 @@ On demotion an async body is cancelled at once and recorded ``cancelled``. A thr
 run stays ``running`` and gets its real outcome (``ok``, ``error``) when the thread
 ends, logged as ``job.finished_after_demotion``. Per-replica runs take no lease.
 
+A job's own commit: the leadership term
+========================================
+
+The running lease keeps a new leader from starting the *same* job beside an old body;
+it does not stop that body's writes. A thread (or an async body before its leader
+notices the loss) can commit after a new leader promoted. So every leadership has a
+term: before its first claim, a leader bumps ``scheduler_leadership.term`` on its lock
+connection, in one statement that matches only while that connection holds the key
+(``record_leadership``). Each claim returns the term it saw, which under the claim's
+fence is its own leadership's, and the run's ``JobContext.term`` keeps it.
+
+``await ctx.fence(session)`` (``ctx.fence_sync(session)`` in a thread job) takes the
+term row FOR SHARE inside the job's transaction: when the term moved it rolls the
+transaction back and raises ``LeadershipLostError``; otherwise the transaction holds
+the row until it ends, and the next promotion's bump (a row lock) waits for it. A
+fenced commit of an old leadership thus lands before the next leadership's first
+claim, or not at all. The fence covers only the transaction it runs in, and a
+transaction held open delays the next promotion by as long, so fence the commits that
+move money, just before they commit. Unguarded runs and the test kit's ``run_job``
+take the term current at their claim (0 before any leader was recorded); a
+per-replica job has none, and its fence raises SchedulerError.
+
 The scheduler does not make jobs idempotent: a job's idempotency is a committed
 column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
 """

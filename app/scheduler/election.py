@@ -2,7 +2,8 @@
 
 It is dedicated (never from the pool, never through a transaction-pooling proxy),
 names its process in ``application_name`` before it takes the lock, never opens a
-transaction (so it sits "idle", not "idle in transaction"), and carries
+transaction (so it sits "idle", not "idle in transaction"; its one write, the
+promotion's record that moves the leadership term, is a single statement), and carries
 ``idle_session_timeout`` = the lease: a leader that stops talking to the server for a
 lease (hung loop, SIGSTOP, partition) is disconnected by the server, which releases
 the key for a standby. So a leader talks to the server at least every

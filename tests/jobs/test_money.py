@@ -119,7 +119,8 @@ class PaymentsDuringAPromotion(FakePayments):
 async def test_a_charge_run_whose_leadership_was_superseded_claims_no_further_subscription(
     database: Database, database_url: str, workspace: int
 ) -> None:
-    first, second = await _subscription(database, workspace), await _subscription(database, workspace)
+    first = await _subscription(database, workspace)
+    second = await _subscription(database, workspace)
     payments = PaymentsDuringAPromotion(database_url)
     scheduler = Scheduler()
     register(scheduler, payments, COOLDOWN.total_seconds())

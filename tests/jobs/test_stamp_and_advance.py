@@ -147,7 +147,9 @@ async def test_a_run_whose_leadership_was_superseded_posts_no_standing_order_ent
     async with database.engine.connect() as conn:
         entries = await conn.execute(text("SELECT count(*) FROM journal_entries"))
         assert entries.scalar_one() == 0
-        due = await conn.execute(text("SELECT DISTINCT next_due_date FROM standing_order_templates"))
+        due = await conn.execute(
+            text("SELECT DISTINCT next_due_date FROM standing_order_templates")
+        )
         assert due.scalars().all() == [date(2026, 3, 1)]
 
 

@@ -114,9 +114,7 @@ async def _promote_a_second_leader(
 
 async def _term(engine: AsyncEngine) -> int:
     async with engine.connect() as conn:
-        term: int = (
-            await conn.execute(text("SELECT term FROM scheduler_leadership"))
-        ).scalar_one()
+        term: int = (await conn.execute(text("SELECT term FROM scheduler_leadership"))).scalar_one()
         return term
 
 

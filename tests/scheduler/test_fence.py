@@ -165,11 +165,16 @@ async def test_a_promotion_waits_for_a_fenced_commit_under_way(
         if lock is None:
             return False
         async with engine.connect() as conn:
+            # Its promotion's record, waiting on a row lock (not the advisory key).
             waiting = await conn.execute(
-                text("SELECT wait_event_type FROM pg_stat_activity WHERE pid = :pid"),
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"
+                    " AND wait_event_type = 'Lock' AND wait_event <> 'advisory'"
+                    " AND query LIKE '%scheduler_leadership%'"
+                ),
                 {"pid": lock.backend_pid},
             )
-            return waiting.scalar_one_or_none() == "Lock"
+            return waiting.scalar_one() == 1
 
     await eventually(bump_waits_on_the_fenced_transaction, what="the term bump to wait")
     assert not second.firing

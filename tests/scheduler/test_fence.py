@@ -174,7 +174,7 @@ async def test_a_promotion_waits_for_a_fenced_commit_under_way(
                 ),
                 {"pid": lock.backend_pid},
             )
-            return waiting.scalar_one() == 1
+            return bool(waiting.scalar_one() == 1)
 
     await eventually(bump_waits_on_the_fenced_transaction, what="the term bump to wait")
     assert not second.firing

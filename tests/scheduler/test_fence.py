@@ -112,6 +112,28 @@ async def _promote_a_second_leader(
     return second
 
 
+def _recording_waits(engine: AsyncEngine, supervisor: Supervisor) -> Callable[[], Awaitable[bool]]:
+    """A condition: the supervisor's promotion record waits on the term's row lock."""
+
+    async def waits() -> bool:
+        lock = supervisor.lock
+        if lock is None:
+            return False
+        async with engine.connect() as conn:
+            # Its promotion's record, waiting on a row lock (not the advisory key).
+            waiting = await conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"
+                    " AND wait_event_type = 'Lock' AND wait_event <> 'advisory'"
+                    " AND query LIKE '%scheduler_leadership%'"
+                ),
+                {"pid": lock.backend_pid},
+            )
+            return bool(waiting.scalar_one() == 1)
+
+    return waits
+
+
 async def _term(engine: AsyncEngine) -> int:
     async with engine.connect() as conn:
         term: int = (await conn.execute(text("SELECT term FROM scheduler_leadership"))).scalar_one()
@@ -159,24 +181,7 @@ async def test_a_promotion_waits_for_a_fenced_commit_under_way(
     second = await start_scheduler(_scheduler(body), clock=clock, lease_seconds=LEASE)
     await second.wait_for_role(Role.STANDBY)
     await _terminate_lock_connection(engine, first)
-
-    async def bump_waits_on_the_fenced_transaction() -> bool:
-        lock = second.lock
-        if lock is None:
-            return False
-        async with engine.connect() as conn:
-            # Its promotion's record, waiting on a row lock (not the advisory key).
-            waiting = await conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"
-                    " AND wait_event_type = 'Lock' AND wait_event <> 'advisory'"
-                    " AND query LIKE '%scheduler_leadership%'"
-                ),
-                {"pid": lock.backend_pid},
-            )
-            return bool(waiting.scalar_one() == 1)
-
-    await eventually(bump_waits_on_the_fenced_transaction, what="the term bump to wait")
+    await eventually(_recording_waits(engine, second), what="the term bump to wait")
     assert not second.firing
     assert await _term(engine) == term
     body.release.set()
@@ -201,4 +206,46 @@ async def test_an_async_body_whose_term_moved_commits_nothing(
     record = await run_job(scheduler, "fenced_async", database=database, at=T0)
     assert record.status == "error"
     assert record.error is not None and "LeadershipLostError" in record.error
+    assert await effects() == []
+
+
+async def test_a_promotion_waiting_for_a_fenced_commit_stops_when_told(
+    start_scheduler: StartScheduler,
+    engine: AsyncEngine,
+    effects: Effects,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock(T0)
+    body = HeldBody(hold="inside")
+    first = await _first_leader_with_body_held(start_scheduler, body, clock)
+    term = await _term(engine)
+    scheduler = _scheduler(body)
+    second = await start_scheduler(scheduler, clock=clock, lease_seconds=LEASE)
+    await second.wait_for_role(Role.STANDBY)
+    await _terminate_lock_connection(engine, first)
+    await eventually(_recording_waits(engine, second), what="the term bump to wait")
+    await scheduler.stop()
+    assert second.role is Role.STOPPED
+    # It stopped on its own, not cancelled after the stop timeout.
+    assert "did not stop within" not in caplog.text
+    assert await _term(engine) == term
+    body.release.set()
+    assert await wait_for_runs(engine, "fenced", 1) == [("ok", T0 + timedelta(seconds=10))]
+
+
+async def test_the_fence_of_a_per_worker_job_names_the_job_and_the_fix(
+    database: Database, effects: Effects
+) -> None:
+    scheduler = Scheduler()
+
+    @scheduler.job(every(seconds=10), id="sweep", leader_only=False)
+    async def sweep(ctx: JobContext) -> None:
+        await ctx.session.execute(INSERT, {"slot": ctx.scheduled_at})
+        await ctx.fence(ctx.session)
+
+    record = await run_job(scheduler, "sweep", database=database, at=T0)
+    assert record.status == "error"
+    assert record.error is not None
+    assert 'job "sweep" runs on every worker (leader_only=False)' in record.error
+    assert "make the job leader_only" in record.error
     assert await effects() == []

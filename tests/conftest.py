@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import pytest
@@ -13,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database, asyncpg_dsn
 from app.scheduler import Clock, FakeClock, Scheduler, SchedulerConfig
+from app.scheduler.election import LockConnection
 from app.scheduler.supervisor import Supervisor
 from app.settings import Settings, load_settings
 from app.testing import TestServer
@@ -138,3 +141,21 @@ async def start_scheduler(
 
     yield start
     await asyncio.gather(*(scheduler.stop() for scheduler in started))
+
+
+# When a promotion elsewhere says it began: only operators read it.
+_SINCE = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+async def promote_elsewhere(database_url: str) -> int:
+    """A promotion on a lock connection of its own: take the free leader key, record the
+    leadership (which moves the term, as every promotion does), let go. Returns the new
+    term."""
+    lock = await LockConnection.connect(asyncpg_dsn(database_url), lease_seconds=30)
+    try:
+        assert await lock.try_acquire(), "another session holds the leader key"
+        term = await lock.record_leadership(pid=os.getpid(), host="elsewhere", since=_SINCE)
+        assert term is not None, "the promotion's record did not match: key not held"
+        return term
+    finally:
+        await lock.release()

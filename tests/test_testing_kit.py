@@ -11,6 +11,8 @@ from app.outbox import Outbox
 from app.scheduler import JobContext, Role, Scheduler, SchedulerConfig, SchedulerError, every
 from app.testing import RecordingReceiver, drain, run_job, terminate_leader_connection
 
+from .conftest import promote_elsewhere
+
 AT = datetime(2026, 3, 1, 6, 0, tzinfo=UTC)
 
 
@@ -23,6 +25,16 @@ def scheduler() -> Scheduler:
         await ctx.session.execute(
             text("CREATE TABLE IF NOT EXISTS kit_notes (slot timestamptz PRIMARY KEY)")
         )
+        await ctx.session.execute(
+            text("INSERT INTO kit_notes VALUES (:slot)"), {"slot": ctx.scheduled_at}
+        )
+
+    @scheduler.job(every(hours=1), id="fenced")
+    async def fenced(ctx: JobContext) -> None:
+        await ctx.session.execute(
+            text("CREATE TABLE IF NOT EXISTS kit_notes (slot timestamptz PRIMARY KEY)")
+        )
+        await ctx.fence(ctx.session)
         await ctx.session.execute(
             text("INSERT INTO kit_notes VALUES (:slot)"), {"slot": ctx.scheduled_at}
         )
@@ -44,6 +56,19 @@ async def test_run_job_fires_one_slot_and_returns_its_record(
     record = await run_job(scheduler, "writes", database=regent_database, at=AT)
     assert (record.status, record.slot, record.error) == ("ok", AT, None)
     assert record.duration_ms is not None and record.finished_at is not None
+    async with regent_database.engine.connect() as conn:
+        slots = (await conn.execute(text("SELECT slot FROM kit_notes"))).scalars().all()
+    assert slots == [AT]
+
+
+@pytest.mark.parametrize("promotions", [0, 2], ids=["no-leader-ever", "after-promotions"])
+async def test_run_job_passes_the_fence(
+    scheduler: Scheduler, regent_database: Database, regent_database_url: str, promotions: int
+) -> None:
+    for _ in range(promotions):
+        await promote_elsewhere(regent_database_url)
+    record = await run_job(scheduler, "fenced", database=regent_database, at=AT)
+    assert (record.status, record.error) == ("ok", None)
     async with regent_database.engine.connect() as conn:
         slots = (await conn.execute(text("SELECT slot FROM kit_notes"))).scalars().all()
     assert slots == [AT]

@@ -4,17 +4,22 @@ Each due template gets its journal entry and its next_due_date advanced in one c
 so a second run finds nothing due. Per template, not per batch: one template's failure
 rolls back no other. A UNIQUE (template_id, entry_date) on the journal is the second
 wall. This job is sync on purpose, the worked example of a thread job.
+
+Each commit is fenced by the run's leadership term (``ctx.fence_sync``): a thread runs
+on after its leader lost the key, and once a newer leadership began it posts nothing
+more; the run ends there, it does not skip to the next template.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import date
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.scheduler import JobContext, Scheduler, cron
+from app.scheduler import JobContext, LeadershipLostError, Scheduler, cron
 
 __all__ = ["generate_due_entries", "register"]
 
@@ -45,10 +50,14 @@ _ADVANCE = text(
 )
 
 
-def generate_due_entries(session: Session, today: date) -> int:
+def generate_due_entries(
+    session: Session, today: date, fence: Callable[[Session], None] | None = None
+) -> int:
     """Post one journal entry per due template occurrence; return how many.
 
     A template several periods behind gets one entry per period, each in its own commit.
+    ``fence`` (the job's ``ctx.fence_sync``) runs inside each commit's transaction; the
+    LeadershipLostError it raises ends the run with that entry rolled back.
     """
     posted = 0
     failed: list[int] = []
@@ -61,7 +70,11 @@ def generate_due_entries(session: Session, today: date) -> int:
                     return posted
                 session.execute(_ENTRY, row._asdict())
                 session.execute(_ADVANCE, {"id": row.id})
+                if fence is not None:
+                    fence(session)
             posted += 1
+        except LeadershipLostError:
+            raise
         except Exception:
             logger.exception("standing order template failed; the others continue")
             if row is not None:
@@ -74,6 +87,6 @@ def register(scheduler: Scheduler) -> None:
     @scheduler.job(cron("0 6 * * *"), id="standing_orders", name="Generate standing order entries")
     def standing_orders(ctx: JobContext) -> None:
         local_today = ctx.scheduled_at.astimezone(ctx.zone).date()
-        posted = generate_due_entries(ctx.sync_session, local_today)
+        posted = generate_due_entries(ctx.sync_session, local_today, fence=ctx.fence_sync)
         if posted:
             ctx.log.info("posted %s standing order entr(ies)", posted)

@@ -9,12 +9,18 @@ A claim younger than CHARGE_CLAIM_COOLDOWN_SECONDS is a charge in flight: skippe
 older one (its runner died between 1 and 3) is reconciled by asking the provider what
 became of that reference, never by charging again. A crash before the provider call
 loses that cycle's charge; nothing ever charges a card twice.
+
+The claim of step 1 is fenced by the run's leadership term (``ctx.fence``): a run whose
+leader lost the key to a newer leadership claims nothing more, so it sends no further
+charge. Step 3 is not fenced: it records what the provider already did, which is true
+whoever leads now (left unrecorded, it would wait for the cooldown's reconciliation).
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -76,9 +82,17 @@ class ChargeReport:
 
 
 async def charge_due_subscriptions(
-    session: AsyncSession, payments: PaymentProvider, now: datetime, cooldown: timedelta
+    session: AsyncSession,
+    payments: PaymentProvider,
+    now: datetime,
+    cooldown: timedelta,
+    fence: Callable[[AsyncSession], Awaitable[None]] | None = None,
 ) -> ChargeReport:
-    """Charge every due subscription once, reconciling stale claims; see the module doc."""
+    """Charge every due subscription once, reconciling stale claims; see the module doc.
+
+    ``fence`` (the job's ``ctx.fence``) runs inside each claim's transaction; what it
+    raises (LeadershipLostError) ends the pass with that claim rolled back.
+    """
     report = ChargeReport()
     skip: list[int] = []
     while True:
@@ -100,6 +114,8 @@ async def charge_due_subscriptions(
             else:
                 reference, amount, stale = str(uuid.uuid4()), row.amount_cents, False
                 await session.execute(_CLAIM, {"id": row.id, "reference": reference, "now": now})
+            if fence is not None:
+                await fence(session)
         try:
             if stale:
                 result = await payments.lookup(reference)
@@ -148,7 +164,9 @@ def register(scheduler: Scheduler, payments: PaymentProvider, cooldown_seconds: 
 
     @scheduler.job(every(minutes=15), id="subscription_charges", name="Charge due subscriptions")
     async def subscription_charges(ctx: JobContext) -> None:
-        report = await charge_due_subscriptions(ctx.session, payments, ctx.clock.now(), cooldown)
+        report = await charge_due_subscriptions(
+            ctx.session, payments, ctx.clock.now(), cooldown, fence=ctx.fence
+        )
         if report.charged or report.reconciled or report.failed:
             ctx.log.info(
                 "charged %s, reconciled %s, failed %s",

@@ -101,7 +101,7 @@ over, set its run and the job's status to ``abandoned`` (logged as ``job.abandon
 and clear the lease, so run-now is refused only while a lease holds.
 
 One bad job stops nothing
-=========================
+==================
 
 Each job's row is registered in its own commit and each job's loop handles its own
 failures. When a job's step fails while the database answers (its trigger raises, its
@@ -116,6 +116,28 @@ handover that never ends, a stuck tick) from one that does.
 
 Per-worker jobs (``leader_only=False``) keep their slots per worker; see replicas.py
 for what their row, pause and run-now mean.
+=======
+A job's own commit: the leadership term
+========================================
+
+The running lease keeps a new leader from starting the *same* job beside an old body;
+it does not stop that body's writes. A thread (or an async body before its leader
+notices the loss) can commit after a new leader promoted. So every leadership has a
+term: before its first claim, a leader bumps ``scheduler_leadership.term`` on its lock
+connection, in one statement that matches only while that connection holds the key
+(``record_leadership``). Each claim returns the term it saw, which under the claim's
+fence is its own leadership's, and the run's ``JobContext.term`` keeps it.
+
+``await ctx.fence(session)`` (``ctx.fence_sync(session)`` in a thread job) takes the
+term row FOR SHARE inside the job's transaction: when the term moved it rolls the
+transaction back and raises ``LeadershipLostError``; otherwise the transaction holds
+the row until it ends, and the next promotion's bump (a row lock) waits for it. A
+fenced commit of an old leadership thus lands before the next leadership's first
+claim, or not at all. The fence covers only the transaction it runs in, and a
+transaction held open delays the next promotion by as long, so fence the commits that
+move money, just before they commit. Unguarded runs and the test kit's ``run_job``
+take the term current at their claim (0 before any leader was recorded); a
+per-replica job has none, and its fence raises SchedulerError.
 
 The scheduler does not make jobs idempotent: a job's idempotency is a committed
 column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
@@ -124,7 +146,7 @@ column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
 from .clock import Clock, FakeClock, SystemClock
 from .context import JobContext, ServiceContext
 from .election import UnsafeLockConnectionError
-from .errors import InvalidJobError, SchedulerError
+from .errors import InvalidJobError, LeadershipLostError, SchedulerError
 from .events import RunFinished
 from .scheduler import Scheduler
 from .supervisor import Role, SchedulerConfig
@@ -137,6 +159,7 @@ __all__ = [
     "Interval",
     "InvalidJobError",
     "JobContext",
+    "LeadershipLostError",
     "Role",
     "RunFinished",
     "Scheduler",

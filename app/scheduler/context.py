@@ -1,4 +1,5 @@
-"""What a job body receives: its slot, the clock, a logger and database sessions."""
+"""What a job body receives: its slot, the clock, a logger, database sessions, and the
+fence of its leadership term."""
 
 from __future__ import annotations
 
@@ -7,13 +8,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import Clock
-from .errors import SchedulerError
+from .errors import LeadershipLostError, SchedulerError
 
 __all__ = ["JobContext", "ServiceContext"]
+
+# FOR SHARE: a promotion's term bump waits until this transaction ends. No row yet (no
+# leader was ever recorded) reads as term 0, as the claim does.
+_TERM_FOR_SHARE = text("SELECT term FROM scheduler_leadership WHERE id = 1 FOR SHARE")
 
 
 @dataclass
@@ -26,6 +32,17 @@ class JobContext:
     The runner commits the session when the body returns normally and rolls it back
     when the body raises, times out or is cancelled; then it closes it. A body may
     also commit itself (per row, say); what it committed stays committed.
+
+    A body can outlive its leader's lock (a thread cannot be cancelled; an async body
+    runs until its leader notices the loss), so a commit that moves money is fenced:
+    ``await ctx.fence(session)`` (``ctx.fence_sync(session)`` in a thread job), inside
+    the transaction it guards, best just before the commit. It raises
+    LeadershipLostError, after rolling the transaction back, when another leadership
+    began since this run was claimed (``term`` is the one the claim saw); otherwise
+    the transaction holds the term until it ends, and the next promotion waits for it.
+    So a fenced commit lands before any newer leadership starts, or not at all. A
+    per-worker job (``leader_only=False``) has no term: its fence raises
+    SchedulerError.
     """
 
     job_id: str
@@ -34,6 +51,7 @@ class JobContext:
     clock: Clock
     log: logging.LoggerAdapter[logging.Logger]
     zone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
+    term: int | None = None
     _sessions: async_sessionmaker[AsyncSession] | None = field(default=None, repr=False)
     _sync_sessions: sessionmaker[Session] | None = field(default=None, repr=False)
     _session: AsyncSession | None = field(default=None, repr=False)
@@ -60,6 +78,32 @@ class JobContext:
         if self._sync_session is None:
             self._sync_session = self._sync_sessions()
         return self._sync_session
+
+    async def fence(self, session: AsyncSession) -> None:
+        """Fence ``session``'s transaction by this run's leadership term (see the class
+        doc). Raises LeadershipLostError, with the transaction rolled back, when a newer
+        leadership began; SchedulerError in a per-worker job."""
+        run_term = self._term_to_fence()
+        current = (await session.execute(_TERM_FOR_SHARE)).scalar_one_or_none() or 0
+        if current != run_term:
+            await session.rollback()
+            raise LeadershipLostError(self.job_id, run_term, current)
+
+    def fence_sync(self, session: Session) -> None:
+        """``fence`` for a thread job's sync ``session`` (call it in the job's thread)."""
+        run_term = self._term_to_fence()
+        current = session.execute(_TERM_FOR_SHARE).scalar_one_or_none() or 0
+        if current != run_term:
+            session.rollback()
+            raise LeadershipLostError(self.job_id, run_term, current)
+
+    def _term_to_fence(self) -> int:
+        if self.term is None:
+            raise SchedulerError(
+                f'job "{self.job_id}" runs on every worker (leader_only=False), so no '
+                "leadership term fences it; drop the fence, or make the job leader_only"
+            )
+        return self.term
 
     async def commit(self) -> None:
         """Commit the async session if one was opened (the runner does, on success)."""

@@ -2,7 +2,8 @@
 
 It is dedicated (never from the pool, never through a transaction-pooling proxy),
 names its process in ``application_name`` before it takes the lock, never opens a
-transaction (so it sits "idle", not "idle in transaction"), and carries
+transaction (so it sits "idle", not "idle in transaction"; its one write, the
+promotion's record that moves the leadership term, is a single statement), and carries
 ``idle_session_timeout`` = the lease: a leader that stops talking to the server for a
 lease (hung loop, SIGSTOP, partition) is disconnected by the server, which releases
 the key for a standby. So a leader talks to the server at least every
@@ -98,6 +99,21 @@ _LIVENESS = (
     " (SELECT set_config('client_connection_check_interval', $4, false)"
     "  WHERE current_setting('client_connection_check_interval', true) IS NOT NULL)"
 )
+
+# Who leads, for operators, and the leadership term, for the jobs' fence: one statement,
+# matching only while this connection holds the key. Its row lock waits for every
+# transaction that holds the row FOR SHARE (ctx.fence), so the new term begins after
+# the fenced commits under way. The term starts at 1 on the first promotion.
+_RECORD_LEADERSHIP = f"""
+    INSERT INTO scheduler_leadership AS led (id, pid, host, backend_pid, since, heartbeat_at, term)
+    SELECT 1, $1, $2, pg_backend_pid(), $3, $3, 1
+    WHERE EXISTS (
+        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted AND pid = pg_backend_pid())
+    ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, host = excluded.host,
+        backend_pid = excluded.backend_pid, since = excluded.since,
+        heartbeat_at = excluded.heartbeat_at, term = led.term + 1
+    RETURNING term
+    """
 
 _IDENTITY_SQL = "SELECT current_database(), pg_postmaster_start_time()"
 _SYSTEM_IDENTIFIER_SQL = "SELECT system_identifier FROM pg_control_system()"
@@ -318,6 +334,18 @@ class LockConnection:
     async def wait_acquire(self) -> None:
         """Block until the key is ours. The server wakes us the moment it is released."""
         await self._connection.execute("SELECT pg_advisory_lock($1)", self.key)
+
+    async def record_leadership(self, *, pid: int, host: str, since: datetime) -> int | None:
+        """Begin a leadership term: record who leads and move the term, on this
+        connection, while it holds the key. Returns the new term, or None when this
+        connection does not hold the key (nothing is written).
+
+        Waits for every job transaction that took the term FOR SHARE (``ctx.fence``) to
+        end. While it waits the connection runs a statement, so ``idle_session_timeout``
+        does not cut it, and a connection that dies makes it raise.
+        """
+        term: int | None = await self._connection.fetchval(_RECORD_LEADERSHIP, pid, host, since)
+        return term
 
     async def holds_lock(self, timeout: float) -> bool:
         """True when this connection still holds the key, checked on the server.

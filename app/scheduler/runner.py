@@ -57,6 +57,8 @@ class Claim:
     ``leased``: the run holds the job's running lease (leader runs, not replica runs).
     ``jitter``: seconds the fire waited after the slot by design; lateness counts from
     the slot plus the jitter.
+    ``term``: the leadership term the claim saw, which fences the body's commits; None
+    for a replica run, which no leadership fences.
     """
 
     run_id: int
@@ -65,6 +67,7 @@ class Claim:
     runs: bool
     leased: bool = False
     jitter: float = 0.0
+    term: int | None = None
 
 
 def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
@@ -235,7 +238,13 @@ class Runner:
             )
             self._observe(spec, "missed", 0.0, now - latest)
         return Claim(
-            claimed.run_id, latest, next_slot, runs=not missed, leased=not missed, jitter=jitter
+            claimed.run_id,
+            latest,
+            next_slot,
+            runs=not missed,
+            leased=not missed,
+            jitter=jitter,
+            term=claimed.term,
         )
 
     async def skip_overlap(
@@ -317,6 +326,7 @@ class Runner:
             clock=self.clock,
             log=log,
             zone=self.zone,
+            term=claim.term,
             _sessions=self.sessions if spec.is_async else None,
             _sync_sessions=None if spec.is_async else self.sync_sessions,
         )

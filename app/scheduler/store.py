@@ -8,6 +8,12 @@ fence to the same statement: the claim matches only while the leader's own lock
 connection (by backend pid) still holds the key, so a leader that lost its lock while
 paused cannot claim a slot after it wakes.
 
+The claim also reads the leadership term (scheduler_leadership.term, which every
+promotion moves while it holds the key) and the run keeps it: the job's own commit is
+fenced by it (``JobContext.fence``). A fenced claim sees its own leadership's term,
+since a newer term begins only after another process took the key, when the claim's
+fence matches nothing.
+
 The same UPDATE takes the job's *running lease* when it starts a run: it allocates the
 run's id (``running_run_id``, the lease's token) and sets ``running_since``,
 ``running_until`` and the owner (``running_pid``, ``running_host``). While a lease is
@@ -85,7 +91,8 @@ _CLAIM = """
         updated_at = now()
     WHERE id = :job_id AND next_run_at = :due AND NOT paused {fence}
     RETURNING running_run_id IS NOT DISTINCT FROM CAST(:run_id AS bigint) AS started,
-        running_run_id, running_until, running_pid, running_host
+        running_run_id, running_until, running_pid, running_host,
+        COALESCE((SELECT term FROM scheduler_leadership WHERE id = 1), 0) AS term
     """
 _FENCE = f"""
       AND EXISTS (
@@ -225,25 +232,16 @@ _UPSERT_REPLICA = text(
 )
 
 
-_RECORD_LEADERSHIP = text(
-    """
-    INSERT INTO scheduler_leadership (id, pid, host, backend_pid, since, heartbeat_at)
-    VALUES (1, :pid, :host, :backend_pid, :since, :since)
-    ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, host = excluded.host,
-        backend_pid = excluded.backend_pid, since = excluded.since,
-        heartbeat_at = excluded.heartbeat_at
-    """
-)
-
-
 @dataclass(frozen=True)
 class ClaimedSlot:
     """A slot claim that matched: its run row, and 'running', 'missed',
     'skipped_overlap' (a run refused because another body holds the running lease) or
-    'already_recorded' (the slot has its run already: the job moved on, nothing runs)."""
+    'already_recorded' (the slot has its run already: the job moved on, nothing runs).
+    ``term``: the leadership term the claim saw (0 before any leader was recorded)."""
 
     run_id: int
     status: str
+    term: int
     error: str | None = None
 
 
@@ -357,14 +355,6 @@ class JobStore:
         async with self.engine.begin() as conn:
             await conn.execute(_SHOW_REPLICA_SLOT, {"job_id": job_id, "slot": slot, "now": now})
 
-    async def record_leadership(self, backend_pid: int, since: datetime) -> None:
-        """Note who leads and since when, for operators (the lock stays the truth)."""
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                _RECORD_LEADERSHIP,
-                {"pid": self.pid, "host": self.host, "backend_pid": backend_pid, "since": since},
-            )
-
     async def register_replica_jobs(
         self, specs: Iterable[JobSpec], now: datetime, zone: ZoneInfo
     ) -> None:
@@ -477,7 +467,7 @@ class JobStore:
                 )
             ).scalar_one_or_none()
             if inserted is not None:
-                return ClaimedSlot(inserted, status, error)
+                return ClaimedSlot(inserted, status, claimed.term, error)
             # The slot already has its run: never run it again, but let the job move on
             # (the claim above moved next_run_at); a history row never blocks a claim.
             recorded = (
@@ -490,6 +480,7 @@ class JobStore:
             return ClaimedSlot(
                 recorded.id,
                 "already_recorded",
+                claimed.term,
                 f"slot {run_slot.isoformat()} already has run {recorded.id} ({recorded.status})",
             )
 

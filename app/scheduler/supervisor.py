@@ -11,7 +11,9 @@ LEADER_TICK_SECONDS that its lock connection still owns the key, through the han
 and shutdown graces too (the check is what keeps the idle connection inside its
 lease). The termination listener of that connection demotes at once; the fence in
 every slot claim makes a leader that lost the key unable to claim anything even before
-it notices. UNGUARDED fires jobs but starts no service.
+it notices. Before its first claim, a leader begins its term on the lock connection,
+after the fenced job commits of older terms that are under way. UNGUARDED fires jobs
+but starts no service.
 
 A stopping worker never promotes: once begin_stop() (or stop()) is called, a standby's
 wait is cancelled, and a key granted in the same instant is released at once, with no
@@ -303,9 +305,11 @@ class Supervisor:
             if self._stopping.is_set():
                 return
             now = self.clock.now()
+            if lock is not None and not await self._begin_term(lock, now):
+                reason = "stopped" if self._stopping.is_set() else "lock lost before its term"
+                return
             await self._register(now)
             if lock is not None:
-                await self.store.record_leadership(lock.backend_pid, now)
                 await lock.on_wake(self._reload.set)
             fence = lock.backend_pid if lock else None
             job_loops = {
@@ -331,6 +335,17 @@ class Supervisor:
             reason = f"{exc.__class__.__name__} while leading"
         finally:
             await self._step_down(lock, loops, reason)
+
+    async def _begin_term(self, lock: LockConnection, now: datetime) -> bool:
+        """Record this leadership and move the term, before any claim of it. The bump
+        waits for the job transactions a fence holds; False when stopped meanwhile or
+        when the key is gone."""
+        recording = asyncio.ensure_future(
+            lock.record_leadership(pid=self.store.pid, host=self.store.host, since=now)
+        )
+        if await _first(recording, self._stopping.wait(), self._lost.wait()) != 0:
+            return False
+        return recording.result() is not None
 
     async def _register(self, now: datetime) -> None:
         """Upsert each leader job's row in its own commit. A job whose row or first slot

@@ -52,6 +52,9 @@ async def run_job(
     (default: the clock's now), claimed and run; the body sees ``ctx.scheduled_at ==
     at`` and ``ctx.clock`` is ``clock`` (a FakeClock set to ``at`` when none is given).
     A per-worker job (``leader_only=False``) runs as a worker would run it, unclaimed.
+    No leadership is taken: the claim takes the leadership term current in the
+    database (0 when no leader was ever recorded), so ``ctx.fence`` passes unless a
+    promotion happens while the body runs, as it would fail a real stale run.
     Returns the run's record; a body that raised is ``status == "error"``, not an
     exception here; a slot refused because another body of the job still runs is
     ``"skipped_overlap"``, and one later than ``misfire_grace`` is ``"missed"``.

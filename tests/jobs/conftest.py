@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -10,7 +11,7 @@ from sqlalchemy import text
 
 from app.db import Database
 from app.jobs.gateways import ChargeResult, Update
-from app.scheduler import FakeClock
+from app.scheduler import FakeClock, JobContext
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
@@ -79,6 +80,19 @@ class FakeUpdates:
             return ready
         finally:
             self.active -= 1
+
+
+def thread_run_context(database: Database, job_id: str, *, term: int) -> JobContext:
+    """What a thread job's body receives from a run claimed under leadership ``term``."""
+    return JobContext(
+        job_id=job_id,
+        name=job_id,
+        scheduled_at=NOW,
+        clock=FakeClock(NOW),
+        log=logging.LoggerAdapter(logging.getLogger(f"app.jobs.{job_id}"), {"job_id": job_id}),
+        term=term,
+        _sync_sessions=database.sync_sessions,
+    )
 
 
 @pytest.fixture

@@ -8,9 +8,13 @@ import pytest
 from sqlalchemy import text
 
 from app.db import Database
+from app.jobs.gateways import ChargeResult
 from app.jobs.reservations import refund_stale_reservations
-from app.jobs.subscriptions import ChargeReport, charge_due_subscriptions
+from app.jobs.subscriptions import ChargeReport, charge_due_subscriptions, register
+from app.scheduler import Scheduler
+from app.testing import run_job
 
+from ..conftest import promote_elsewhere
 from .conftest import NOW, Crash, FakePayments
 
 COOLDOWN = timedelta(minutes=15)
@@ -97,6 +101,45 @@ async def test_crash_after_the_provider_charged_records_it_without_recharging(
             {"id": subscription},
         )
         assert claim.scalar_one() is None
+
+
+class PaymentsDuringAPromotion(FakePayments):
+    """A PSP during whose first charge a new leader promotes elsewhere."""
+
+    def __init__(self, database_url: str) -> None:
+        super().__init__()
+        self.database_url = database_url
+
+    async def charge(self, reference: str, amount_cents: int) -> ChargeResult:
+        if not self.calls:
+            await promote_elsewhere(self.database_url)
+        return await super().charge(reference, amount_cents)
+
+
+async def test_a_charge_run_whose_leadership_was_superseded_claims_no_further_subscription(
+    database: Database, database_url: str, workspace: int
+) -> None:
+    first = await _subscription(database, workspace)
+    second = await _subscription(database, workspace)
+    payments = PaymentsDuringAPromotion(database_url)
+    scheduler = Scheduler()
+    register(scheduler, payments, COOLDOWN.total_seconds())
+    record = await run_job(scheduler, "subscription_charges", database=database, at=NOW)
+    assert record.status == "error"
+    assert record.error is not None and "LeadershipLostError" in record.error
+    # The charge made before the promotion is recorded; no card is charged after it.
+    assert len(payments.charges) == 1
+    assert await _charges(database) == [("succeeded", 1900)]
+    async with database.engine.connect() as conn:
+        claims = await conn.execute(
+            text("SELECT id, pending_charge_ref, next_charge_at FROM subscriptions ORDER BY id")
+        )
+        rows = claims.all()
+    assert [row.id for row in rows] == [first, second]
+    assert (rows[1].pending_charge_ref, rows[1].next_charge_at) == (
+        None,
+        NOW - timedelta(minutes=1),
+    )
 
 
 async def _reservation(database: Database, workspace: int, age: timedelta, status: str) -> None:

@@ -4,13 +4,16 @@ twice, and at once, with one effect."""
 import asyncio
 from datetime import date, timedelta
 
+import pytest
 from sqlalchemy import text
 
 from app.db import Database
 from app.jobs.booking_reminders import send_due_reminders
 from app.jobs.standing_orders import generate_due_entries
+from app.scheduler import LeadershipLostError
 
-from .conftest import NOW, FakeSms
+from ..conftest import promote_elsewhere
+from .conftest import NOW, FakeSms, thread_run_context
 
 
 async def _booking(database: Database, workspace: int, phone: str, starts_in: timedelta) -> int:
@@ -123,3 +126,44 @@ async def test_standing_orders_from_three_threads_at_once_post_once(
 
     posted = await asyncio.gather(*(asyncio.to_thread(run) for _ in range(3)))
     assert sum(posted) == 10
+
+
+async def test_a_run_whose_leadership_was_superseded_posts_no_standing_order_entry(
+    database: Database, database_url: str, workspace: int
+) -> None:
+    for _ in range(2):
+        await _template(database, workspace, date(2026, 3, 1))
+    term = await promote_elsewhere(database_url)
+    stale = thread_run_context(database, "standing_orders", term=term)
+    await promote_elsewhere(database_url)
+
+    def run() -> int:
+        with database.sync_sessions() as session:
+            return generate_due_entries(session, date(2026, 3, 2), fence=stale.fence_sync)
+
+    # Not one template's failure among others: the whole run ends.
+    with pytest.raises(LeadershipLostError):
+        await asyncio.to_thread(run)
+    async with database.engine.connect() as conn:
+        entries = await conn.execute(text("SELECT count(*) FROM journal_entries"))
+        assert entries.scalar_one() == 0
+        due = await conn.execute(
+            text("SELECT DISTINCT next_due_date FROM standing_order_templates")
+        )
+        assert due.scalars().all() == [date(2026, 3, 1)]
+
+
+async def test_a_run_of_the_current_leadership_posts_its_standing_order_entries(
+    database: Database, database_url: str, workspace: int
+) -> None:
+    for _ in range(2):
+        await _template(database, workspace, date(2026, 3, 1))
+    current = thread_run_context(
+        database, "standing_orders", term=await promote_elsewhere(database_url)
+    )
+
+    def run() -> int:
+        with database.sync_sessions() as session:
+            return generate_due_entries(session, date(2026, 3, 2), fence=current.fence_sync)
+
+    assert await asyncio.to_thread(run) == 2

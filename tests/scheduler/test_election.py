@@ -313,8 +313,9 @@ async def _server_seconds_pass(engine: AsyncEngine, seconds: float) -> None:
     await eventually(passed, seconds + 10, f"{seconds} s on the server's clock")
 
 
-# Two seconds of idleness and the server drops the lock connection: the lease.
-SHORT_LEASE: dict[str, Any] = {"lease_seconds": 2, "leader_tick_seconds": 1}
+# Three seconds of idleness and the server drops the lock connection: the lease,
+# checked every half second, so a loaded machine may lag the loop by two seconds.
+SHORT_LEASE: dict[str, Any] = {"lease_seconds": 3, "leader_tick_seconds": 0.5}
 
 
 async def test_a_handover_grace_longer_than_the_lease_still_fires(
@@ -322,7 +323,7 @@ async def test_a_handover_grace_longer_than_the_lease_still_fires(
 ) -> None:
     scheduler = Scheduler()
     scheduler.job(every(seconds=1), id="after_grace")(lambda ctx: None)
-    await start_scheduler(scheduler, handover_grace_seconds=3, **SHORT_LEASE)
+    await start_scheduler(scheduler, handover_grace_seconds=5, **SHORT_LEASE)
     await wait_for_runs(engine, "after_grace", 1, timeout=20)
 
 

@@ -1,6 +1,7 @@
 """A drain pass writes its outcomes in batches, and a pass that dies before writing a
 batch leaves those rows to come back when their lease runs out."""
 
+import asyncio
 import collections
 from datetime import timedelta
 
@@ -86,3 +87,27 @@ async def test_a_pass_killed_before_writing_its_outcomes_leaves_its_rows_to_the_
     replayed = {key for key, count in received.items() if count > 1}
     assert replayed == first_pass - written
     assert max(received.values()) == 2
+
+
+async def test_a_pass_claiming_a_large_batch_delivers_at_most_concurrency_rows_at_once(
+    make_outbox: MakeOutbox, database: Database
+) -> None:
+    # The first deliveries wait until three are in flight, and then one more loop pass:
+    # any delivery started beyond the bound would be in flight by then too.
+    in_flight = 0
+    peak = 0
+    full = asyncio.Event()
+
+    async def receive(message: Message) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        if in_flight == 3:
+            asyncio.get_running_loop().call_soon(full.set)
+        await full.wait()
+        in_flight -= 1
+
+    outbox = make_outbox(deliver=receive, batch_size=50, concurrency=3)
+    await _enqueue(database, outbox, 20)
+    assert (await outbox.drain_once()).delivered == 20
+    assert peak == 3

@@ -154,9 +154,9 @@ class DrainPass:
 
     async def drain(self, batch_size: int) -> DrainReport:
         """Claim due rows ``batch_size`` at a time and deliver them, at most
-        ``concurrency`` at once, each starting within its claim's start window, until a
-        claim finds fewer rows than it asked for; return the outcomes the database
-        accepted. A database error stops the pass and is raised as itself."""
+        ``concurrency`` at once, each starting within its claim's start window (or given
+        back, due now), until a claim finds fewer rows than it asked for and none was
+        given back; return the outcomes the database accepted. A database error stops the pass and is raised as itself."""
         report = DrainReport()
         slots = asyncio.Semaphore(self.policy.concurrency)
         waiting: collections.deque[Message] = collections.deque()

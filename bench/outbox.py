@@ -1,24 +1,30 @@
 """Outbox drain throughput and enqueue-to-delivery latency, each beside a baseline.
 
 Throughput: 20,000 due rows and a receiver that does nothing, drained by one and by
-four concurrent drain_once() calls, next to the ceiling measured in the same run: a
-plain asyncpg loop doing the same claim and a per-row UPDATE with its own COMMIT.
+four concurrent drain_once() calls (the outbox's defaults: batch_size 50, concurrency
+10), next to, in the same run: the per-row ceiling, a plain asyncpg loop doing the
+same claim and a per-row UPDATE with its own COMMIT; and pgqueuer, one and four
+consumers, at its shipped batch size (10) and at 50.
 
 Latency: one enqueue per second, committed, until delivered: through the NOTIFY
 wake-up (the leader's listener service), against the 1-minute drain tick alone.
 
-    python bench/outbox.py [--rows 20000] [--events 30] [--tick-minutes 2]
+    pip install -e '.[bench]'
+    python bench/outbox.py [--rows 20000] [--runs 1] [--events 30] [--tick-minutes 2]
+                           [--no-latency]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+from _pgqueuer import install, pgqueuer_drain
 from _server import migrated_database, percentile, start_leading
 from sqlalchemy import text
 
@@ -46,12 +52,18 @@ async def _noop(message: Message) -> None:
 
 
 async def _fill(database: Database, outbox: str, rows: int) -> None:
+    """Add ``rows`` due rows, then vacuum: every drainer starts on a clean table."""
     async with database.engine.begin() as conn:
         await conn.execute(FILL, {"outbox": outbox, "rows": rows})
+    connection = await asyncpg.connect(asyncpg_dsn(database.url))
+    try:
+        await connection.execute("VACUUM ANALYZE outbox_messages")
+    finally:
+        await connection.close()
 
 
-async def _ceiling(database: Database, url: str, rows: int) -> float:
-    await _fill(database, "ceiling", rows)
+async def _ceiling(database: Database, url: str, rows: int, run: int) -> float:
+    await _fill(database, f"ceiling_{run}", rows)
     compiled = sql.CLAIM_DUE.compile(dialect=database.engine.dialect)
     claim, order = str(compiled), list(compiled.positiontup or [])
     connection = await asyncpg.connect(asyncpg_dsn(url))
@@ -64,7 +76,7 @@ async def _ceiling(database: Database, url: str, rows: int) -> float:
                 "token": token,
                 "lease_until": now + timedelta(seconds=60),
                 "now": now,
-                "outbox": "ceiling",
+                "outbox": f"ceiling_{run}",
                 "batch_size": 50,
             }
             claimed = await connection.fetch(claim, *(values[name] for name in order))
@@ -77,8 +89,8 @@ async def _ceiling(database: Database, url: str, rows: int) -> float:
     return rows / (time.perf_counter() - started)
 
 
-async def _drainers(database: Database, url: str, rows: int, count: int) -> float:
-    name = f"throughput_{count}"
+async def _drainers(database: Database, url: str, rows: int, count: int, run: int) -> float:
+    name = f"throughput_{count}_{run}"
     outbox = Outbox(name, _noop, batch_size=50)
     outbox.bind(database.engine, listen_dsn=asyncpg_dsn(url))
     await _fill(database, name, rows)
@@ -123,32 +135,51 @@ async def _latency(database: Database, url: str, events: int, notify: bool) -> l
     return latencies
 
 
+async def _throughput(database: Database, url: str, rows: int, run: int) -> None:
+    dsn = asyncpg_dsn(url)
+    load = os.getloadavg()
+    ceiling = await _ceiling(database, url, rows, run)
+    figures = [
+        ("asyncpg claim+UPDATE loop (ceiling)", ceiling),
+        ("Outbox.drain_once x1", await _drainers(database, url, rows, 1, run)),
+        ("Outbox.drain_once x4 concurrent", await _drainers(database, url, rows, 4, run)),
+    ]
+    for batch_size in (10, 50):
+        for consumers in (1, 4):
+            rate = await pgqueuer_drain(dsn, rows, consumers, batch_size)
+            figures.append((f"pgqueuer batch {batch_size} x{consumers}", rate))
+    print(
+        f"\ndrain throughput, run {run + 1}, {rows} rows, no-op receiver;"
+        f" load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    print(f"{'drainer':<36} {'rows/s':>9} {'x ceiling':>10}")
+    for label, rate in figures:
+        print(f"{label:<36} {rate:>9.0f} {rate / ceiling:>10.2f}")
+
+
 async def _run(url: str, args: argparse.Namespace) -> None:
     database = Database.from_url(url, pool_size=10)
-    ceiling = await _ceiling(database, url, args.rows)
-    one = await _drainers(database, url, args.rows, 1)
-    four = await _drainers(database, url, args.rows, 4)
-    notified = await _latency(database, url, args.events, notify=True)
-    ticked = await _latency(database, url, int(args.tick_minutes * 60), notify=False)
+    await install(asyncpg_dsn(url))
+    for run in range(args.runs):
+        await _throughput(database, url, args.rows, run)
+    if args.latency:
+        notified = await _latency(database, url, args.events, notify=True)
+        ticked = await _latency(database, url, int(args.tick_minutes * 60), notify=False)
+        print("\nenqueue-to-delivery latency, one event per second; ms")
+        print(f"{'wake-up':<34} {'events':>7} {'p50':>9} {'p99':>9}")
+        for label, values in (("NOTIFY listener", notified), ("1-minute tick alone", ticked)):
+            print(
+                f"{label:<34} {len(values):>7} {percentile(values, 0.5) * 1000:>9.1f}"
+                f" {percentile(values, 0.99) * 1000:>9.1f}"
+            )
     await database.dispose()
-
-    print(f"\ndrain throughput, {args.rows} rows, no-op receiver")
-    print(f"{'drainer':<34} {'rows/s':>9} {'x ceiling':>10}")
-    print(f"{'asyncpg claim+UPDATE loop (ceiling)':<34} {ceiling:>9.0f} {1:>10.2f}")
-    print(f"{'Outbox.drain_once x1':<34} {one:>9.0f} {one / ceiling:>10.2f}")
-    print(f"{'Outbox.drain_once x4 concurrent':<34} {four:>9.0f} {four / ceiling:>10.2f}")
-    print("\nenqueue-to-delivery latency, one event per second; ms")
-    print(f"{'wake-up':<34} {'events':>7} {'p50':>9} {'p99':>9}")
-    for label, values in (("NOTIFY listener", notified), ("1-minute tick alone", ticked)):
-        print(
-            f"{label:<34} {len(values):>7} {percentile(values, 0.5) * 1000:>9.1f}"
-            f" {percentile(values, 0.99) * 1000:>9.1f}"
-        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=1, help="throughput runs, one table each")
+    parser.add_argument("--no-latency", dest="latency", action="store_false")
     parser.add_argument("--events", type=int, default=30)
     parser.add_argument("--tick-minutes", type=float, default=2)
     args = parser.parse_args()

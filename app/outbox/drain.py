@@ -1,34 +1,46 @@
-"""One drain pass: claim due rows into free delivery slots, deliver each at once, and
-commit each outcome on its own.
+"""One drain pass: claim due rows a batch at a time, deliver them through a bounded
+number of slots, and write their outcomes a batch at a time.
 
 A pass holds one connection in autocommit: a claim is a single statement (its own
-commit, so no transaction stays open across the network call) and so is each row's
-outcome; they take turns on the connection.
+commit, so no transaction stays open across the network call), and so is each batch
+of outcomes; they take turns on the connection.
 
-The pass holds at most ``concurrency`` rows at a time, each from its claim until its
-outcome is written. It claims only into free slots, at most ``batch_size`` rows per
-claim statement, so every claimed row starts delivering as soon as the claim returns:
-the lease a claim sets (delivery_timeout plus a margin) runs from the row's own start
-and covers its whole delivery, which ``asyncio.timeout`` cuts off at delivery_timeout.
-A row never waits for a slot while its lease runs out. The pass stops claiming once a
-claim finds fewer rows than it asked for, and ends when its deliveries have.
+At most ``concurrency`` deliveries run at once. A claim takes up to ``batch_size``
+due rows, and only when a slot is free, so its first row starts at once; the rest
+start as slots free up. The lease a claim sets is the delivery timeout plus a 30 s
+margin. A row starts only within the first half of that margin (``_START_WINDOW``
+after its claim); ``asyncio.timeout`` cuts its delivery off at delivery_timeout, so
+every delivery ends at least 15 s before its lease runs out, and no other drain can
+claim a row while it is being delivered. A row that could not start in time (slow
+deliveries ahead of it) is given back, due now, in one statement, and claimed again
+with a fresh lease. The pass claims the next batch once every row of the last one has
+started, and stops once a claim finds fewer rows than it asked for and gave none back.
 
-Every outcome write is conditional on the claim's token and says whether it matched.
-One that matched nothing means the row is no longer this pass's (its lease ran out
-while the process stalled, and another drain took it): the outcome is not counted and
-is logged as ``outbox.claim_lost``.
+Outcomes are written by group commit: a delivery that ends adds its outcome to the
+pass's list and waits for the connection; whoever gets it first writes every outcome
+listed so far, one statement for the delivered rows and one for the failed ones. With
+a fast receiver a batch holds many rows; with a slow one an outcome waits for no more
+than the statement ahead of it. A pass that dies with outcomes unwritten leaves those
+rows claimed until their lease runs out; the next drain delivers them again, under
+the same idempotency key, which the receiver dedupes on.
+
+Every outcome is written conditional on the row's claim token, and the statement
+returns the rows it matched. A row it did not match is no longer this pass's (its
+lease ran out while the process stalled, and another drain took it): its outcome is
+not counted and is logged as ``outbox.claim_lost``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import TextClause
@@ -50,6 +62,8 @@ _DIALECT = postgresql.asyncpg.dialect(paramstyle="numeric_dollar")  # type: igno
 logger = logging.getLogger("app.outbox")
 
 _LEASE_MARGIN_SECONDS = 30.0
+# Half the margin to start in, half to write the outcome in once the delivery ended.
+_START_WINDOW = timedelta(seconds=_LEASE_MARGIN_SECONDS / 2)
 
 
 @functools.cache
@@ -73,19 +87,43 @@ class DrainPolicy:
     @property
     def lease(self) -> timedelta:
         """How long a claim keeps other drains off a row: the delivery timeout and a
-        margin. A row starts delivering as soon as it is claimed, so a delivery that is
-        still allowed to run is never claimed twice."""
+        margin. A row starts within the first half of the margin or is given back, so
+        a delivery that is still allowed to run is never claimed twice."""
         return timedelta(seconds=self.delivery_timeout + _LEASE_MARGIN_SECONDS)
 
 
+@dataclass(frozen=True)
+class _Claim:
+    token: uuid.UUID
+    start_by: datetime
+    messages: list[Message]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """A delivery that ended, waiting for its outcome to be written. ``error`` is None
+    for a delivered row."""
+
+    token: uuid.UUID
+    message: Message
+    error: str | None = None
+    stuck: bool = False
+    next_attempt_at: datetime | None = None
+
+    @property
+    def name(self) -> str:
+        if self.error is None:
+            return "delivered"
+        return "stuck" if self.stuck else "retried"
+
+
 class DrainPass:
-    """Claims and deliveries of one drain_once (or one inline attempt)."""
+    """Claims, deliveries and outcome writes of one drain_once (or one inline attempt)."""
 
     def __init__(self, connection: Any, policy: DrainPolicy, clock: Clock) -> None:
         self._connection = connection
         self._turn = asyncio.Lock()
-        self._held = 0
-        self._slot_freed = asyncio.Event()
+        self._ended: list[_Outcome] = []
         self.policy = policy
         self.clock = clock
 
@@ -112,31 +150,43 @@ class DrainPass:
         """Claim rows with ``statement`` (CLAIM_DUE or CLAIM_ONE) under a fresh token.
         The caller starts delivering them at once: their lease runs from now."""
         async with self._turn:
-            return await self._claim(statement, params)
+            claim = await self._claim(statement, params)
+        return claim.token, claim.messages
 
     async def drain(self, batch_size: int) -> DrainReport:
-        """Claim due rows into free slots and deliver each as soon as it is claimed,
-        at most ``concurrency`` at once, until a claim finds fewer rows than it asked
-        for; return the outcomes the database accepted. A database error stops the
-        pass and is raised as itself."""
+        """Claim due rows ``batch_size`` at a time and deliver them, at most
+        ``concurrency`` at once, each starting within its claim's start window (or given
+        back, due now), until a claim finds fewer rows than it asked for and none was
+        given back; return the outcomes the database accepted. A database error stops
+        the pass and is raised as itself."""
         report = DrainReport()
+        slots = asyncio.Semaphore(self.policy.concurrency)
+        waiting: collections.deque[Message] = collections.deque()
+        claim: _Claim | None = None
+        exhausted = False
         try:
             async with asyncio.TaskGroup() as group:
                 while True:
-                    while self._held >= self.policy.concurrency:
-                        self._slot_freed.clear()
-                        await self._slot_freed.wait()
-                    async with self._turn:
-                        # Counted once the turn is ours: outcome writes queued ahead of
-                        # this claim have freed their slots by now, so a pass with a fast
-                        # receiver claims a full set of slots, not one row per claim.
-                        limit = min(batch_size, self.policy.concurrency - self._held)
-                        token, messages = await self._claim(sql.CLAIM_DUE, {"batch_size": limit})
-                        self._held += len(messages)
-                    for message in messages:
-                        group.create_task(self._deliver_held(token, message, report))
-                    if len(messages) < limit:
+                    # A claim, too, waits for a free slot: its first row starts at once.
+                    await slots.acquire()
+                    if not waiting and not exhausted:
+                        async with self._turn:
+                            claim = await self._claim(sql.CLAIM_DUE, {"batch_size": batch_size})
+                        waiting.extend(claim.messages)
+                        exhausted = len(claim.messages) < batch_size
+                    if not waiting:
+                        slots.release()
                         break
+                    assert claim is not None
+                    if self.clock.now() > claim.start_by:
+                        # Every row still waiting is of this claim: all are too late.
+                        slots.release()
+                        await self._release(claim.token, list(waiting))
+                        waiting.clear()
+                        exhausted = False
+                        continue
+                    message = waiting.popleft()
+                    group.create_task(self._deliver_held(claim.token, message, slots, report))
         except ExceptionGroup as failed:
             # Every statement of the pass shares one connection: its first error (most
             # often the connection's loss) is why the pass stopped; say that, not "a
@@ -148,25 +198,16 @@ class DrainPass:
         """Deliver one claimed message and write its outcome under ``token``; return
         what the database accepted: delivered, retried, stuck, or lost (the row is no
         longer held by ``token``, and nothing was written)."""
-        try:
-            async with asyncio.timeout(self.policy.delivery_timeout):
-                await self.policy.deliver(message)
-        except PermanentDeliveryError as exc:
-            return await self._fail(token, message, exc, permanent=True)
-        except Exception as exc:
-            return await self._fail(token, message, exc, permanent=False)
-        accepted = await self.execute(
-            sql.MARK_DELIVERED, {"id": message.id, "token": token, "now": self.clock.now()}
-        )
-        return "delivered" if accepted else self._lost(message, "delivered")
+        outcome = await self._attempt(token, message)
+        async with self._turn:
+            [accepted] = await self._write([outcome])
+        return accepted
 
     async def _fetch(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
         query, names = _asyncpg_form(statement)
         return list(await self._connection.fetch(query, *(params[name] for name in names)))
 
-    async def _claim(
-        self, statement: TextClause, params: dict[str, Any]
-    ) -> tuple[uuid.UUID, list[Message]]:
+    async def _claim(self, statement: TextClause, params: dict[str, Any]) -> _Claim:
         now = self.clock.now()
         token = uuid.uuid4()
         result = await self._fetch(
@@ -181,63 +222,112 @@ class DrainPass:
         )
         outbox = self.policy.outbox
         # SQLAlchemy's asyncpg dialect registers the jsonb codec: payloads arrive decoded.
-        return token, [
-            Message(r["id"], outbox, r["key"], r["payload"], r["attempts"]) for r in result
-        ]
+        messages = [Message(r["id"], outbox, r["key"], r["payload"], r["attempts"]) for r in result]
+        return _Claim(token, now + _START_WINDOW, messages)
 
-    async def _deliver_held(self, token: uuid.UUID, message: Message, report: DrainReport) -> None:
+    async def _release(self, token: uuid.UUID, messages: list[Message]) -> None:
+        async with self._turn:
+            await self._fetch(
+                sql.RELEASE,
+                {"ids": [m.id for m in messages], "token": token, "now": self.clock.now()},
+            )
+
+    async def _deliver_held(
+        self, token: uuid.UUID, message: Message, slots: asyncio.Semaphore, report: DrainReport
+    ) -> None:
         try:
-            outcome = await self.deliver(token, message)
-            setattr(report, outcome, getattr(report, outcome) + 1)
+            outcome = await self._attempt(token, message)
         finally:
-            self._held -= 1
-            self._slot_freed.set()
+            slots.release()
+        self._ended.append(outcome)
+        async with self._turn:
+            batch, self._ended = self._ended, []
+            # Empty when an earlier delivery's turn already wrote this outcome.
+            for accepted in await self._write(batch):
+                setattr(report, accepted, getattr(report, accepted) + 1)
 
-    async def _fail(
+    async def _attempt(self, token: uuid.UUID, message: Message) -> _Outcome:
+        try:
+            async with asyncio.timeout(self.policy.delivery_timeout):
+                await self.policy.deliver(message)
+        except PermanentDeliveryError as exc:
+            return self._failed(token, message, exc, permanent=True)
+        except Exception as exc:
+            return self._failed(token, message, exc, permanent=False)
+        return _Outcome(token, message)
+
+    def _failed(
         self, token: uuid.UUID, message: Message, exc: BaseException, *, permanent: bool
-    ) -> str:
+    ) -> _Outcome:
         attempts = message.attempts + 1
-        stuck = permanent or attempts >= self.policy.max_attempts
-        outcome = "stuck" if stuck else "retried"
-        now = self.clock.now()
         error = storable(f"{exc.__class__.__name__}: {exc}"[:2000])
         if isinstance(exc, TimeoutError):
             error = f"no answer within delivery_timeout={self.policy.delivery_timeout:g} s"
-        accepted = await self.execute(
-            sql.MARK_FAILED,
-            {
-                "id": message.id,
-                "token": token,
-                "now": now,
-                "status": "stuck" if stuck else "pending",
-                "attempts": attempts,
-                "next_attempt_at": now
-                + timedelta(seconds=retry_delay(attempts, self.policy.backoff)),
-                "error": error,
-            },
+        return _Outcome(
+            token,
+            message,
+            error=error,
+            stuck=permanent or attempts >= self.policy.max_attempts,
+            next_attempt_at=self.clock.now()
+            + timedelta(seconds=retry_delay(attempts, self.policy.backoff)),
         )
-        if not accepted:
-            return self._lost(message, outcome)
-        if stuck:
+
+    async def _write(self, batch: list[_Outcome]) -> list[str]:
+        """Write ``batch`` (the caller holds the turn): one statement for its delivered
+        rows, one for its failed rows; return what the database accepted, row by row."""
+        now = self.clock.now()
+        delivered = [o for o in batch if o.error is None]
+        failed = [o for o in batch if o.error is not None]
+        matched: set[int] = set()
+        if delivered:
+            rows = await self._fetch(
+                sql.MARK_DELIVERED,
+                {
+                    "ids": [o.message.id for o in delivered],
+                    "tokens": [o.token for o in delivered],
+                    "now": now,
+                },
+            )
+            matched.update(row["id"] for row in rows)
+        if failed:
+            rows = await self._fetch(
+                sql.MARK_FAILED,
+                {
+                    "ids": [o.message.id for o in failed],
+                    "tokens": [o.token for o in failed],
+                    "statuses": ["stuck" if o.stuck else "pending" for o in failed],
+                    "attempts": [o.message.attempts + 1 for o in failed],
+                    "next_attempts": [o.next_attempt_at for o in failed],
+                    "errors": [o.error for o in failed],
+                    "now": now,
+                },
+            )
+            matched.update(row["id"] for row in rows)
+        return [self._accepted(o) if o.message.id in matched else self._lost(o) for o in batch]
+
+    def _accepted(self, outcome: _Outcome) -> str:
+        if outcome.stuck:
+            message = outcome.message
             logger.error(
                 "outbox.stuck: %s row %s (key %s) after %s attempt(s): %s",
                 self.policy.outbox,
                 message.id,
                 message.key,
-                attempts,
-                error,
+                message.attempts + 1,
+                outcome.error,
                 extra={"action": "outbox.stuck", "outbox": self.policy.outbox, "row": message.id},
             )
-        return outcome
+        return outcome.name
 
-    def _lost(self, message: Message, outcome: str) -> str:
+    def _lost(self, outcome: _Outcome) -> str:
+        message = outcome.message
         logger.warning(
             "outbox.claim_lost: %s row %s (key %s) is no longer held by this drain;"
             " its %s outcome was not recorded",
             self.policy.outbox,
             message.id,
             message.key,
-            outcome,
+            outcome.name,
             extra={"action": "outbox.claim_lost", "outbox": self.policy.outbox, "row": message.id},
         )
         return "lost"

@@ -1,11 +1,12 @@
 """An outbox: rows written in the caller's transaction, delivered by a drain.
 
 The drain claims due rows with ``FOR UPDATE SKIP LOCKED`` under a delivery lease,
-only as many as it can start delivering at once (``concurrency``), so each row's lease
-covers its whole delivery; it records each row's outcome in its own commit, and only
-while its claim still holds the row. A drain killed mid-delivery leaves its rows to be
-retried when the lease runs out; the receiver deduplicates on the idempotency key.
-A reset never takes a row from a live claim. Nothing is ever deleted.
+``batch_size`` at a time, and delivers at most ``concurrency`` at once; a row starts
+only while its lease still covers its whole delivery (else it is given back), and its
+outcome is written with others of the pass in one statement, only while its claim
+still holds the row. A drain killed mid-delivery or before writing a batch leaves its
+rows to be retried when the lease runs out; the receiver deduplicates on the
+idempotency key. A reset never takes a row from a live claim. Nothing is ever deleted.
 """
 
 from __future__ import annotations
@@ -170,8 +171,9 @@ class Outbox:
         """Deliver every due row, batch by batch, until none is due; return the counts.
 
         Safe to run from any number of processes at once: a row is claimed by one
-        drain at a time, only when a delivery slot is free for it, and its outcome is
-        committed on its own. The counts are the outcomes the database accepted.
+        drain at a time, starts only while its claim's lease covers its whole delivery,
+        and its outcome is committed in a batch, each row under its own claim. The
+        counts are the outcomes the database accepted.
         """
         async with DrainPass.open(self.engine, self._policy(), self.clock) as drain:
             report = await drain.drain(self.batch_size)

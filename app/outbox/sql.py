@@ -13,6 +13,7 @@ __all__ = [
     "NOTIFY",
     "NOTIFY_CHANNEL",
     "RECORD_DRAIN",
+    "RELEASE",
     "RESET",
     "SELECT_EXISTING",
     "SELECT_STATUS",
@@ -71,25 +72,42 @@ SELECT_EXISTING = text("SELECT id FROM outbox_messages WHERE outbox = :outbox AN
 # identical notifications of one transaction into one.
 NOTIFY = text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :outbox)")
 
-# An outcome is written only while the claim's token still holds the row; RETURNING
-# tells the drain whether it did, so a lost claim is never counted as an outcome.
+# Outcomes are written a batch at a time, each row only while its own claim's token
+# still holds it; RETURNING names the rows that matched, so a lost claim is never
+# counted as an outcome.
 MARK_DELIVERED = text(
     """
-    UPDATE outbox_messages
-    SET status = 'delivered', attempts = attempts + 1, delivered_at = :now, updated_at = :now,
-        last_error = NULL, claimed_by = NULL
-    WHERE id = :id AND claimed_by = :token
-    RETURNING id
+    UPDATE outbox_messages AS m
+    SET status = 'delivered', attempts = m.attempts + 1, delivered_at = :now,
+        updated_at = :now, last_error = NULL, claimed_by = NULL
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS d(id, token)
+    WHERE m.id = d.id AND m.claimed_by = d.token
+    RETURNING m.id
     """
 )
 
 MARK_FAILED = text(
     """
+    UPDATE outbox_messages AS m
+    SET status = f.status, attempts = f.attempts, next_attempt_at = f.next_attempt_at,
+        last_error = f.error, updated_at = :now, claimed_by = NULL
+    FROM unnest(
+        CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]), CAST(:statuses AS text[]),
+        CAST(:attempts AS integer[]), CAST(:next_attempts AS timestamptz[]),
+        CAST(:errors AS text[])
+    ) AS f(id, token, status, attempts, next_attempt_at, error)
+    WHERE m.id = f.id AND m.claimed_by = f.token
+    RETURNING m.id
+    """
+)
+
+# Claimed rows that could not start in time are given back, due now, untouched
+# otherwise: they were never attempted.
+RELEASE = text(
+    """
     UPDATE outbox_messages
-    SET status = :status, attempts = :attempts, next_attempt_at = :next_attempt_at,
-        last_error = :error, updated_at = :now, claimed_by = NULL
-    WHERE id = :id AND claimed_by = :token
-    RETURNING id
+    SET claimed_by = NULL, next_attempt_at = :now, updated_at = :now
+    WHERE id = ANY(CAST(:ids AS bigint[])) AND claimed_by = :token
     """
 )
 

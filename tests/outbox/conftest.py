@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from app.db import Database, asyncpg_dsn
 from app.outbox import Message, Outbox
@@ -37,6 +38,17 @@ class FakeReceiver:
 MakeOutbox = Callable[..., Outbox]
 
 
+@dataclass
+class SentStatements:
+    """Every statement the test database's pooled connections sent, in order."""
+
+    texts: list[str] = field(default_factory=list)
+
+    def writing(self, table: str = "outbox_messages") -> list[str]:
+        """The UPDATEs of ``table``: claims and outcomes."""
+        return [sql for sql in self.texts if sql.lstrip().startswith(f"UPDATE {table}")]
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(T0)
@@ -59,3 +71,29 @@ def make_outbox(
         return outbox
 
     yield make
+
+
+@pytest.fixture
+def sent_statements(database: Database) -> Iterator[SentStatements]:
+    """Record what the pool's asyncpg connections send (asyncpg's query logger, attached
+    at checkout), so a test can count the statements a drain pass costs."""
+    sent = SentStatements()
+
+    def log(query: Any) -> None:
+        sent.texts.append(query.query)
+
+    def attach(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        dbapi_connection.driver_connection.add_query_logger(log)
+
+    def detach(dbapi_connection: Any, record: Any) -> None:
+        if dbapi_connection is not None:  # None once a dead connection was invalidated
+            dbapi_connection.driver_connection.remove_query_logger(log)
+
+    pool = database.engine.sync_engine.pool
+    event.listen(pool, "checkout", attach)
+    event.listen(pool, "checkin", detach)
+    try:
+        yield sent
+    finally:
+        event.remove(pool, "checkout", attach)
+        event.remove(pool, "checkin", detach)

@@ -21,9 +21,12 @@ from .conftest import T0, MakeOutbox
 
 _TIMEOUT = 60.0
 _LEASE = timedelta(seconds=_TIMEOUT + 30)  # delivery_timeout and the drain's margin
+# A delivery starts only while it can end, cut off at delivery_timeout, with half the
+# margin left on its lease for the outcome write.
+_LATEST_START = timedelta(seconds=_TIMEOUT + 15)
 # The clock moves in steps, one at a time, each after a database round trip: between
-# a claim and the start of its rows' deliveries (a round trip and a loop step) it moves
-# a few steps at most, far less than the lease's 30 s margin.
+# a claim and the start of its first row's delivery (a round trip and a loop step) it
+# moves a few steps at most, far less than the lease's start window.
 _MAX_STEP = 2.0
 
 
@@ -139,13 +142,15 @@ async def test_every_key_is_delivered_once_and_counted_as_the_database_accepted_
 ) -> None:
     # Drains start while others deliver (a NOTIFY wake-up, another worker). The clock
     # moves while receivers run, but never so far that a delivery already under way
-    # outlives delivery_timeout: a real one is cut off there. Rows claimed and not yet
-    # delivering are not guarded: their lease is what is tested.
+    # outlives delivery_timeout: a real one is cut off there. Rows claimed and waiting
+    # for a slot are not guarded: their lease, and the rule that a row starts only
+    # while its lease covers the whole delivery, are what is tested.
     clock = FakeClock(T0)
     name = f"prop_{next(_names)}"
     started: dict[int, datetime] = {}
     made: list[str] = []
     refused: list[str] = []
+    started_late: list[str] = []
     delivered: collections.Counter[str] = collections.Counter()
     drains: list[asyncio.Task[DrainReport]] = []
     settling = False
@@ -170,10 +175,19 @@ async def test_every_key_is_delivered_once_and_counted_as_the_database_accepted_
             default=_TIMEOUT,
         )
 
+    async def lease_until(row: int) -> datetime:
+        async with database.engine.connect() as conn:
+            due = await conn.execute(
+                text("SELECT next_attempt_at FROM outbox_messages WHERE id = :id"), {"id": row}
+            )
+            return due.scalar_one()  # type: ignore[no-any-return]
+
     async def receive(message: Message) -> None:
         index = len(made)
         made.append(message.key)
-        started[message.id] = clock.now()
+        start = started[message.id] = clock.now()
+        if start + _LATEST_START > await lease_until(message.id):
+            started_late.append(message.key)
         if settling:
             delivered[message.key] += 1
             return
@@ -206,6 +220,7 @@ async def test_every_key_is_delivered_once_and_counted_as_the_database_accepted_
         reports.append(await outbox.drain_once())
 
     assert delivered == {f"k{n}": 1 for n in range(keys)}
+    assert started_late == []
     async with database.engine.connect() as conn:
         attempts = await conn.execute(
             text("SELECT sum(attempts) FROM outbox_messages WHERE outbox = :o"), {"o": name}

@@ -219,14 +219,19 @@ class Supervisor:
             return
         finally:
             self._acquiring = None
-        self._failures = 0
         if self._stopping.is_set():
             # The key came as this worker began to stop (the old leader stopping at the
             # same moment): leading now would promote and demote at once, so the key
             # goes straight back to whoever waits next.
             await lock.release()
             return
-        await self._lead(lock)
+        failure = await self._lead(lock)
+        if failure is None:
+            self._failures = 0
+        elif not self._stopping.is_set():
+            # A leadership that could not start (a read-only database, a missing
+            # migration) would otherwise be retried as fast as the server answers.
+            await self._back_off("scheduler.leading_failed", failure)
 
     async def stop(self) -> None:
         """Stop firing; wait up to the shutdown grace for running jobs; release the key."""
@@ -284,7 +289,11 @@ class Supervisor:
             raise
         return lock
 
-    async def _lead(self, lock: LockConnection | None, *, until: datetime | None = None) -> None:
+    async def _lead(
+        self, lock: LockConnection | None, *, until: datetime | None = None
+    ) -> BaseException | None:
+        """Lead until the lock is lost, stop() or ``until``. Returns the error that
+        ended a leadership before it fired (its caller backs off), else None."""
         self._lost.clear()
         self.lock = lock
         if lock is not None:
@@ -298,16 +307,17 @@ class Supervisor:
         )
         loops: list[asyncio.Task[None]] = []
         reason = "stopped"
+        fired, failure = False, None
         try:
             if not await self._hold(lock, self.config.handover_grace_seconds):
                 reason = "lock lost during handover"
-                return
+                return None
             if self._stopping.is_set():
-                return
+                return None
             now = self.clock.now()
             if lock is not None and not await self._begin_term(lock, now):
                 reason = "stopped" if self._stopping.is_set() else "lock lost before its term"
-                return
+                return None
             await self._register(now)
             if lock is not None:
                 await lock.on_wake(self._reload.set)
@@ -327,14 +337,17 @@ class Supervisor:
                     for spec in self.registry.services.values()
                 ]
             self._firing.set()
+            fired = True
             reason = await self._tick_until_done(lock, until, job_loops)
         except Exception as exc:
             # The database went away while registering (a job's own fault only marks
             # that job broken): without the job rows we cannot lead.
             logger.warning("scheduler: leading failed", exc_info=True)
             reason = f"{exc.__class__.__name__} while leading"
+            failure = None if fired else exc
         finally:
             await self._step_down(lock, loops, reason)
+        return failure
 
     async def _begin_term(self, lock: LockConnection, now: datetime) -> bool:
         """Record this leadership and move the term, before any claim of it. The bump

@@ -15,7 +15,7 @@ import psycopg
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 
-from ..scheduler.conftest import StartScheduler
+from .conftest import StartScheduler
 
 
 async def _noop(ctx: JobContext) -> None:

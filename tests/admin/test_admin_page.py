@@ -303,7 +303,7 @@ async def _page_width(page: Any) -> int:
 async def test_sign_in_history_pause_resume_and_reset_in_chromium(
     admin_settings: Settings, database: Database, tmp_path: Path
 ) -> None:
-    """The operator's round in a real browser; neither 1280 nor 420 px wide scrolls the
+    """The operator's round in a real browser; neither 1280 nor 400 px wide scrolls the
     page sideways. Screenshots go to REGENT_SCREENSHOTS (an existing directory) when set, to
     look at by hand, else to the test's temporary directory."""
     screenshots = Path(os.environ.get("REGENT_SCREENSHOTS") or tmp_path)
@@ -412,13 +412,13 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
             assert await pending.inner_text() == "2"
 
             # A phone-sized window: nothing wider than the screen but the tables' scroll.
-            await page.set_viewport_size({"width": 420, "height": 900})
+            await page.set_viewport_size({"width": 400, "height": 900})
             await page.goto(f"http://127.0.0.1:{port}/admin")
-            assert await _page_width(page) <= 420
-            await page.screenshot(path=screenshots / "admin-420.png", full_page=True)
+            assert await _page_width(page) <= 400
+            await page.screenshot(path=screenshots / "admin-400.png", full_page=True)
             await page.goto(f"http://127.0.0.1:{port}/admin/jobs/weekday_report")
-            assert await _page_width(page) <= 420
-            await page.screenshot(path=screenshots / "admin-job-420.png", full_page=True)
+            assert await _page_width(page) <= 400
+            await page.screenshot(path=screenshots / "admin-job-400.png", full_page=True)
             await browser.close()
     finally:
         server.should_exit = True

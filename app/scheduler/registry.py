@@ -72,6 +72,23 @@ def _seconds(job_id: str, option: str, value: object) -> float | None:
     return seconds
 
 
+def _check_takes_the_context(job_id: str, func: object) -> None:
+    """Raise InvalidJobError when ``func`` cannot be called with one argument, the
+    JobContext (a callable whose signature cannot be read is given the benefit)."""
+    try:
+        signature = inspect.signature(func)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        raise InvalidJobError(
+            job_id,
+            f"{getattr(func, '__name__', func)!r}{signature} cannot be called with the job's "
+            "context; declare it as `async def job(ctx: JobContext) -> None` (or `def`)",
+        ) from None
+
+
 def _is_async(func: object) -> bool:
     """True for an ``async def``, a partial of one, or an object whose ``__call__`` is one."""
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
@@ -159,6 +176,7 @@ class Registry:
                 f"{func!r} is an async generator or a generator, whose body would never "
                 "run; declare the job as `async def` (or `def`) returning None",
             )
+        _check_takes_the_context(id, func)
         if not isinstance(trigger, Trigger):
             raise InvalidJobError(
                 id, f"trigger {trigger!r} is not a trigger; use every(...) or cron(...)"

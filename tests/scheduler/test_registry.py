@@ -142,3 +142,22 @@ def test_a_jitter_shorter_than_the_shortest_gap_is_accepted() -> None:
     scheduler = Scheduler()
     scheduler.job(cron("0 6,7 * * *"), id="narrow", jitter=3599)(_noop)
     assert scheduler.jobs["narrow"].jitter == 3599
+
+
+@pytest.mark.parametrize(
+    "func",
+    [lambda: None, lambda ctx, extra: None, lambda *, ctx: None],
+    ids=["no-parameter", "two-parameters", "keyword-only"],
+)
+def test_a_function_that_cannot_take_the_context_is_refused(func: object) -> None:
+    with pytest.raises(InvalidJobError, match=r'job "shape": .* cannot be called with'):
+        Scheduler().job(every(minutes=1), id="shape")(func)  # type: ignore[type-var]
+
+
+def test_a_function_with_defaults_after_the_context_is_accepted() -> None:
+    def job(ctx: JobContext, retries: int = 3) -> None:
+        return None
+
+    scheduler = Scheduler()
+    scheduler.job(every(minutes=1), id="defaults")(job)
+    assert "defaults" in scheduler.jobs

@@ -1,7 +1,7 @@
 """The shipped test kit works the way the README tells a user to use it."""
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import text
@@ -72,6 +72,26 @@ async def test_run_job_passes_the_fence(
     async with regent_database.engine.connect() as conn:
         slots = (await conn.execute(text("SELECT slot FROM kit_notes"))).scalars().all()
     assert slots == [AT]
+
+
+async def test_run_job_runs_as_run_now_does_and_leaves_the_schedule_alone(
+    scheduler: Scheduler, regent_database: Database
+) -> None:
+    first = await run_job(scheduler, "writes", database=regent_database, at=AT)
+    second = await run_job(
+        scheduler, "writes", database=regent_database, at=AT + timedelta(minutes=10)
+    )
+    assert (first.status, second.status) == ("ok", "ok")
+    async with regent_database.engine.connect() as conn:
+        next_run_at = (
+            await conn.execute(text("SELECT next_run_at FROM scheduler_jobs WHERE id = 'writes'"))
+        ).scalar_one()
+        manual = (
+            await conn.execute(text("SELECT manual FROM scheduler_runs ORDER BY id"))
+        ).scalars()
+        assert list(manual) == [True, True]
+    # The slot the first registration placed, an hour after AT.
+    assert next_run_at == AT + timedelta(hours=1)
 
 
 async def test_run_job_reports_a_raising_body_as_an_error_record(

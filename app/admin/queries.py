@@ -66,26 +66,30 @@ _JOBS = text(
 _RUNS = text(
     """
     SELECT r.id, r.slot, r.started_at, r.finished_at, r.status, r.lateness_ms, r.duration_ms,
-        r.pid, r.host, r.error,
-        r.scope = 'leader' AND EXISTS (SELECT 1 FROM scheduler_manual_runs m
-            WHERE m.job_id = r.job_id AND m.slot = r.slot) AS manual
+        r.pid, r.host, r.error, r.manual
     FROM scheduler_runs r
     WHERE r.job_id = :job_id AND (CAST(:before AS bigint) IS NULL OR r.id < :before)
     ORDER BY r.id DESC LIMIT :limit
     """
 )
 _JOB = text("SELECT leader_only, paused, running_until FROM scheduler_jobs WHERE id = :job_id")
+# A request beside the schedule (see app/scheduler/store.py): next_run_at is never
+# touched. A request still pending stays: asking twice before the leader takes it is
+# one run.
 _RUN_NOW = text(
-    "UPDATE scheduler_jobs SET next_run_at = LEAST(next_run_at, :now), updated_at = now()"
-    " WHERE id = :job_id RETURNING next_run_at"
+    "UPDATE scheduler_jobs SET run_requested_at = COALESCE(run_requested_at, :now),"
+    " updated_at = now() WHERE id = :job_id"
 )
-# The slot run-now made due: the leader's run of it is the manual run (see 0010).
-_MARK_MANUAL = text(
-    "INSERT INTO scheduler_manual_runs (job_id, slot, requested_at)"
-    " VALUES (:job_id, :now, :now) ON CONFLICT DO NOTHING"
-)
+# Pausing drops a pending request: a paused job runs nothing, and a resume does not
+# bring back a run asked for before the pause.
 _PAUSE = text(
-    "UPDATE scheduler_jobs SET paused = :paused, updated_at = now() WHERE id = :job_id RETURNING id"
+    """
+    UPDATE scheduler_jobs
+    SET paused = :paused,
+        run_requested_at = CASE WHEN :paused THEN NULL ELSE run_requested_at END,
+        updated_at = now()
+    WHERE id = :job_id RETURNING id
+    """
 )
 _WAKE = text(f"NOTIFY {WAKE_CHANNEL}")
 _LEADER = text(
@@ -171,11 +175,14 @@ async def job_runs(
 
 
 async def run_job_now(engine: AsyncEngine, job_id: str, now: datetime) -> None:
-    """Make the job due now; the leader fires it through the same slot claim.
+    """Ask the leader to run the job once now, beside its schedule: the leader claims
+    the request as it claims a slot (the running lease, one run row, marked ``manual``,
+    whose slot is ``now``), fires it without jitter, and leaves the job's next slot
+    where it was. A request still pending when asked again is the same request.
 
     Raises NotFound for an unknown job, and Conflict while it runs (its running lease
     holds), while it is paused, and for a per-worker job (``leader_only=False``): each
-    worker runs that on its own schedule, so there is no one slot to move.
+    worker runs that on its own schedule, and no leader takes a request for it.
     """
     async with engine.begin() as conn:
         row = await _require_job(conn, job_id)
@@ -188,18 +195,14 @@ async def run_job_now(engine: AsyncEngine, job_id: str, now: datetime) -> None:
             raise Conflict(f"job {job_id!r} is running; try again when it has finished")
         if row.paused:
             raise Conflict(f"job {job_id!r} is paused; resume it first")
-        params = {"job_id": job_id, "now": now}
-        made_due = (await conn.execute(_RUN_NOW, params)).scalar_one()
-        # A slot already due by now runs anyway: only a slot moved to now is manual.
-        if made_due == now:
-            await conn.execute(_MARK_MANUAL, params)
+        await conn.execute(_RUN_NOW, {"job_id": job_id, "now": now})
         await conn.execute(_WAKE)
 
 
 async def set_paused(engine: AsyncEngine, job_id: str, paused: bool) -> None:
     """Pause or resume a job: the leader claims no slot of a paused job, and every
-    worker skips the slots of a paused per-worker job. Raises NotFound for an unknown
-    job."""
+    worker skips the slots of a paused per-worker job. Pausing drops a pending run-now
+    request. Raises NotFound for an unknown job."""
     async with engine.begin() as conn:
         await _require_job(conn, job_id)
         if (await conn.execute(_PAUSE, {"job_id": job_id, "paused": paused})).first() is None:

@@ -71,6 +71,21 @@ claim also carries a fence: it matches only while that leader's own lock connect
 nothing when it wakes. The countdown lives in that row, so a restart does not reset
 it; ``scheduler_runs`` has a unique index on (job, slot) for leader runs as well.
 
+Run now is a request, not a move of the schedule
+================================================
+
+An operator's run-now (admin API, page, CLI) sets ``run_requested_at`` on the job's
+row and NOTIFYs, which makes the leader reload its rows at once; ``next_run_at`` is
+never touched. The job's loop claims the request before it waits for its next slot
+(a slot that came due earlier goes first), with the slot claim's own UPDATE matched on
+the request instead: it clears the request, takes the running lease and records one
+run row marked ``manual`` whose slot is the request time, so the fence, the term and
+the lease hold for it as for any slot. It fires at once, without jitter, and never
+coalesces with a slot or takes one's place (the unique index is on (job, slot,
+manual)). Run-now is refused while the lease holds; a request that finds the lease
+taken when it is claimed is recorded ``skipped_overlap``, as a slot would be. Asking
+again while a request is pending is the same request; a pause drops it.
+
 A job never overlaps itself: the running lease
 ==============================================
 
@@ -101,7 +116,7 @@ over, set its run and the job's status to ``abandoned`` (logged as ``job.abandon
 and clear the lease, so run-now is refused only while a lease holds.
 
 One bad job stops nothing
-==================
+=========================
 
 Each job's row is registered in its own commit and each job's loop handles its own
 failures. When a job's step fails while the database answers (its trigger raises, its
@@ -116,9 +131,9 @@ handover that never ends, a stuck tick) from one that does.
 
 Per-worker jobs (``leader_only=False``) keep their slots per worker; see replicas.py
 for what their row, pause and run-now mean.
-=======
+
 A job's own commit: the leadership term
-========================================
+=======================================
 
 The running lease keeps a new leader from starting the *same* job beside an old body;
 it does not stop that body's writes. A thread (or an async body before its leader

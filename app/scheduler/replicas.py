@@ -11,8 +11,8 @@ operator sees and can do:
   its lateness counts from the jittered fire time.
 - *Pause*: every worker reads the row's pause flag at each slot and skips the slot
   while the job is paused.
-- *Run now* is refused (see app/admin/queries.py): the job has no one slot to move;
-  each worker runs it at its own next slot.
+- *Run now* is refused (see app/admin/queries.py): only the leader takes a run-now
+  request, and it runs no per-worker job; each worker runs it at its own next slot.
 - *Broken*: a slot this worker cannot compute or record is logged once as
   ``job.broken`` and recorded in ``scheduler_broken_jobs``; the job's loop retries
   after a minute and no other job's loop is touched.

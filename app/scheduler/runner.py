@@ -35,7 +35,7 @@ from .context import JobContext, ServiceContext
 from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
-from .store import JobStore, format_error
+from .store import ClaimedSlot, JobStore, format_error
 from .triggers import COUNTED_SLOTS
 
 __all__ = ["Claim", "Runner"]
@@ -48,6 +48,9 @@ _CANCELLED_BEFORE_START = (
     "cancelled before its body started: this worker stopped leading or shut down"
 )
 _SERVICE_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+_BUSY_HERE = "the previous run was still going in this process"
+# Claim outcomes that start no body.
+_NOT_RUN = ("already_recorded", "skipped_overlap")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class Claim:
     the slot plus the jitter.
     ``term``: the leadership term the claim saw, which fences the body's commits; None
     for a replica run, which no leadership fences.
+    ``manual``: the run-now request was claimed, not a slot; the slot run is the
+    request time and the job's next slot is where the claim found it.
     """
 
     run_id: int
@@ -68,6 +73,7 @@ class Claim:
     leased: bool = False
     jitter: float = 0.0
     term: int | None = None
+    manual: bool = False
 
 
 def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
@@ -205,28 +211,8 @@ class Runner:
         )
         if claimed is None:
             return None
-        if claimed.status == "already_recorded":
-            logger.warning(
-                'Job "%s" came back to a slot it has run: %s; moving on (id=%s, pid=%s)',
-                spec.name,
-                claimed.error,
-                spec.id,
-                self.store.pid,
-                extra={"action": "job.slot_already_run", "job_id": spec.id, "pid": self.store.pid},
-            )
-            return Claim(claimed.run_id, latest, next_slot, runs=False)
-        if claimed.status == "skipped_overlap":
-            logger.warning(
-                'Skipped job "%s": %s (id=%s, slot=%s, pid=%s)',
-                spec.name,
-                claimed.error,
-                spec.id,
-                latest.isoformat(),
-                self.store.pid,
-                extra={"action": "job.skipped_overlap", "job_id": spec.id, "pid": self.store.pid},
-            )
-            self._observe(spec, "skipped_overlap", 0.0, now - latest)
-            return Claim(claimed.run_id, latest, next_slot, runs=False)
+        if claimed.status in _NOT_RUN:
+            return self._not_run(spec, claimed, latest, next_slot, now)
         if missed:
             logger.warning(
                 'Missed job "%s" (id=%s, slot=%s, pid=%s)',
@@ -247,6 +233,76 @@ class Runner:
             term=claimed.term,
         )
 
+    async def claim_request(
+        self, spec: JobSpec, requested_at: datetime, fence_pid: int | None
+    ) -> Claim | None:
+        """Claim the run-now request made at ``requested_at`` of a leader-only job: one
+        more run, whose slot is the request time, that fires at once (no jitter, no
+        misfire grace, nothing coalesced) and leaves the job's next slot alone. Like a
+        slot, it is recorded skipped_overlap while a body of the job runs here or holds
+        the running lease elsewhere. Returns None when the claim matched nothing:
+        another process took the request, the job is paused, or this process no longer
+        holds the lock.
+        """
+        now = self.clock.now()
+        busy_here = self.is_running(spec.id)
+        claimed = await self.store.claim_request(
+            spec,
+            requested_at=requested_at,
+            now=now,
+            status="skipped_overlap" if busy_here else "running",
+            fence_pid=fence_pid,
+            running_until=None if busy_here else now + timedelta(seconds=self.lease_seconds),
+            error=_BUSY_HERE if busy_here else None,
+        )
+        if claimed is None:
+            return None
+        if claimed.status in _NOT_RUN:
+            return self._not_run(spec, claimed, requested_at, claimed.next_slot, now, manual=True)
+        return Claim(
+            claimed.run_id,
+            requested_at,
+            claimed.next_slot,
+            runs=True,
+            leased=True,
+            term=claimed.term,
+            manual=True,
+        )
+
+    def _not_run(
+        self,
+        spec: JobSpec,
+        claimed: ClaimedSlot,
+        slot: datetime,
+        next_slot: datetime,
+        now: datetime,
+        *,
+        manual: bool = False,
+    ) -> Claim:
+        """Log and count a claim that starts no body: its slot already has a run, or
+        another body of the job holds the running lease."""
+        if claimed.status == "already_recorded":
+            logger.warning(
+                'Job "%s" came back to a slot it has run: %s; moving on (id=%s, pid=%s)',
+                spec.name,
+                claimed.error,
+                spec.id,
+                self.store.pid,
+                extra={"action": "job.slot_already_run", "job_id": spec.id, "pid": self.store.pid},
+            )
+        else:
+            logger.warning(
+                'Skipped job "%s": %s (id=%s, slot=%s, pid=%s)',
+                spec.name,
+                claimed.error,
+                spec.id,
+                slot.isoformat(),
+                self.store.pid,
+                extra={"action": "job.skipped_overlap", "job_id": spec.id, "pid": self.store.pid},
+            )
+            self._observe(spec, "skipped_overlap", 0.0, now - slot)
+        return Claim(claimed.run_id, slot, next_slot, runs=False, manual=manual)
+
     async def skip_overlap(
         self, spec: JobSpec, due: datetime, fence_pid: int | None
     ) -> Claim | None:
@@ -262,7 +318,7 @@ class Runner:
             now=now,
             status="skipped_overlap",
             fence_pid=fence_pid,
-            error="the previous run was still going in this process",
+            error=_BUSY_HERE,
         )
         if claimed is None:
             return None

@@ -27,6 +27,13 @@ the job's ``running`` status while a lease holds, and a lease that ran out (its 
 died) is *reaped*: its run and the job's status become ``abandoned`` and the lease is
 cleared, by the leader every tick and by the claim that takes the job over.
 
+*Run now* is a request beside the schedule, never a move of it: the operator's request
+sets ``run_requested_at`` (app/admin/queries.py) and the leader claims it with the same
+UPDATE, matched on the request instead of the slot, which clears the request instead of
+moving ``next_run_at``. Its run row is ``manual``, its slot is the request time and the
+one-run-per-slot index keeps manual and scheduled runs apart, so a request never takes
+the place of a slot, nor a slot of a request.
+
 A job whose row or next slot the leader cannot handle is recorded in
 ``scheduler_broken_jobs`` (a table of its own: the job's row may be what cannot be
 written) until a later registration or claim of it succeeds.
@@ -62,19 +69,22 @@ _UPSERT = text(
             ELSE scheduler_jobs.next_run_at
         END,
         updated_at = now()
-    RETURNING id, next_run_at, paused
+    RETURNING id, next_run_at, paused, run_requested_at
     """
 )
 
-_LOAD = text("SELECT id, next_run_at, paused FROM scheduler_jobs WHERE id = ANY(:ids)")
+_LOAD = text(
+    "SELECT id, next_run_at, paused, run_requested_at FROM scheduler_jobs WHERE id = ANY(:ids)"
+)
 
 # A run starts only when no other body holds an unexpired running lease on the job.
 _STARTS = """(CAST(:runs AS boolean)
         AND (running_until IS NULL OR running_until <= CAST(:now AS timestamptz)))"""
-# A slot that is not run never overwrites the status of a body that still runs.
+# A slot claim moves the job's next slot; a run-now claim clears its request. A slot
+# that is not run never overwrites the status of a body that still runs.
 _CLAIM = """
     UPDATE scheduler_jobs
-    SET next_run_at = :next_slot,
+    SET {advance},
         last_started_at = CASE WHEN {starts}
             THEN CAST(:now AS timestamptz) ELSE last_started_at END,
         last_status = CASE WHEN {starts} THEN 'running'
@@ -89,36 +99,51 @@ _CLAIM = """
         running_pid = CASE WHEN {starts} THEN CAST(:pid AS integer) ELSE running_pid END,
         running_host = CASE WHEN {starts} THEN CAST(:host AS text) ELSE running_host END,
         updated_at = now()
-    WHERE id = :job_id AND next_run_at = :due AND NOT paused {fence}
+    WHERE id = :job_id AND {due_column} = :due AND NOT paused {fence}
     RETURNING running_run_id IS NOT DISTINCT FROM CAST(:run_id AS bigint) AS started,
-        running_run_id, running_until, running_pid, running_host,
+        next_run_at, running_run_id, running_until, running_pid, running_host,
         COALESCE((SELECT term FROM scheduler_leadership WHERE id = 1), 0) AS term
     """
 _FENCE = f"""
       AND EXISTS (
         SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted AND pid = :fence_pid)
     """
-_CLAIM_UNFENCED = text(_CLAIM.format(starts=_STARTS, fence=""))
-_CLAIM_FENCED = text(_CLAIM.format(starts=_STARTS, fence=_FENCE))
+# (manual, fenced) -> the claim statement: a slot (manual False) or a run-now request.
+_CLAIMS = {
+    (manual, fenced): text(
+        _CLAIM.format(
+            starts=_STARTS,
+            advance=advance,
+            due_column=due_column,
+            fence=_FENCE if fenced else "",
+        )
+    )
+    for manual, advance, due_column in (
+        (False, "next_run_at = :next_slot", "next_run_at"),
+        (True, "run_requested_at = NULL", "run_requested_at"),
+    )
+    for fenced in (False, True)
+}
 
 _INSERT_RUN = text(
     """
     INSERT INTO scheduler_runs
-        (id, job_id, scope, slot, started_at, finished_at, status, lateness_ms, jitter_ms,
-         pid, host, error)
+        (id, job_id, scope, slot, manual, started_at, finished_at, status, lateness_ms,
+         jitter_ms, pid, host, error)
     VALUES (COALESCE(CAST(:id AS bigint), nextval(pg_get_serial_sequence('scheduler_runs', 'id'))),
-            :job_id, :scope, :slot, :started_at, :finished_at, :status, :lateness_ms,
+            :job_id, :scope, :slot, :manual, :started_at, :finished_at, :status, :lateness_ms,
             :jitter_ms, :pid, :host, :error)
-    ON CONFLICT (job_id, slot) WHERE scope = 'leader' DO NOTHING
+    ON CONFLICT (job_id, slot, manual) WHERE scope = 'leader' DO NOTHING
     RETURNING id
     """
 )
 
 # The run a leader slot already has: it ran (or was recorded) before the schedule came
-# back to it (a trigger change, a clock behind the last leader's, a racing run-now).
+# back to it (a trigger change, a clock behind the last leader's); for a request, one
+# made at the very instant of an earlier one.
 _RECORDED_RUN = text(
     "SELECT id, status FROM scheduler_runs WHERE job_id = :job_id AND slot = :slot"
-    " AND scope = 'leader'"
+    " AND scope = 'leader' AND manual = :manual"
 )
 _UNDO_START = text(
     """
@@ -237,20 +262,36 @@ class ClaimedSlot:
     """A slot claim that matched: its run row, and 'running', 'missed',
     'skipped_overlap' (a run refused because another body holds the running lease) or
     'already_recorded' (the slot has its run already: the job moved on, nothing runs).
-    ``term``: the leadership term the claim saw (0 before any leader was recorded)."""
+    ``term``: the leadership term the claim saw (0 before any leader was recorded).
+    ``next_slot``: the job's next slot as the claim left it (a request leaves it)."""
 
     run_id: int
     status: str
     term: int
+    next_slot: datetime
     error: str | None = None
 
 
 @dataclass(frozen=True)
 class JobRow:
-    """A job's schedule state as the database holds it."""
+    """A job's schedule state as the database holds it. ``run_requested_at``: when an
+    operator asked to run it now (None: no request pending)."""
 
     next_run_at: datetime
     paused: bool
+    run_requested_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class _ClaimKey:
+    """What a claim matches and records: ``due`` is the slot in next_run_at (or the
+    request in run_requested_at, ``manual``); ``run_slot`` is the slot of the run row;
+    ``next_slot`` is where a slot claim moves next_run_at (None for a request)."""
+
+    due: datetime
+    run_slot: datetime
+    next_slot: datetime | None
+    manual: bool
 
 
 def format_error(exc: BaseException, limit: int = 8000) -> str:
@@ -309,7 +350,7 @@ class JobStore:
                 },
             )
             row = result.one()
-            return JobRow(row.next_run_at, row.paused)
+            return JobRow(row.next_run_at, row.paused, row.run_requested_at)
 
     async def blames_job(self, exc: BaseException) -> bool:
         """True when a job's step failed with ``exc`` while the database answers: the
@@ -377,10 +418,12 @@ class JobStore:
             )
 
     async def load(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
-        """The stored next slot and pause flag of each job."""
+        """The stored next slot, pause flag and run-now request of each job."""
         async with self.engine.connect() as conn:
             result = await conn.execute(_LOAD, {"ids": list(job_ids)})
-            return {row.id: JobRow(row.next_run_at, row.paused) for row in result}
+            return {
+                row.id: JobRow(row.next_run_at, row.paused, row.run_requested_at) for row in result
+            }
 
     async def claim(
         self,
@@ -410,12 +453,66 @@ class JobStore:
         nothing: another process took the slot, the job is paused, or (fenced) this
         process no longer holds the leader key.
         """
+        return await self._claim(
+            spec,
+            _ClaimKey(due, run_slot, next_slot, manual=False),
+            now=now,
+            status=status,
+            fence_pid=fence_pid,
+            running_until=running_until,
+            error=error,
+            missed_before=missed_before,
+            jitter=jitter,
+        )
+
+    async def claim_request(
+        self,
+        spec: JobSpec,
+        *,
+        requested_at: datetime,
+        now: datetime,
+        status: str,
+        fence_pid: int | None,
+        running_until: datetime | None = None,
+        error: str | None = None,
+    ) -> ClaimedSlot | None:
+        """Claim the run-now request made at ``requested_at`` and record its manual run,
+        whose slot is the request time, in one commit; the job's next slot is left alone.
+
+        ``status``, ``running_until`` and the running lease are as in claim(); nothing
+        coalesces and no jitter applies, since the run fires at once. Returns None when
+        the claim matched nothing: another process took the request, the job is paused,
+        or (fenced) this process no longer holds the leader key.
+        """
+        return await self._claim(
+            spec,
+            _ClaimKey(requested_at, requested_at, None, manual=True),
+            now=now,
+            status=status,
+            fence_pid=fence_pid,
+            running_until=running_until,
+            error=error,
+        )
+
+    async def _claim(
+        self,
+        spec: JobSpec,
+        key: _ClaimKey,
+        *,
+        now: datetime,
+        status: str,
+        fence_pid: int | None,
+        running_until: datetime | None,
+        error: str | None,
+        missed_before: tuple[datetime, str] | None = None,
+        jitter: float = 0.0,
+    ) -> ClaimedSlot | None:
         runs = status == "running"
         assert not runs or running_until is not None, "a run needs the end of its lease"
         params = {
             "job_id": spec.id,
-            "due": due,
-            "next_slot": next_slot,
+            "due": key.due,
+            "next_slot": key.next_slot,
             "now": now,
             "runs": runs,
             "status": status,
@@ -423,9 +520,8 @@ class JobStore:
             "pid": self.pid,
             "host": self.host,
         }
-        statement = _CLAIM_UNFENCED
+        statement = _CLAIMS[(key.manual, fence_pid is not None)]
         if fence_pid is not None:
-            statement = _CLAIM_FENCED
             params |= {"fence_pid": fence_pid}
         async with self.engine.begin() as conn:
             # History reads in id order: the passed-over slots' row gets the lower id,
@@ -458,20 +554,31 @@ class JobStore:
                         spec, "leader", missed_slot, now, "missed", error=note, id=missed_id
                     ),
                 )
+            run_slot = key.run_slot
             inserted = (
                 await conn.execute(
                     _INSERT_RUN,
                     self._run_params(
-                        spec, "leader", run_slot, now, status, error=error, id=run_id, jitter=jitter
+                        spec,
+                        "leader",
+                        run_slot,
+                        now,
+                        status,
+                        error=error,
+                        id=run_id,
+                        jitter=jitter,
+                        manual=key.manual,
                     ),
                 )
             ).scalar_one_or_none()
             if inserted is not None:
-                return ClaimedSlot(inserted, status, claimed.term, error)
+                return ClaimedSlot(inserted, status, claimed.term, claimed.next_run_at, error)
             # The slot already has its run: never run it again, but let the job move on
             # (the claim above moved next_run_at); a history row never blocks a claim.
             recorded = (
-                await conn.execute(_RECORDED_RUN, {"job_id": spec.id, "slot": run_slot})
+                await conn.execute(
+                    _RECORDED_RUN, {"job_id": spec.id, "slot": run_slot, "manual": key.manual}
+                )
             ).one()
             if run_id is not None:
                 await conn.execute(
@@ -481,6 +588,7 @@ class JobStore:
                 recorded.id,
                 "already_recorded",
                 claimed.term,
+                claimed.next_run_at,
                 f"slot {run_slot.isoformat()} already has run {recorded.id} ({recorded.status})",
             )
 
@@ -546,6 +654,7 @@ class JobStore:
         error: str | None = None,
         id: int | None = None,
         jitter: float = 0.0,
+        manual: bool = False,
     ) -> dict[str, object]:
         finished = None if status == "running" else now
         fire_at = slot + timedelta(seconds=jitter)
@@ -554,6 +663,7 @@ class JobStore:
             "job_id": spec.id,
             "scope": scope,
             "slot": slot,
+            "manual": manual,
             "started_at": now,
             "finished_at": finished,
             "status": status,

@@ -31,7 +31,7 @@ import enum
 import logging
 import os
 from collections.abc import Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -499,9 +499,11 @@ class Supervisor:
                 await self._wait_or_refresh(self.config.leader_tick_seconds)
 
     async def _job_pass(self, spec: JobSpec, fence: int | None) -> None:
-        """One step of a job's loop: register its row if it has none, else wait for its
-        next slot, claim it and start the body. Raises what the job's trigger or row
-        raise, for the loop to tell a broken job from a passing outage."""
+        """One step of a job's loop: register its row if it has none, else claim its
+        run-now request at once, or wait for its next slot and claim that, and start the
+        body. A slot that came due before the request is claimed first. Raises what the
+        job's trigger or row raise, for the loop to tell a broken job from a passing
+        outage."""
         row = self._rows.get(spec.id)
         if row is None:
             self._rows[spec.id] = await self.store.register_leader_job(
@@ -513,14 +515,20 @@ class Supervisor:
             await self._wait_or_refresh(self.config.leader_tick_seconds)
             return
         fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
-        delay = (fire_at - self.clock.now()).total_seconds()
-        if delay > 0 and await self._wait_or_refresh(delay):
-            return
-        # The runner outlives this loop: a thread from an earlier leadership counts.
-        if self.runner.is_running(spec.id):
-            claim = await self.runner.skip_overlap(spec, row.next_run_at, fence)
+        request = row.run_requested_at
+        slot_first = fire_at <= self.clock.now() and (request is None or fire_at <= request)
+        if request is not None and not slot_first:
+            claim = await self.runner.claim_request(spec, request, fence)
         else:
-            claim = await self.runner.claim_leader(spec, row.next_run_at, fence)
+            delay = (fire_at - self.clock.now()).total_seconds()
+            # A reload (every tick, and at once on a NOTIFY) may bring a request.
+            if delay > 0 and await self._wait_or_refresh(delay):
+                return
+            # The runner outlives this loop: a thread from an earlier leadership counts.
+            if self.runner.is_running(spec.id):
+                claim = await self.runner.skip_overlap(spec, row.next_run_at, fence)
+            else:
+                claim = await self.runner.claim_leader(spec, row.next_run_at, fence)
         if claim is None:
             # Another process took the slot, the job was paused, or our key is gone.
             try:
@@ -531,7 +539,8 @@ class Supervisor:
             if self._rows[spec.id] == row:
                 await self._wait_or_refresh(self.config.leader_tick_seconds)
             return
-        self._rows[spec.id] = JobRow(claim.next_slot, paused=False)
+        requested = None if claim.manual else row.run_requested_at
+        self._rows[spec.id] = replace(row, next_run_at=claim.next_slot, run_requested_at=requested)
         if claim.runs:
             body = self.runner.start(spec, claim)
             self._bodies.add(body)

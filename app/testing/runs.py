@@ -17,7 +17,7 @@ from app.scheduler.store import JobStore
 
 __all__ = ["RunRecord", "run_job"]
 
-_MAKE_DUE = text("UPDATE scheduler_jobs SET next_run_at = :now WHERE id = :job_id")
+_REQUEST = text("UPDATE scheduler_jobs SET run_requested_at = :now WHERE id = :job_id")
 _RUN = text(
     "SELECT id, slot, status, error, duration_ms, started_at, finished_at"
     " FROM scheduler_runs WHERE id = :run_id"
@@ -46,18 +46,20 @@ async def run_job(
     clock: Clock | None = None,
     zone: ZoneInfo | None = None,
 ) -> RunRecord:
-    """Fire ``job_id`` once, at ``at``, through the real slot claim and runner.
+    """Fire ``job_id`` once, at ``at``, through the real claim and runner.
 
-    The job's row is registered as a leader would register it, made due at ``at``
-    (default: the clock's now), claimed and run; the body sees ``ctx.scheduled_at ==
-    at`` and ``ctx.clock`` is ``clock`` (a FakeClock set to ``at`` when none is given).
+    The job's row is registered as a leader would register it and the run is asked for
+    as run-now asks for it: a request at ``at`` (default: the clock's now), claimed and
+    run at once, recorded as a manual run; the job's next slot stays where the schedule
+    put it. The body sees ``ctx.scheduled_at == at`` and ``ctx.clock`` is ``clock`` (a
+    FakeClock set to ``at`` when none is given).
     A per-worker job (``leader_only=False``) runs as a worker would run it, unclaimed.
     No leadership is taken: the claim takes the leadership term current in the
     database (0 when no leader was ever recorded), so ``ctx.fence`` passes unless a
     promotion happens while the body runs, as it would fail a real stale run.
     Returns the run's record; a body that raised is ``status == "error"``, not an
-    exception here; a slot refused because another body of the job still runs is
-    ``"skipped_overlap"``, and one later than ``misfire_grace`` is ``"missed"``.
+    exception here; a run refused because another body of the job still runs is
+    ``"skipped_overlap"``.
     Raises SchedulerError for an unknown job id, or when the claim matched nothing
     (the job is paused).
     """
@@ -84,8 +86,8 @@ async def run_job(
     if spec.leader_only:
         await store.register_leader_jobs([spec], now, zone)
         async with database.engine.begin() as conn:
-            await conn.execute(_MAKE_DUE, {"now": now, "job_id": job_id})
-        claim = await runner.claim_leader(spec, now, None)
+            await conn.execute(_REQUEST, {"now": now, "job_id": job_id})
+        claim = await runner.claim_request(spec, now, None)
         if claim is None:
             raise SchedulerError(f"job {job_id!r} could not be claimed: is it paused?")
     else:

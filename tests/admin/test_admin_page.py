@@ -72,12 +72,12 @@ async def _job(database: Database, **columns: object) -> None:
 
 
 async def _run(database: Database, slot: datetime, **columns: object) -> None:
-    values = {"status": "ok", "duration_ms": 5, "error": None} | columns
+    values = {"status": "ok", "duration_ms": 5, "error": None, "manual": False} | columns
     await _execute(
         database,
-        "INSERT INTO scheduler_runs (job_id, scope, slot, started_at, finished_at, status,"
-        " lateness_ms, duration_ms, pid, host, error) VALUES ('nightly', 'leader',"
-        " :slot, :slot, :slot,"
+        "INSERT INTO scheduler_runs (job_id, scope, slot, manual, started_at, finished_at,"
+        " status, lateness_ms, duration_ms, pid, host, error) VALUES ('nightly', 'leader',"
+        " :slot, :manual, :slot, :slot,"
         " :status, 3, :duration_ms, 4242, 'web-1', :error)",
         slot=slot,
         **values,
@@ -125,12 +125,7 @@ async def test_history_marks_manual_runs(
 ) -> None:
     await _job(database)
     await _run(database, datetime(2026, 12, 2, 1, tzinfo=UTC))
-    await _run(database, datetime(2026, 12, 2, 1, 30, tzinfo=UTC))
-    await _execute(
-        database,
-        "INSERT INTO scheduler_manual_runs (job_id, slot, requested_at)"
-        " VALUES ('nightly', '2026-12-02 01:30:00+00', now())",
-    )
+    await _run(database, datetime(2026, 12, 2, 1, 30, tzinfo=UTC), manual=True)
     await _signed_in(page_client)
     history = _table((await page_client.get("/admin/jobs/nightly")).text, "history")
     rows = re.findall(r"<tr data-run=.*?</tr>", history, re.DOTALL)

@@ -118,26 +118,22 @@ def _execute(database_url: str, sql: str, *params: object) -> None:
 @pytest.fixture
 def with_runs(seeded: str) -> str:
     """Two runs of 'nightly': a scheduled one that failed, then a manual one."""
-    for slot, status, error in [
-        ("2026-12-02 01:00:00.250+00", "error", TRACEBACK),
-        ("2026-12-02 02:00:00+00", "ok", None),
+    for slot, status, error, manual in [
+        ("2026-12-02 01:00:00.250+00", "error", TRACEBACK, False),
+        ("2026-12-02 02:00:00+00", "ok", None, True),
     ]:
         _execute(
             seeded,
-            "INSERT INTO scheduler_runs (job_id, scope, slot, started_at, finished_at, status,"
-            " lateness_ms, duration_ms, pid, host, error) VALUES ('nightly', 'leader', %s, %s,"
-            " %s, %s, 2, 0, 4242, 'web-1', %s)",
+            "INSERT INTO scheduler_runs (job_id, scope, slot, manual, started_at, finished_at,"
+            " status, lateness_ms, duration_ms, pid, host, error) VALUES ('nightly', 'leader',"
+            " %s, %s, %s, %s, %s, 2, 0, 4242, 'web-1', %s)",
             slot,
+            manual,
             slot,
             slot,
             status,
             error,
         )
-    _execute(
-        seeded,
-        "INSERT INTO scheduler_manual_runs (job_id, slot, requested_at)"
-        " VALUES ('nightly', '2026-12-02 02:00:00+00', now())",
-    )
     return seeded
 
 

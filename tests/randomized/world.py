@@ -179,7 +179,10 @@ class World:
     recorder: Recorder = field(default_factory=Recorder)
     reported: DrainReport = field(default_factory=DrainReport)
     nodes: list[Node] = field(default_factory=list)
-    run_now_moments: dict[str, set[datetime]] = field(default_factory=dict)
+    # Run-now requests that were each a request of their own (not one merged into a
+    # request still pending), and those a pause dropped before the leader took them.
+    run_now_requests: dict[str, set[datetime]] = field(default_factory=dict)
+    run_now_dropped: dict[str, set[datetime]] = field(default_factory=dict)
     keys: list[str] = field(default_factory=list)
     faults: int = 0
     steps: int = 0
@@ -264,8 +267,13 @@ class World:
             await self.add_node()
 
     async def _do_pause(self, step: Step) -> None:
+        job = self._job(step)
         with contextlib.suppress(AdminError):
-            await queries.set_paused(self.db.engine, self._job(step), True)
+            await queries.set_paused(self.db.engine, job, True)
+            # The pause dropped every request the leader had not taken by then.
+            ran = await self._manual_slots(job)
+            pending = self.run_now_requests.get(job, set()) - ran
+            self.run_now_dropped.setdefault(job, set()).update(pending)
 
     async def _do_resume(self, step: Step) -> None:
         with contextlib.suppress(AdminError):
@@ -274,10 +282,22 @@ class World:
     async def _do_run_now(self, step: Step) -> None:
         # An operator's click never lands in the very microsecond a slot was claimed.
         self.advance(0.001)
-        job = self._job(step)
+        job, now = self._job(step), self.clock.now()
         with contextlib.suppress(AdminError):
-            await queries.run_job_now(self.db.engine, job, self.clock.now())
-            self.run_now_moments.setdefault(job, set()).add(self.clock.now())
+            await queries.run_job_now(self.db.engine, job, now)
+            # Its own request is pending or was taken (with its run row, in one commit);
+            # else it was merged into one still pending when it was asked.
+            rows = await self._fetch(
+                "SELECT run_requested_at FROM scheduler_jobs WHERE id = :job", job=job
+            )
+            if rows[0].run_requested_at == now or now in await self._manual_slots(job):
+                self.run_now_requests.setdefault(job, set()).add(now)
+
+    async def _manual_slots(self, job: str) -> set[datetime]:
+        rows = await self._fetch(
+            "SELECT slot FROM scheduler_runs WHERE job_id = :job AND manual", job=job
+        )
+        return {row.slot for row in rows}
 
     async def _do_enqueue(self, step: Step) -> None:
         outbox = self.nodes[0].outbox
@@ -353,7 +373,9 @@ class World:
             reasons.append(f"{leaders} all lead")
         try:
             holders = {row.pid for row in await self._fetch(_HOLDERS, key=SCHEDULER_LEADER_KEY)}
-            jobs = await self._fetch("SELECT id, next_run_at, paused FROM scheduler_jobs")
+            jobs = await self._fetch(
+                "SELECT id, next_run_at, paused, run_requested_at FROM scheduler_jobs"
+            )
             running_rows = await self._fetch(
                 "SELECT job_id, slot, id FROM scheduler_runs"
                 " WHERE scope = 'leader' AND status = 'running'"
@@ -374,6 +396,8 @@ class World:
                 reasons.append(f"{job_id} has no row")
             elif not row.paused and row.next_run_at + timedelta(seconds=self.jitter(job_id)) <= now:
                 reasons.append(f"{job_id} due since {row.next_run_at.isoformat()}")
+            elif not row.paused and row.run_requested_at is not None:
+                reasons.append(f"{job_id} run-now pending since {row.run_requested_at.isoformat()}")
         draining = any(node.outbox.passes for node in self.nodes)
         if draining and self.receiver.healed:
             reasons.append("a drain pass is under way")
@@ -406,21 +430,27 @@ class World:
         # so that every body seen has its run row in what the query returns.
         starts, completed = self.recorder.snapshot()
         runs = await self._fetch(
-            "SELECT job_id, slot, status FROM scheduler_runs WHERE scope = 'leader'"
+            "SELECT job_id, slot, status, manual FROM scheduler_runs WHERE scope = 'leader'"
             " ORDER BY job_id, slot"
         )
         jobs = {row.id: row for row in await self._fetch("SELECT * FROM scheduler_jobs")}
         statuses: dict[tuple[str, datetime], str] = {}
         by_job: dict[str, list[datetime]] = {}
+        manual: dict[str, set[datetime]] = {}
         for row in runs:
             statuses[(row.job_id, row.slot)] = row.status
-            by_job.setdefault(row.job_id, []).append(row.slot)
+            if row.manual:
+                manual.setdefault(row.job_id, set()).add(row.slot)
+            else:
+                by_job.setdefault(row.job_id, []).append(row.slot)
+        for job_id in self.triggers:
+            problems += self._run_now_problems(job_id, manual.get(job_id, set()), jobs.get(job_id))
         for job_id, trigger in self.triggers.items():
+            # Scheduled slots only: a run-now is a run of its own, beside the schedule.
             slots = by_job.get(job_id, [])
-            exempt = self.run_now_moments.get(job_id, set())
             for before, after in itertools.pairwise(slots):
                 allowed = trigger.next_after(before, _UTC)
-                if after < allowed and after not in exempt:
+                if after < allowed:
                     problems.append(
                         f"{job_id} fired slot {after.isoformat()} after {before.isoformat()}: "
                         f"its schedule allows {allowed.isoformat()} at the earliest"
@@ -445,6 +475,23 @@ class World:
                 problems.append(
                     f"{job_id} slot {slot.isoformat()}: its thread finished, the run says cancelled"
                 )
+        return problems
+
+    def _run_now_problems(self, job_id: str, manual: set[datetime], row: Any) -> list[str]:
+        """A manual run only for a request, and every request run unless it is still
+        pending or a pause dropped it."""
+        requests = self.run_now_requests.get(job_id, set())
+        pending = row.run_requested_at if row is not None else None
+        problems = [
+            f"{job_id} has a manual run of {slot.isoformat()}, which no run-now asked for"
+            for slot in sorted(manual - requests)
+        ]
+        lost = requests - manual - self.run_now_dropped.get(job_id, set()) - {pending}
+        problems += [
+            f"{job_id}: the run-now asked at {moment.isoformat()} never ran"
+            f" (run_requested_at {pending})"
+            for moment in sorted(lost)
+        ]
         return problems
 
     async def _leader_problems(self) -> list[str]:

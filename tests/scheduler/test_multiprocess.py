@@ -232,3 +232,49 @@ def test_a_killed_owners_running_lease_runs_out_and_another_process_runs_the_job
     # Skipped while the lease lasted, then run: never run beside a body that may live.
     assert others[0] == ("skipped_overlap",)
     assert ("running",) in others
+
+
+def test_a_thread_job_never_overlaps_itself_across_a_graceful_shutdown_of_its_owner(
+    gated_cluster: Cluster, gate: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """A rolling deploy: SIGTERM to the process whose thread body runs, longer than the
+    shutdown grace and the lease. The process lives while its thread does, so the lease
+    must hold as long: no other body starts until the first ended, and the first run
+    gets its real outcome."""
+    cluster = gated_cluster
+    owner = int(cluster.query("SELECT pid FROM gated_bodies")[0][0])
+    terminated = time.time()
+    os.kill(owner, signal.SIGTERM)
+    # Past twice the lease, a lease that nobody renews has run out: wait until another
+    # process has claimed a slot of the job that late.
+    cluster.wait_for(
+        lambda: cluster.query(
+            "SELECT 1 FROM scheduler_runs WHERE job_id = 'gated' AND pid <> %s"
+            " AND started_at > to_timestamp(%s)",
+            owner,
+            terminated + 2 * LEASE_SECONDS + 1,
+        ),
+        2 * LEASE_SECONDS + 20,
+        "a claim by another process twice the lease after the SIGTERM",
+    )
+    runs = cluster.query("SELECT pid, status FROM scheduler_runs WHERE job_id = 'gated'")
+    assert cluster.query("SELECT pid, ended_at FROM gated_bodies") == [(owner, None)], runs
+    gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+    cluster.wait_for(
+        lambda: (
+            cluster.query(
+                "SELECT status FROM scheduler_runs WHERE job_id = 'gated' AND pid = %s"
+                " ORDER BY id LIMIT 1",
+                owner,
+            )
+            == [("ok",)]
+        ),
+        10,
+        "the real outcome of the first body",
+    )
+    # Its body over, the owner's shutdown completes; the job goes on elsewhere.
+    cluster.processes[owner].wait(10)
+    cluster.wait_for(
+        lambda: _runs_by_others(cluster, "ok", owner) >= 1, 10, "a run by another process"
+    )
+    assert _bodies_at_once(cluster) == 1

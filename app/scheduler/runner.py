@@ -11,7 +11,15 @@ jobs have a body running here, across promotions. A leader run holds the job's r
 lease (see store.py); the runner renews it every third of the lease while the body
 runs and clears it when the body ends. Cancelling a run (demotion, shutdown) stops an
 async body at once; a thread cannot be stopped, so it runs on, still holding the lease,
-and its real outcome is recorded when it ends.
+and its real outcome is recorded when it ends. ``wait_for_bodies()`` waits for those
+threads (the app's lifespan does, after the scheduler stopped).
+
+A thread body runs on an executor future, watched by a task that renews the lease and
+records the outcome. The end of the event loop cancels that task (``asyncio.run``
+cancels every task before it waits for the threads): the watcher then hands the run
+over to the thread's side (threads.py), where a keeper thread renews the lease and the
+body's thread records the outcome, so the lease never lapses while the process and
+its body live.
 """
 
 from __future__ import annotations

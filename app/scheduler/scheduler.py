@@ -165,7 +165,11 @@ class Scheduler:
             self.supervisor.begin_stop()
 
     async def stop(self) -> None:
-        """Stop firing, give running jobs the shutdown grace, release the key, return."""
+        """Stop firing, give running jobs the shutdown grace, release the key, return.
+
+        A thread body may still run then (a thread cannot be stopped); it keeps its
+        job's running lease until it ends. ``wait_for_threads()`` waits for it.
+        """
         if self.supervisor is None or self._task is None:
             return
         await self.supervisor.stop()

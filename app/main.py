@@ -2,7 +2,9 @@
 
 The lifespan opens the database, refuses to start when the schema is not at head, and
 starts the scheduler's supervisor. A scheduler failure is logged and never blocks the
-API.
+API. At shutdown it stops the scheduler (the shutdown grace), then waits for job bodies
+still running in threads, which keep their running leases meanwhile, until they end or
+a second stop signal arrives (see ``_wait_for_job_threads``).
 """
 
 from __future__ import annotations
@@ -87,6 +89,28 @@ def _bind_outboxes(settings: Settings, database: Database, scheduler: Scheduler 
         )
 
 
+async def _wait_for_job_threads(scheduler: Scheduler) -> None:
+    """Wait for the job bodies still running in threads, until a second stop signal.
+
+    A thread cannot be stopped, and uvicorn ends the process right after the lifespan
+    (it raises the stop signal again), which would kill a body mid-way. Waiting here
+    lets it end with its running lease renewed and its real outcome recorded. A process
+    manager's kill ends it sooner (its lease then runs out), and a second SIGINT or
+    SIGTERM stops the wait, as it stops Python's own wait for threads at exit.
+    """
+    again = asyncio.Event()
+    restore = on_stop_signal(again.set)
+    waiting = asyncio.ensure_future(scheduler.wait_for_threads())
+    signalled = asyncio.ensure_future(again.wait())
+    try:
+        await asyncio.wait({waiting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        restore()
+        waiting.cancel()
+        signalled.cancel()
+        await asyncio.gather(waiting, signalled, return_exceptions=True)
+
+
 def _database(request: Request) -> Database:
     database: Database = request.app.state.database
     return database
@@ -151,6 +175,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
             restore_signals()
             if scheduler is not None:
                 await scheduler.stop()
+                await _wait_for_job_threads(scheduler)
             lag.cancel()
             await asyncio.gather(lag, return_exceptions=True)
             await database.dispose()

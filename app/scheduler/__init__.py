@@ -51,7 +51,9 @@ The lease and what happens on each fault:
 - *graceful shutdown*: the leader stops firing, gives running jobs
   ``SHUTDOWN_GRACE_SECONDS`` while it keeps checking ownership every tick (a standby
   cannot be promoted while a body still runs; a lock lost meanwhile cancels them at
-  once), unlocks and closes; a standby takes over at once.
+  once), unlocks and closes; a standby takes over at once. A thread body that outlasts
+  the grace keeps its job's running lease until it ends (see below), so the new leader
+  skips that job's slots meanwhile and fires all the others.
 - *kill -9 or Ctrl-C of a standby*: its backend waits in ``pg_advisory_lock`` and
   reads nothing from the client, so the server checks the socket every
   ``CLIENT_CHECK_SECONDS`` (``client_connection_check_interval``) and ends the backend
@@ -108,6 +110,24 @@ a timeout) it runs on. Two things keep the next slot from starting beside it:
 On demotion an async body is cancelled at once and recorded ``cancelled``. A thread's
 run stays ``running`` and gets its real outcome (``ok``, ``error``) when the thread
 ends, logged as ``job.finished_after_demotion``. Per-replica runs take no lease.
+
+Across a shutdown the lease holds exactly as long as the body runs in a living process:
+
+- ``Scheduler.stop()`` returns after the grace with threads still running; the app's
+  lifespan then waits for them (``Scheduler.wait_for_threads``, logged as
+  ``scheduler.waiting_for_threads``), their leases renewed and their outcomes recorded
+  on the event loop. Without that wait uvicorn would end the process right after the
+  lifespan (it raises the stop signal again) and kill the body mid-way. A second
+  SIGINT or SIGTERM ends the wait.
+- If the event loop ends before the thread anyway (that second signal, a host that
+  tears the loop down: ``asyncio.run`` cancels every task, then waits for the threads,
+  and so does Python at exit), the runner hands the run over to the thread's side
+  (threads.py): a daemon keeper renews the lease on the sync engine until the body
+  ends, and the body's own thread records its real outcome
+  (``job.finished_after_shutdown``) before the process can exit.
+- A process killed (kill -9, or uvicorn's re-raised SIGTERM after that second signal)
+  takes the body and its keeper with it: nothing renews the lease, which runs out after
+  ``LEASE_SECONDS``; the run is reaped as ``abandoned`` and the job fires again.
 
 The lease is also what "running" means to operators: a skipped or missed slot never
 overwrites the ``running`` status of a job whose lease holds, and a lease that ran out

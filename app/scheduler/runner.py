@@ -11,12 +11,21 @@ jobs have a body running here, across promotions. A leader run holds the job's r
 lease (see store.py); the runner renews it every third of the lease while the body
 runs and clears it when the body ends. Cancelling a run (demotion, shutdown) stops an
 async body at once; a thread cannot be stopped, so it runs on, still holding the lease,
-and its real outcome is recorded when it ends.
+and its real outcome is recorded when it ends. ``wait_for_bodies()`` waits for those
+threads (the app's lifespan does, after the scheduler stopped).
+
+A thread body runs on an executor future, watched by a task that renews the lease and
+records the outcome. The end of the event loop cancels that task (``asyncio.run``
+cancels every task before it waits for the threads): the watcher then hands the run
+over to the thread's side (threads.py), where a keeper thread renews the lease and the
+body's thread records the outcome, so the lease never lapses while the process and
+its body live.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import logging
@@ -35,7 +44,8 @@ from .context import JobContext, ServiceContext
 from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
-from .store import ClaimedSlot, JobStore, format_error
+from .store import ClaimedSlot, JobStore, ThreadStore, format_error
+from .threads import ThreadBody, keep_lease
 from .triggers import COUNTED_SLOTS
 
 __all__ = ["Claim", "Runner"]
@@ -116,6 +126,7 @@ class Runner:
         self.sessions = sessions
         self.sync_sessions = sync_sessions
         self.lease_seconds = lease_seconds
+        self.thread_store = ThreadStore(sync_sessions)
         # Per job, what is alive while its body runs: the run's task until the body
         # starts, then a future of the body (async) or the task watching its thread.
         self._alive: dict[str, asyncio.Future[Any]] = {}
@@ -132,6 +143,12 @@ class Runner:
         run's task and this worker's leadership)."""
         alive = self._alive.get(job_id)
         return alive is not None and not alive.done()
+
+    async def wait_for_bodies(self) -> None:
+        """Return once no job body runs in this process, each recorded with its outcome;
+        a thread that outlived its run's task keeps its lease renewed meanwhile."""
+        while pending := [alive for alive in self._alive.values() if not alive.done()]:
+            await asyncio.wait(pending)
 
     def start(self, spec: JobSpec, claim: Claim) -> asyncio.Task[None]:
         """Run a claimed slot in a new task; the job counts as running from this call on.
@@ -391,8 +408,14 @@ class Runner:
         if spec.is_async:
             await self._run_async(run, ctx)
             return
-        thread = asyncio.ensure_future(asyncio.to_thread(_run_in_thread, spec.func, ctx))
-        watcher = asyncio.ensure_future(self._watch_thread(run, thread))
+        body = ThreadBody(functools.partial(_run_in_thread, spec.func, ctx))
+        # An executor future, not a task (as asyncio.to_thread would make): the loop's
+        # end cancels tasks, and a body queued behind busy workers must still run, and
+        # be recorded, once submitted.
+        thread = asyncio.get_running_loop().run_in_executor(
+            None, contextvars.copy_context().run, body.run
+        )
+        watcher = asyncio.ensure_future(self._watch_thread(run, thread, body))
         self._alive[spec.id] = watcher
         try:
             await asyncio.shield(watcher)
@@ -442,23 +465,25 @@ class Runner:
                 renewing.cancel()
             alive.set_result(None)
 
-    async def _watch_thread(self, run: _Run, thread: asyncio.Future[None]) -> None:
-        """Wait for a body's thread and record its outcome, however long it runs."""
+    async def _watch_thread(
+        self, run: _Run, thread: asyncio.Future[None], body: ThreadBody
+    ) -> None:
+        """Wait for a body's thread and record its outcome, however long it runs; hand
+        the run over to the thread's side if the event loop goes away first."""
         spec = run.spec
-        error: str | None
         renewing = self._renew_lease(run)
         try:
             done, _ = await asyncio.wait({thread}, timeout=spec.timeout)
             if not done:
                 await self._outlast_timeout(run, thread)
                 return
-            status, error = "ok", None
             raised = thread.exception()
             if raised is not None:
-                status, error = "error", format_error(raised)
                 run.log.error(
                     'Job "%s" raised', spec.name, exc_info=raised, extra={"action": "job.error"}
                 )
+            run.settling = True
+            status, error = _outcome(raised)
             await self._finish(run, status, error)
             if run.detached:
                 logger.warning(
@@ -473,10 +498,10 @@ class Runner:
                     },
                 )
         except asyncio.CancelledError:
-            # The event loop is going away under a running thread (a cancelled thread
-            # task raises here too): say so, and leave the lease to run out, as the
-            # thread may still be working.
-            await self._finish(run, "cancelled", _CANCELLED, body_ended=False)
+            # The event loop is going away: asyncio.run cancels every task before it
+            # waits for the threads, so this loop will not see the body end.
+            if not run.settling and not self._hand_over(run, body):
+                await self._settle(run, body.raised)
             raise
         finally:
             if renewing is not None:
@@ -484,12 +509,14 @@ class Runner:
 
     async def _outlast_timeout(self, run: _Run, thread: asyncio.Future[None]) -> None:
         spec = run.spec
-        error = (
+        run.timed_out = (
             f"still running after timeout={spec.timeout:g} s "
             "(a thread cannot be cancelled; the next run waits for it)"
         )
-        await self._finish(run, "timeout", error, body_ended=False)
-        run.log.warning('Job "%s" timed out: %s', spec.name, error, extra={"action": "job.timeout"})
+        await self._finish(run, "timeout", run.timed_out, body_ended=False)
+        run.log.warning(
+            'Job "%s" timed out: %s', spec.name, run.timed_out, extra={"action": "job.timeout"}
+        )
         # The job stays busy, and keeps its running lease, until its thread ends.
         await asyncio.wait({thread})
         raised = thread.exception()
@@ -500,7 +527,85 @@ class Runner:
                 exc_info=raised,
                 extra={"action": "job.error"},
             )
+        run.settling = True
         await self._release_lease(run)
+
+    async def _settle(self, run: _Run, raised: BaseException | None) -> None:
+        """Record a thread's end that the loop saw only as it went away."""
+        if run.timed_out is not None:
+            await self._release_lease(run)
+        else:
+            await self._finish(run, *_outcome(raised))
+
+    def _hand_over(self, run: _Run, body: ThreadBody) -> bool:
+        """Leave a running thread's run to the thread's side (see threads.py): a keeper
+        thread renews its lease and the body's thread records its outcome. False when
+        the body has ended already, for the loop to record it."""
+        spec, run_id = run.spec, run.claim.run_id
+        if not body.hand_over(functools.partial(self._settle_in_thread, run)):
+            return False
+        if run.claim.leased:
+            keep_lease(
+                functools.partial(self._renew_from_thread, spec.id, run_id),
+                period=self.lease_seconds / 3,
+                until=body.ended,
+                job_id=spec.id,
+                run_id=run_id,
+            )
+        logger.warning(
+            'Job "%s" runs on in its thread as the event loop ends (shutdown); its running '
+            "lease is renewed from a thread and its thread records its outcome when it ends",
+            spec.name,
+            extra={"action": "job.outlived_event_loop", "job_id": spec.id, "pid": self.store.pid},
+        )
+        return True
+
+    def _renew_from_thread(self, job_id: str, run_id: int) -> bool:
+        until = self.clock.now() + timedelta(seconds=self.lease_seconds)
+        return self.thread_store.renew_lease(job_id, run_id, until)
+
+    def _settle_in_thread(self, run: _Run, raised: BaseException | None) -> None:
+        """Record a handed-over run's outcome, in its body's thread as the body ended.
+        Never raises: the lease runs out by itself when the record fails."""
+        spec = run.spec
+        if raised is not None:
+            run.log.error(
+                'Job "%s" raised', spec.name, exc_info=raised, extra={"action": "job.error"}
+            )
+        # A run that timed out keeps its timeout, rewritten in case the loop's record of
+        # it was cut short by the loop's end.
+        status, error = ("timeout", run.timed_out) if run.timed_out else _outcome(raised)
+        try:
+            self.thread_store.finish(
+                run.claim.run_id,
+                spec.id,
+                status=status,
+                finished_at=self.clock.now(),
+                duration_ms=run.duration_ms(),
+                error=error,
+            )
+        except Exception:
+            logger.warning(
+                'Could not record the outcome %s of job "%s" (run %s); its lease runs out '
+                "by itself",
+                status,
+                spec.id,
+                run.claim.run_id,
+                exc_info=True,
+                extra={"action": "job.record_failed", "job_id": spec.id},
+            )
+            return
+        logger.warning(
+            'Job "%s" ended in its thread after the event loop: %s',
+            spec.name,
+            status,
+            extra={
+                "action": "job.finished_after_shutdown",
+                "job_id": spec.id,
+                "pid": self.store.pid,
+                "status": status,
+            },
+        )
 
     def _renew_lease(self, run: _Run) -> asyncio.Task[None] | None:
         if not run.claim.leased:
@@ -569,7 +674,6 @@ class Runner:
     async def _write_outcome(
         self, run: _Run, status: str, error: str | None, body_ended: bool
     ) -> None:
-        duration_ms = int((time.perf_counter() - run.started) * 1000)
         try:
             async with asyncio.timeout(_RECORD_TIMEOUT):
                 await self.store.finish(
@@ -577,7 +681,7 @@ class Runner:
                     run.spec.id,
                     status=status,
                     finished_at=self.clock.now(),
-                    duration_ms=duration_ms,
+                    duration_ms=run.duration_ms(),
                     error=error,
                     body_ended=body_ended,
                 )
@@ -594,7 +698,9 @@ class Runner:
 
 @dataclass
 class _Run:
-    """One run in progress. ``detached``: its task was cancelled while its thread runs."""
+    """One run in progress. ``detached``: its task was cancelled while its thread runs.
+    ``timed_out``: the error recorded when a thread outlasted its timeout. ``settling``:
+    the loop saw the thread end and records it."""
 
     spec: JobSpec
     claim: Claim
@@ -602,6 +708,17 @@ class _Run:
     started: float
     lateness: timedelta
     detached: bool = False
+    timed_out: str | None = None
+    settling: bool = False
+
+    def duration_ms(self) -> int:
+        """Milliseconds since the body started."""
+        return int((time.perf_counter() - self.started) * 1000)
+
+
+def _outcome(raised: BaseException | None) -> tuple[str, str | None]:
+    """A finished body's status and error."""
+    return ("ok", None) if raised is None else ("error", format_error(raised))
 
 
 def _adapter(name: str, job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:

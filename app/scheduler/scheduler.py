@@ -165,7 +165,11 @@ class Scheduler:
             self.supervisor.begin_stop()
 
     async def stop(self) -> None:
-        """Stop firing, give running jobs the shutdown grace, release the key, return."""
+        """Stop firing, give running jobs the shutdown grace, release the key, return.
+
+        A thread body may still run then (a thread cannot be stopped); it keeps its
+        job's running lease until it ends. ``wait_for_threads()`` waits for it.
+        """
         if self.supervisor is None or self._task is None:
             return
         await self.supervisor.stop()
@@ -178,6 +182,29 @@ class Scheduler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         self._task = None
+
+    async def wait_for_threads(self) -> None:
+        """After ``stop()``: return once no job body of this process runs in a thread.
+
+        A thread cannot be stopped, so ``stop()`` returns while one may still run; it
+        keeps its running lease renewed and its real outcome is recorded when it ends,
+        for as long as this event loop runs. The app's lifespan waits here so that the
+        server does not end the process (and the body) first.
+        """
+        if self._task is not None:
+            raise SchedulerError("wait_for_threads() waits after stop(); call stop() first")
+        if self.supervisor is None:
+            return
+        runner = self.supervisor.runner
+        if running := sorted(runner.running_job_ids):
+            logger.warning(
+                "scheduler.waiting_for_threads: job bodies still run in threads (%s); "
+                "waiting for them to end (pid=%s)",
+                ", ".join(running),
+                os.getpid(),
+                extra={"action": "scheduler.waiting_for_threads", "pid": os.getpid()},
+            )
+        await runner.wait_for_bodies()
 
     async def _supervise(self, supervisor: Supervisor) -> None:
         # A scheduler failure is logged, never reaches the API, and is retried.

@@ -47,14 +47,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.orm import Session, sessionmaker
 
 from .keys import LEADER_KEY_LOCKS
 from .registry import JobSpec
 
-__all__ = ["ClaimedSlot", "JobRow", "JobStore", "format_error", "storable"]
+__all__ = ["ClaimedSlot", "JobRow", "JobStore", "ThreadStore", "format_error", "storable"]
 
 _UPSERT = text(
     """
@@ -629,14 +630,7 @@ class JobStore:
     ) -> None:
         """Record a run's outcome on its run row and on the job row, and clear its
         running lease unless ``body_ended`` is False (a thread still running)."""
-        params = {
-            "run_id": run_id,
-            "job_id": job_id,
-            "status": status,
-            "finished_at": finished_at,
-            "duration_ms": duration_ms,
-            "error": error,
-        }
+        params = _outcome_params(run_id, job_id, status, finished_at, duration_ms, error)
         async with self.engine.begin() as conn:
             await conn.execute(_FINISH_RUN, params)
             await conn.execute(_FINISH_JOB, params)
@@ -673,3 +667,59 @@ class JobStore:
             "host": self.host,
             "error": error,
         }
+
+
+class ThreadStore:
+    """JobStore's lease and outcome writes on the sync engine, callable from any thread:
+    for a body's thread and its lease keeper once the event loop is gone."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+
+    def renew_lease(self, job_id: str, run_id: int, running_until: datetime) -> bool:
+        """JobStore.renew_lease: False when the run no longer holds the lease."""
+        params = {"job_id": job_id, "run_id": run_id, "running_until": running_until}
+        with self.sessions.begin() as session:
+            return _read_committed(session).execute(_RENEW_LEASE, params).rowcount == 1
+
+    def finish(
+        self,
+        run_id: int,
+        job_id: str,
+        *,
+        status: str,
+        finished_at: datetime,
+        duration_ms: int,
+        error: str | None,
+    ) -> None:
+        """JobStore.finish of a body that ended: record the outcome, clear the lease."""
+        params = _outcome_params(run_id, job_id, status, finished_at, duration_ms, error)
+        with self.sessions.begin() as session:
+            conn = _read_committed(session)
+            conn.execute(_FINISH_RUN, params)
+            conn.execute(_FINISH_JOB, params)
+            conn.execute(_RELEASE_LEASE, params)
+
+
+def _read_committed(session: Session) -> Connection:
+    # As JobStore's engine: under repeatable read a write that meets a concurrent update
+    # of the job row fails, and the outcome is lost.
+    return session.connection(execution_options={"isolation_level": "READ COMMITTED"})
+
+
+def _outcome_params(
+    run_id: int,
+    job_id: str,
+    status: str,
+    finished_at: datetime,
+    duration_ms: int,
+    error: str | None,
+) -> dict[str, object]:
+    return {
+        "run_id": run_id,
+        "job_id": job_id,
+        "status": status,
+        "finished_at": finished_at,
+        "duration_ms": duration_ms,
+        "error": error,
+    }

@@ -426,7 +426,12 @@ async def test_leader_counts_only_the_standbys_that_are_alive(
     await leading.wait_for_role(Role.LEADER)
     survivor = await standby_processes.start()
     killed = [await standby_processes.start() for _ in range(2)]
-    assert (await leader(engine))["standbys"] == 3
+
+    async def three_standbys() -> bool:
+        # "waiting" is printed as the lock statement is sent; the server queues it soon.
+        return bool((await leader(engine))["standbys"] == 3)
+
+    await eventually(three_standbys, 10, "the three standbys to queue")
     for standby in killed:
         await standby_processes.kill(standby)
 

@@ -232,3 +232,81 @@ def test_a_killed_owners_running_lease_runs_out_and_another_process_runs_the_job
     # Skipped while the lease lasted, then run: never run beside a body that may live.
     assert others[0] == ("skipped_overlap",)
     assert ("running",) in others
+
+
+def _wait_past_a_lease_nobody_renews(cluster: Cluster, owner: int, since: float) -> None:
+    """Return once another process claimed a slot of the gated job twice the lease after
+    ``since``: a lease that nobody renewed since then has run out by that claim."""
+    cluster.wait_for(
+        lambda: cluster.query(
+            "SELECT 1 FROM scheduler_runs WHERE job_id = 'gated' AND pid <> %s"
+            " AND started_at > to_timestamp(%s)",
+            owner,
+            since + 2 * LEASE_SECONDS + 1,
+        ),
+        2 * LEASE_SECONDS + 20,
+        "a claim by another process twice the lease later",
+    )
+
+
+def _first_body_ends_alone(
+    cluster: Cluster, gate: psycopg.Connection[tuple[object, ...]], owner: int
+) -> None:
+    """Only the owner's body ran so far; once the gate opens it is recorded ok, its
+    process exits, and the job runs elsewhere, never two bodies at once."""
+    runs = cluster.query("SELECT pid, status FROM scheduler_runs WHERE job_id = 'gated'")
+    assert cluster.query("SELECT pid, ended_at FROM gated_bodies") == [(owner, None)], runs
+    gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+    cluster.wait_for(
+        lambda: (
+            cluster.query(
+                "SELECT status FROM scheduler_runs WHERE job_id = 'gated' AND pid = %s"
+                " ORDER BY id LIMIT 1",
+                owner,
+            )
+            == [("ok",)]
+        ),
+        10,
+        "the real outcome of the first body",
+    )
+    cluster.processes[owner].wait(10)
+    cluster.wait_for(
+        lambda: _runs_by_others(cluster, "ok", owner) >= 1, 10, "a run by another process"
+    )
+    assert _bodies_at_once(cluster) == 1
+
+
+def test_a_thread_job_never_overlaps_itself_across_a_graceful_shutdown_of_its_owner(
+    gated_cluster: Cluster, gate: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """A rolling deploy: SIGTERM to the process whose thread body runs, longer than the
+    shutdown grace and the lease. The shutdown waits for the thread, renewing its lease,
+    so no other body starts until the first ended, and the first run gets its real
+    outcome."""
+    cluster = gated_cluster
+    owner = int(cluster.query("SELECT pid FROM gated_bodies")[0][0])
+    terminated = time.time()
+    os.kill(owner, signal.SIGTERM)
+    _wait_past_a_lease_nobody_renews(cluster, owner, terminated)
+    _first_body_ends_alone(cluster, gate, owner)
+
+
+def test_a_thread_job_keeps_its_lease_when_its_owners_event_loop_ends_before_the_body(
+    gated_cluster: Cluster, gate: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """Ctrl-C twice: the second stops the shutdown's wait for the thread, and the event
+    loop ends (asyncio.run cancels every task) while the body runs. Python still waits
+    for the thread before the process exits, so the lease must hold from the thread's
+    side, and the body's thread records its outcome."""
+    cluster = gated_cluster
+    owner = int(cluster.query("SELECT pid FROM gated_bodies")[0][0])
+    os.kill(owner, signal.SIGINT)
+    cluster.wait_for(
+        lambda: "scheduler.waiting_for_threads" in cluster.log_of(owner), 10, "the wait"
+    )
+    os.kill(owner, signal.SIGINT)
+    cluster.wait_for(
+        lambda: "Application shutdown complete" in cluster.log_of(owner), 10, "the lifespan's end"
+    )
+    _wait_past_a_lease_nobody_renews(cluster, owner, time.time())
+    _first_body_ends_alone(cluster, gate, owner)

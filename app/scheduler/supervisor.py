@@ -53,6 +53,9 @@ logger = logging.getLogger("app.scheduler")
 # production, fire unguarded this long between checks.
 _FAIL_OPEN_SECONDS = 60.0
 _GRACEFUL = ("stopped", "unguarded period over")
+# During the handover grace, how often a new leader asks whether the previous leader's
+# backend has left the server.
+_GONE_POLL_SECONDS = 0.05
 # A broken job's loop tries again this often; its other jobs are never held up.
 _BROKEN_RETRY_SECONDS = 60.0
 # The server cannot be reached, is going away or is full: retry, whatever ENVIRONMENT.
@@ -309,7 +312,7 @@ class Supervisor:
         reason = "stopped"
         fired, failure = False, None
         try:
-            if not await self._hold(lock, self.config.handover_grace_seconds):
+            if not await self._handover(lock):
                 reason = "lock lost during handover"
                 return None
             if self._stopping.is_set():
@@ -539,14 +542,39 @@ class Supervisor:
         if spec.id in self._broken:
             await self._repaired([spec.id])
 
-    async def _hold(self, lock: LockConnection | None, seconds: float) -> bool:
-        """Wait ``seconds`` on the clock (less after stop()), checking ownership every
-        leader tick: the check keeps the idle lock connection inside its lease. False
-        once the lock is lost."""
-        deadline = self.clock.now() + timedelta(seconds=seconds)
+    async def _handover(self, lock: LockConnection | None) -> bool:
+        """The handover grace: wait until the previous leader's backend is gone, for at
+        most HANDOVER_GRACE_SECONDS on the clock (less after stop()). False once the
+        lock is lost.
+
+        The grace lets an old leader that is about to notice its loss stop before we
+        fire. A leader whose backend left the server (kill -9, terminated, its lease
+        ran out) cannot fire any more: the claims' fence looks for its backend in
+        pg_locks and ctx.fence refuses its term once ours begins. So the grace ends the
+        moment the recorded backend is gone, asked every _GONE_POLL_SECONDS (a backend
+        drops its locks a moment before it leaves pg_stat_activity); while it is still
+        listed (a graceful handover) the grace runs to its end, ownership checked every
+        leader tick (the checks keep the idle lock connection inside its lease).
+        """
+        deadline = self.clock.now() + timedelta(seconds=self.config.handover_grace_seconds)
+        checked = self.clock.now()
+        tick = self.config.leader_tick_seconds
         while (left := (deadline - self.clock.now()).total_seconds()) > 0:
+            if lock is not None:
+                if await lock.previous_leader_gone(tick):
+                    logger.info(
+                        "scheduler.handover_skipped: the previous leader's backend is gone; "
+                        "firing without the handover grace (pid=%s)",
+                        os.getpid(),
+                        extra={"action": "scheduler.handover_skipped", "pid": os.getpid()},
+                    )
+                    break
+                if (self.clock.now() - checked).total_seconds() >= tick:
+                    checked = self.clock.now()
+                    if not await lock.holds_lock(tick):
+                        return False
             woken = await _first(
-                self.clock.sleep(min(left, self.config.leader_tick_seconds)),
+                self.clock.sleep(min(left, _GONE_POLL_SECONDS if lock is not None else tick)),
                 self._lost.wait(),
                 self._stopping.wait(),
             )
@@ -554,11 +582,7 @@ class Supervisor:
                 break
             if woken == 1:
                 return False
-            if lock is not None and not await lock.holds_lock(self.config.leader_tick_seconds):
-                return False
-        return lock is None or (
-            not self._lost.is_set() and await lock.holds_lock(self.config.leader_tick_seconds)
-        )
+        return lock is None or (not self._lost.is_set() and await lock.holds_lock(tick))
 
     async def _shutdown_grace(self, lock: LockConnection | None) -> None:
         """Let running bodies finish for up to the shutdown grace while this worker

@@ -24,6 +24,11 @@ States::
 
 - **Standby** blocks in ``pg_advisory_lock`` on its lock connection, so PostgreSQL
   wakes it the moment the key is released: takeover follows release within a second.
+  Only one worker per host queues there: the workers of a host first take an
+  exclusive flock on one file of REGENT_RUNTIME_DIR (``host_lock.py``), and only its
+  holder opens a lock connection; when the holder dies the kernel drops the flock and
+  another worker of the host joins the queue within a poll (HOST_LOCK_ENABLED=false:
+  every worker queues).
 - **Leader** waits ``HANDOVER_GRACE_SECONDS`` (so an old leader that is about to
   notice its loss has stopped), begins its term, upserts its jobs' rows, then runs one
   loop per job and one task per service. The grace ends early once the recorded

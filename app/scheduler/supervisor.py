@@ -5,8 +5,11 @@
                  +--(lock-check error, not production)--> UNGUARDED (one backoff period)
 
 STANDBY waits inside ``pg_advisory_lock`` on its own lock connection, so the server
-wakes it the moment the key is released. LEADER waits HANDOVER_GRACE_SECONDS, then
-runs one loop per leader-only job and one task per service, and checks every
+wakes it the moment the key is released. With a host lock (``host_lock_dir``), a
+worker first takes its host's flock: until then it is a STANDBY with no lock
+connection, and only the flock holder queues in PostgreSQL. LEADER waits
+HANDOVER_GRACE_SECONDS (less once the previous leader's backend is gone), then runs
+one loop per leader-only job and one task per service, and checks every
 LEADER_TICK_SECONDS that its lock connection still owns the key, through the handover
 and shutdown graces too (the check is what keeps the idle connection inside its
 lease). The termination listener of that connection demotes at once; the fence in
@@ -33,12 +36,15 @@ import os
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import asyncpg
 
 from .clock import Clock
 from .election import LockConnection, UnsafeLockConnectionError, engine_identity
+from .host_lock import HostLock, HostLockError
+from .keys import SCHEDULER_LEADER_KEY
 from .registry import JobSpec, Registry
 from .replicas import run_replica_jobs
 from .retry import backoff_delay, log_retry
@@ -85,6 +91,10 @@ class SchedulerConfig:
 
     ``fail_closed``: a lock-check error starts no scheduler (production); otherwise the
     worker runs unguarded for one backoff period, its claims still firing each slot once.
+
+    ``host_lock_dir``: the runtime directory of this host's lock file (host_lock.py);
+    only the worker holding its flock opens a lock connection. None: every worker
+    queues in PostgreSQL itself.
     """
 
     lock_dsn: str
@@ -95,6 +105,7 @@ class SchedulerConfig:
     shutdown_grace_seconds: float = 10
     connect_timeout_seconds: float = 10
     fail_closed: bool = False
+    host_lock_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.lease_seconds < 2:
@@ -137,6 +148,11 @@ class Supervisor:
         self._firing = asyncio.Event()
         self._broken: set[str] = set()
         self.refusal: str | None = None
+        self._host_lock = (
+            HostLock.for_key(config.host_lock_dir, config.lock_dsn, SCHEDULER_LEADER_KEY)
+            if config.host_lock_dir is not None
+            else None
+        )
 
     @property
     def leader_jobs(self) -> list[JobSpec]:
@@ -179,6 +195,8 @@ class Supervisor:
             replicas.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await replicas
+            if self._host_lock is not None:
+                self._host_lock.release()
             await self._set_role(Role.STOPPED)
 
     async def run_once(self) -> None:
@@ -193,7 +211,7 @@ class Supervisor:
         except _UNREACHABLE as exc:
             await self._back_off("scheduler.lock_unreachable", exc)
             return
-        except UnsafeLockConnectionError as exc:
+        except (UnsafeLockConnectionError, HostLockError) as exc:
             # A set-up error, not a passing fault: stop, loudly; the API keeps serving.
             logger.error(
                 "scheduler.refused: %s (pid=%s)",
@@ -260,6 +278,16 @@ class Supervisor:
             return self.role
 
     async def _acquire(self) -> LockConnection:
+        if self._host_lock is not None and not self._host_lock.try_acquire():
+            await self._set_role(Role.STANDBY)
+            logger.info(
+                "scheduler.host_standby: another worker of this host queues for the leader "
+                "key; waiting for %s (pid=%s)",
+                self._host_lock.path,
+                os.getpid(),
+                extra={"action": "scheduler.host_standby", "pid": os.getpid()},
+            )
+            await self._host_lock.acquire(self.clock)
         try:
             lock = await LockConnection.connect(
                 self.config.lock_dsn,

@@ -592,7 +592,7 @@ class Supervisor:
                 if await lock.previous_leader_gone(tick):
                     logger.info(
                         "scheduler.handover_skipped: the previous leader's backend is gone; "
-                        "firing without the handover grace (pid=%s)",
+                        "ending the handover grace (pid=%s)",
                         os.getpid(),
                         extra={"action": "scheduler.handover_skipped", "pid": os.getpid()},
                     )

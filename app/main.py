@@ -40,6 +40,7 @@ from .metrics import router as metrics_router
 from .outbox import Outbox, OutboxError, UnregisteredDrainError
 from .parent_death import worker_dies_with_parent
 from .scheduler import Scheduler, SchedulerConfig, SystemClock
+from .scheduler.host_lock import default_runtime_dir
 from .settings import Settings, SettingsError, load_settings
 from .stop_signal import on_stop_signal
 
@@ -62,6 +63,9 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
         shutdown_grace_seconds=settings.SHUTDOWN_GRACE_SECONDS,
         connect_timeout_seconds=settings.DATABASE_CONNECT_TIMEOUT_SECONDS,
         fail_closed=settings.is_production,
+        host_lock_dir=(settings.REGENT_RUNTIME_DIR or default_runtime_dir())
+        if settings.HOST_LOCK_ENABLED
+        else None,
     )
 
 

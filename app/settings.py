@@ -109,6 +109,17 @@ class Settings(BaseSettings):
     LEADER_TICK_SECONDS: float = _finite(default=5, gt=0, le=1800)
     HANDOVER_GRACE_SECONDS: float = _finite(default=1, ge=0, le=3600)
     SHUTDOWN_GRACE_SECONDS: float = _finite(default=10, ge=0, le=3600)
+    HOST_LOCK_ENABLED: bool = Field(
+        default=True,
+        description="only one worker per host (per REGENT_RUNTIME_DIR) queues for the "
+        "leader key in PostgreSQL; false: every worker holds a lock connection",
+    )
+    REGENT_RUNTIME_DIR: Path | None = Field(
+        default=None,
+        description="directory of the host's leader lock file, shared by the workers of "
+        "one host; unset: $XDG_RUNTIME_DIR/regent, /run/user/<uid>/regent or the "
+        "temporary directory",
+    )
 
     @field_validator("ADMIN_TOKEN", "API_TOKEN")
     @classmethod

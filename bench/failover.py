@@ -1,13 +1,22 @@
 """Failover: from a fault on the leader to the new leader's first fire.
 
-Three app processes run a 1 s probe job on one database (tests/procs). For each fault
-the script measures, five times, the seconds from the fault to the first fire by a
-process other than the old leader (for a PostgreSQL restart: by any process), and the
-seconds until another process holds the key. The fault lands at a random point of
-the 1 s slot. Medians are printed beside the graceful SIGTERM handover, measured in the
-same run.
+App processes run a 1 s probe job on one database (tests/procs), with the default
+HANDOVER_GRACE_SECONDS (1 s). For each fault the script measures, --repeat times, the
+seconds from the fault to the first fire by a process other than the old leader (for a
+PostgreSQL restart: by any process), and the seconds until another process holds the
+key. The fault lands at a random point of the 1 s slot, so the fire includes the
+wait for the next slot (0.5 s on average); "late s" is how long after its slot that
+first fire came, the failover left over when the new leader was not ready in time.
+Every run checks that no slot fired twice. Printed, all from the same run:
 
-    python bench/failover.py [--repeat 5]
+- three processes, each a host of its own (each queued in PostgreSQL): every fault as
+  shipped, and the faults that kill the leader's backend again with the grace always
+  waited out (bench/_grace_always_app.py, the behaviour before it could be skipped);
+- three processes of one host (one runtime directory: one lock connection);
+- many workers, HOSTS hosts x WORKERS workers, with the host lock and without it
+  (HOST_LOCK_ENABLED=false): the lock connections open, then kill -9 of the leader.
+
+    python bench/failover.py [--repeat 5] [--many-repeat 3] [--hosts 4] [--workers 6]
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -33,6 +43,11 @@ from app.localpg import LocalPostgres, free_port
 from tests.procs.cluster import LEASE_SECONDS, PROBE_TABLE_SQL, Cluster
 
 Fault = Callable[[Cluster, int, LocalPostgres], None]
+
+PROBE_APP = "tests.procs.probe_app:app"
+GRACE_ALWAYS_APP = "bench._grace_always_app:app"
+# A process has settled once it leads or waits, in PostgreSQL or for its host's flock.
+_SETTLED = ("scheduler.promoted", "scheduler.standby", "scheduler.host_standby")
 
 
 def _kill(cluster: Cluster, leader: int, server: LocalPostgres) -> None:
@@ -63,23 +78,58 @@ FAULTS: dict[str, tuple[Fault, bool]] = {
     f"SIGSTOP (lease {LEASE_SECONDS} s)": (_sigstop, False),
     "PostgreSQL restart": (_restart, True),
 }
+# The faults after which the old leader's backend is gone: the grace is skipped.
+BACKEND_GONE = ["kill -9", "pg_terminate_backend", f"SIGSTOP (lease {LEASE_SECONDS} s)"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many hosts run how many workers each, which app, which settings."""
+
+    hosts: int = 3
+    workers: int = 1
+    app: str = PROBE_APP
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Result:
+    holder: float
+    fire: float
+    # How long after its slot the first fire came: the failover left over once the
+    # wait for the next slot of the 1 s job is taken out.
+    late: float
+    lock_connections: int
+
+
+def _settled(log_dir: Path, count: int) -> bool:
+    logs = [path.read_text(errors="replace") for path in log_dir.glob("app-*.log")]
+    return len(logs) == count and all(any(mark in log for mark in _SETTLED) for log in logs)
 
 
 def _measure(
-    server: LocalPostgres, fault: Fault, any_process: bool, log_dir: Path
-) -> tuple[float, float]:
+    server: LocalPostgres, layout: Layout, fault: Fault, any_process: bool, root: Path
+) -> Result:
     name = f"bench_{uuid.uuid4().hex[:8]}"
+    log_dir = root / name
+    log_dir.mkdir()
     with psycopg.connect(server.url_for("postgres"), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"'.encode())
     url = server.url_for(name)
     migrate(url)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(PROBE_TABLE_SQL.encode())
-    cluster = Cluster(url, log_dir)
-    cluster.start()
+    cluster = Cluster(
+        url, log_dir, app=layout.app, env={"HANDOVER_GRACE_SECONDS": "1", **layout.env}
+    )
+    for host in range(layout.hosts):
+        cluster.start(layout.workers, runtime_dir=log_dir / f"host-{host}")
     try:
+        count = layout.hosts * layout.workers
+        cluster.wait_for(lambda: _settled(log_dir, count), 30 + 3 * count, "every process")
         leader = cluster.leader()
         cluster.wait_for(lambda: cluster.first_fire_after(0) is not None, 20, "a first fire")
+        connections = cluster.lock_connections()
         time.sleep(random.random())
         started = time.time()
         fault(cluster, leader, server)
@@ -95,41 +145,95 @@ def _measure(
         first = cluster.first_fire_after(started, excluding)
         assert first is not None
         assert cluster.slots_fired_twice() == [], "a slot fired twice"
-        return holder, first - started
+        [(late,)] = cluster.query(
+            "SELECT extract(epoch FROM fired_at - slot) FROM probe_fires"
+            " WHERE pid <> %s AND fired_at > to_timestamp(%s) ORDER BY fired_at LIMIT 1",
+            excluding if excluding is not None else -1,
+            started,
+        )
+        return Result(holder, first - started, float(late), connections)
     finally:
         cluster.stop()
         with psycopg.connect(server.url_for("postgres"), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 
+@dataclass
+class Row:
+    label: str
+    layout: Layout
+    fault: str
+    results: list[Result] = field(default_factory=list)
+
+
+def _print(title: str, rows: list[Row], baseline: float) -> None:
+    print(f"\n{title}")
+    print(
+        f"{'case':<46} {'lock conns':>10} {'holder s':>9} {'fire s':>7} {'fire max s':>11}"
+        f" {'x baseline':>11} {'late s':>7}"
+    )
+    for row in rows:
+        fires = [result.fire for result in row.results]
+        median = statistics.median(fires)
+        print(
+            f"{row.label:<46}"
+            f" {statistics.median(result.lock_connections for result in row.results):>10.0f}"
+            f" {statistics.median(result.holder for result in row.results):>9.3f}"
+            f" {median:>7.3f} {max(fires):>11.3f} {median / baseline:>11.2f}"
+            f" {statistics.median(result.late for result in row.results):>7.3f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--many-repeat", type=int, default=3)
+    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=6)
     args = parser.parse_args()
+    load_before = os.getloadavg()
     root = Path(tempfile.mkdtemp(prefix="regent-bench-"))
     root.chmod(0o755)
     server = LocalPostgres(root / "data", port=free_port(), fsync=False)
     server.start()
-    results: dict[str, list[tuple[float, float]]] = {}
+    hosts = Layout()
+    grace_always = Layout(app=GRACE_ALWAYS_APP)
+    one_host = Layout(hosts=1, workers=3)
+    many = Layout(hosts=args.hosts, workers=args.workers)
+    many_off = Layout(hosts=args.hosts, workers=args.workers, env={"HOST_LOCK_ENABLED": "false"})
+    faults = [Row(label, hosts, label) for label in FAULTS]
+    faults += [
+        Row(f"{label}, grace always (before)", grace_always, label) for label in BACKEND_GONE
+    ]
+    hosts_of_one = [
+        Row(f"{label}, 1 host x 3", one_host, label) for label in ("SIGTERM (baseline)", "kill -9")
+    ]
+    size = f"{args.hosts} hosts x {args.workers}"
+    many_rows = [
+        Row(f"kill -9, {size}, host lock", many, "kill -9"),
+        Row(f"kill -9, {size}, HOST_LOCK_ENABLED=false", many_off, "kill -9"),
+    ]
     try:
-        for label, (fault, any_process) in FAULTS.items():
-            results[label] = [
-                _measure(server, fault, any_process, root) for _ in range(args.repeat)
-            ]
-            print(f"  measured {label}: {results[label]}", file=sys.stderr)
+        plan = [(faults, args.repeat), (hosts_of_one, args.repeat), (many_rows, args.many_repeat)]
+        for rows, repeat in plan:
+            for row in rows:
+                fault, any_process = FAULTS[row.fault]
+                row.results = [
+                    _measure(server, row.layout, fault, any_process, root) for _ in range(repeat)
+                ]
+                print(f"  measured {row.label}: {row.results}", file=sys.stderr)
     finally:
         server.stop()
-    baseline = statistics.median(fire for _, fire in next(iter(results.values())))
-    print(f"\nfault -> new holder / new leader's first fire, 1 s job, median of {args.repeat}")
-    print(f"{'fault':<26} {'holder s':>9} {'fire s':>7} {'fire max s':>11} {'x baseline':>11}")
-    for label, values in results.items():
-        holders = statistics.median(holder for holder, _ in values)
-        fires = [fire for _, fire in values]
-        median = statistics.median(fires)
-        print(
-            f"{label:<26} {holders:>9.3f} {median:>7.3f} {max(fires):>11.3f}"
-            f" {median / baseline:>11.2f}"
-        )
+    baseline = statistics.median(result.fire for result in faults[0].results)
+    print(
+        f"\nload average before {load_before[0]:.2f} / after {os.getloadavg()[0]:.2f} "
+        f"({os.cpu_count()} cores); HANDOVER_GRACE_SECONDS=1, 1 s probe job; baseline: "
+        f"SIGTERM handover, 3 hosts x 1, fire {baseline:.3f} s"
+    )
+    repeat = f"median of {args.repeat}"
+    _print(f"fault -> new holder / first fire, 3 hosts x 1, {repeat}", faults, baseline)
+    _print(f"one host, 3 workers sharing its flock, {repeat}", hosts_of_one, baseline)
+    _print(f"many workers, median of {args.many_repeat}", many_rows, baseline)
 
 
 if __name__ == "__main__":

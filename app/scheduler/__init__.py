@@ -24,9 +24,19 @@ States::
 
 - **Standby** blocks in ``pg_advisory_lock`` on its lock connection, so PostgreSQL
   wakes it the moment the key is released: takeover follows release within a second.
+  Only one worker per host queues there: the workers of a host first take an
+  exclusive flock on one file of REGENT_RUNTIME_DIR (``host_lock.py``), and only its
+  holder opens a lock connection; when the holder dies the kernel drops the flock and
+  another worker of the host joins the queue within a poll (HOST_LOCK_ENABLED=false:
+  every worker queues).
 - **Leader** waits ``HANDOVER_GRACE_SECONDS`` (so an old leader that is about to
-  notice its loss has stopped), upserts its jobs' rows, then runs one loop per job and
-  one task per service. Every ``LEADER_TICK_SECONDS`` it checks ownership with the
+  notice its loss has stopped), begins its term, upserts its jobs' rows, then runs one
+  loop per job and one task per service. The grace ends early once the recorded
+  previous leader's backend has left pg_stat_activity (killed, terminated, lease run
+  out): that leader can no longer claim (the fence below) nor commit a fenced write (its
+  term is over), so a kill -9 is followed by a fire in a fraction of a second; a
+  previous leader whose backend is still there (a graceful handover) gets the whole
+  grace. Every ``LEADER_TICK_SECONDS`` it checks ownership with the
   seed's pg_locks query on one shared predicate (``keys.LEADER_KEY_LOCKS``: this
   database, and the one-bigint key form only, so that ``pg_advisory_lock(0, 911000001)``
   is not taken for it); that query also renews the lease. It ticks through every wait,

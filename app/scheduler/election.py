@@ -115,6 +115,18 @@ _RECORD_LEADERSHIP = f"""
     RETURNING term
     """
 
+# True only when a leadership was recorded and its backend is no longer among the
+# server's backends: that leader can fire nothing more. No record, or a backend still
+# listed, is not proof. Our own backend carrying the recorded pid (reused) proves the
+# recorded one gone: this connection has recorded nothing yet.
+_PREVIOUS_LEADER_GONE = """
+    SELECT EXISTS (
+        SELECT 1 FROM scheduler_leadership led
+        WHERE led.id = 1 AND NOT EXISTS (
+            SELECT 1 FROM pg_stat_activity a
+            WHERE a.pid = led.backend_pid AND a.pid <> pg_backend_pid()))
+    """
+
 _IDENTITY_SQL = "SELECT current_database(), pg_postmaster_start_time()"
 _SYSTEM_IDENTIFIER_SQL = "SELECT system_identifier FROM pg_control_system()"
 
@@ -346,6 +358,22 @@ class LockConnection:
         """
         term: int | None = await self._connection.fetchval(_RECORD_LEADERSHIP, pid, host, since)
         return term
+
+    async def previous_leader_gone(self, timeout: float) -> bool:
+        """True when the last recorded leadership's backend has left the server (its
+        process killed, its connection terminated or timed out), so that leader can
+        neither claim a slot nor pass a fence any more.
+
+        False when no leadership was recorded, when that backend is still listed in
+        pg_stat_activity (a graceful handover, or one still exiting), and on an error
+        or no answer within ``timeout``: in doubt, the handover grace applies.
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                gone = await self._connection.fetchval(_PREVIOUS_LEADER_GONE)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return False
+        return gone is True
 
     async def holds_lock(self, timeout: float) -> bool:
         """True when this connection still holds the key, checked on the server.

@@ -5,8 +5,11 @@
                  +--(lock-check error, not production)--> UNGUARDED (one backoff period)
 
 STANDBY waits inside ``pg_advisory_lock`` on its own lock connection, so the server
-wakes it the moment the key is released. LEADER waits HANDOVER_GRACE_SECONDS, then
-runs one loop per leader-only job and one task per service, and checks every
+wakes it the moment the key is released. With a host lock (``host_lock_dir``), a
+worker first takes its host's flock: until then it is a STANDBY with no lock
+connection, and only the flock holder queues in PostgreSQL. LEADER waits
+HANDOVER_GRACE_SECONDS (less once the previous leader's backend is gone), then runs
+one loop per leader-only job and one task per service, and checks every
 LEADER_TICK_SECONDS that its lock connection still owns the key, through the handover
 and shutdown graces too (the check is what keeps the idle connection inside its
 lease). The termination listener of that connection demotes at once; the fence in
@@ -33,12 +36,15 @@ import os
 from collections.abc import Awaitable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import asyncpg
 
 from .clock import Clock
 from .election import LockConnection, UnsafeLockConnectionError, engine_identity
+from .host_lock import HostLock, HostLockError
+from .keys import SCHEDULER_LEADER_KEY
 from .registry import JobSpec, Registry
 from .replicas import run_replica_jobs
 from .retry import backoff_delay, log_retry
@@ -53,6 +59,9 @@ logger = logging.getLogger("app.scheduler")
 # production, fire unguarded this long between checks.
 _FAIL_OPEN_SECONDS = 60.0
 _GRACEFUL = ("stopped", "unguarded period over")
+# During the handover grace, how often a new leader asks whether the previous leader's
+# backend has left the server.
+_GONE_POLL_SECONDS = 0.05
 # A broken job's loop tries again this often; its other jobs are never held up.
 _BROKEN_RETRY_SECONDS = 60.0
 # The server cannot be reached, is going away or is full: retry, whatever ENVIRONMENT.
@@ -82,6 +91,10 @@ class SchedulerConfig:
 
     ``fail_closed``: a lock-check error starts no scheduler (production); otherwise the
     worker runs unguarded for one backoff period, its claims still firing each slot once.
+
+    ``host_lock_dir``: the runtime directory of this host's lock file (host_lock.py);
+    only the worker holding its flock opens a lock connection. None: every worker
+    queues in PostgreSQL itself.
     """
 
     lock_dsn: str
@@ -92,6 +105,7 @@ class SchedulerConfig:
     shutdown_grace_seconds: float = 10
     connect_timeout_seconds: float = 10
     fail_closed: bool = False
+    host_lock_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.lease_seconds < 2:
@@ -134,6 +148,11 @@ class Supervisor:
         self._firing = asyncio.Event()
         self._broken: set[str] = set()
         self.refusal: str | None = None
+        self._host_lock = (
+            HostLock.for_key(config.host_lock_dir, config.lock_dsn, SCHEDULER_LEADER_KEY)
+            if config.host_lock_dir is not None
+            else None
+        )
 
     @property
     def leader_jobs(self) -> list[JobSpec]:
@@ -176,6 +195,8 @@ class Supervisor:
             replicas.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await replicas
+            if self._host_lock is not None:
+                self._host_lock.release()
             await self._set_role(Role.STOPPED)
 
     async def run_once(self) -> None:
@@ -190,7 +211,7 @@ class Supervisor:
         except _UNREACHABLE as exc:
             await self._back_off("scheduler.lock_unreachable", exc)
             return
-        except UnsafeLockConnectionError as exc:
+        except (UnsafeLockConnectionError, HostLockError) as exc:
             # A set-up error, not a passing fault: stop, loudly; the API keeps serving.
             logger.error(
                 "scheduler.refused: %s (pid=%s)",
@@ -257,6 +278,16 @@ class Supervisor:
             return self.role
 
     async def _acquire(self) -> LockConnection:
+        if self._host_lock is not None and not self._host_lock.try_acquire():
+            await self._set_role(Role.STANDBY)
+            logger.info(
+                "scheduler.host_standby: another worker of this host queues for the leader "
+                "key; waiting for %s (pid=%s)",
+                self._host_lock.path,
+                os.getpid(),
+                extra={"action": "scheduler.host_standby", "pid": os.getpid()},
+            )
+            await self._host_lock.acquire(self.clock)
         try:
             lock = await LockConnection.connect(
                 self.config.lock_dsn,
@@ -309,7 +340,7 @@ class Supervisor:
         reason = "stopped"
         fired, failure = False, None
         try:
-            if not await self._hold(lock, self.config.handover_grace_seconds):
+            if not await self._handover(lock):
                 reason = "lock lost during handover"
                 return None
             if self._stopping.is_set():
@@ -548,14 +579,39 @@ class Supervisor:
         if spec.id in self._broken:
             await self._repaired([spec.id])
 
-    async def _hold(self, lock: LockConnection | None, seconds: float) -> bool:
-        """Wait ``seconds`` on the clock (less after stop()), checking ownership every
-        leader tick: the check keeps the idle lock connection inside its lease. False
-        once the lock is lost."""
-        deadline = self.clock.now() + timedelta(seconds=seconds)
+    async def _handover(self, lock: LockConnection | None) -> bool:
+        """The handover grace: wait until the previous leader's backend is gone, for at
+        most HANDOVER_GRACE_SECONDS on the clock (less after stop()). False once the
+        lock is lost.
+
+        The grace lets an old leader that is about to notice its loss stop before we
+        fire. A leader whose backend left the server (kill -9, terminated, its lease
+        ran out) cannot fire any more: the claims' fence looks for its backend in
+        pg_locks and ctx.fence refuses its term once ours begins. So the grace ends the
+        moment the recorded backend is gone, asked every _GONE_POLL_SECONDS (a backend
+        drops its locks a moment before it leaves pg_stat_activity); while it is still
+        listed (a graceful handover) the grace runs to its end, ownership checked every
+        leader tick (the checks keep the idle lock connection inside its lease).
+        """
+        deadline = self.clock.now() + timedelta(seconds=self.config.handover_grace_seconds)
+        checked = self.clock.now()
+        tick = self.config.leader_tick_seconds
         while (left := (deadline - self.clock.now()).total_seconds()) > 0:
+            if lock is not None:
+                if await lock.previous_leader_gone(tick):
+                    logger.info(
+                        "scheduler.handover_skipped: the previous leader's backend is gone; "
+                        "ending the handover grace (pid=%s)",
+                        os.getpid(),
+                        extra={"action": "scheduler.handover_skipped", "pid": os.getpid()},
+                    )
+                    break
+                if (self.clock.now() - checked).total_seconds() >= tick:
+                    checked = self.clock.now()
+                    if not await lock.holds_lock(tick):
+                        return False
             woken = await _first(
-                self.clock.sleep(min(left, self.config.leader_tick_seconds)),
+                self.clock.sleep(min(left, _GONE_POLL_SECONDS if lock is not None else tick)),
                 self._lost.wait(),
                 self._stopping.wait(),
             )
@@ -563,11 +619,7 @@ class Supervisor:
                 break
             if woken == 1:
                 return False
-            if lock is not None and not await lock.holds_lock(self.config.leader_tick_seconds):
-                return False
-        return lock is None or (
-            not self._lost.is_set() and await lock.holds_lock(self.config.leader_tick_seconds)
-        )
+        return lock is None or (not self._lost.is_set() and await lock.holds_lock(tick))
 
     async def _shutdown_grace(self, lock: LockConnection | None) -> None:
         """Let running bodies finish for up to the shutdown grace while this worker

@@ -32,18 +32,28 @@ HOLDER_SQL = f"""
     SELECT a.application_name FROM pg_stat_activity a
     WHERE a.pid IN (SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted)
 """
+QUEUED_SQL = f"""
+    SELECT a.application_name FROM pg_stat_activity a
+    WHERE a.pid IN (SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND NOT granted)
+"""
 
 
 @dataclass
 class Cluster:
-    """Three app processes on one database, with helpers to read what they did."""
+    """Three app processes on one database, with helpers to read what they did.
+
+    ``env`` overrides the processes' settings. Each process is a host of its own (its
+    own REGENT_RUNTIME_DIR) unless start() is given a runtime directory to share.
+    """
 
     url: str
     log_dir: Path
     app: str = "tests.procs.probe_app:app"
+    env: dict[str, str] = field(default_factory=dict)
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def start(self, count: int = 3) -> None:
+    def start(self, count: int = 3, runtime_dir: Path | None = None) -> None:
+        """Start ``count`` processes; with ``runtime_dir``, as workers of one host."""
         env = {
             **os.environ,
             "DATABASE_URL": self.url,
@@ -53,9 +63,11 @@ class Cluster:
             "LEADER_TICK_SECONDS": "1",
             "HANDOVER_GRACE_SECONDS": "0.5",
             "SHUTDOWN_GRACE_SECONDS": "1",
+            **self.env,
         }
         for _ in range(count):
             port = free_port()
+            host = runtime_dir or self.log_dir / f"host-{port}"
             with open(self.log_dir / f"app-{port}.log", "wb") as log:
                 process = subprocess.Popen(
                     [
@@ -71,7 +83,7 @@ class Cluster:
                         "1",
                     ],
                     cwd=PROJECT_ROOT,
-                    env=env,
+                    env={**env, "REGENT_RUNTIME_DIR": str(host)},
                     stdout=log,
                     stderr=subprocess.STDOUT,
                 )
@@ -129,6 +141,19 @@ class Cluster:
             since,
         )
         return None if rows[0][0] is None else float(rows[0][0])
+
+    def queued(self) -> list[int]:
+        """pids of the processes whose lock connection waits for the key."""
+        rows = self.query(QUEUED_SQL)
+        return [int(str(name).rsplit(":", 1)[1]) for (name,) in rows]
+
+    def lock_connections(self) -> int:
+        """How many lock connections (leader or queued) are open on this database."""
+        rows = self.query(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND starts_with(application_name, 'scheduler-leader:')"
+        )
+        return int(rows[0][0])
 
     def lock_backend_pid(self) -> int:
         """Backend pid of the leader's lock connection."""

@@ -43,7 +43,7 @@ from .registry import JobSpec, Registry
 from .replicas import run_replica_jobs
 from .retry import backoff_delay, log_retry
 from .runner import Runner
-from .store import JobRow, JobStore, format_error
+from .store import JobRow, JobStore, LeaderRow, format_error
 
 __all__ = ["Role", "SchedulerConfig", "Supervisor"]
 
@@ -361,20 +361,43 @@ class Supervisor:
         return recording.result() is not None
 
     async def _register(self, now: datetime) -> None:
-        """Upsert each leader job's row in its own commit. A job whose row or first slot
-        cannot be handled is marked broken and left to its loop to retry; a database
-        that does not answer fails the whole leadership, to be retried."""
+        """Upsert every leader job's row in one statement. When that statement fails
+        for a job's fault, each row is written in its own commit instead, so the job
+        whose row or first slot cannot be handled is marked broken (its loop retries it)
+        and every other job registers; a database that does not answer fails the whole
+        leadership, to be retried."""
         self._rows = {}
+        rows: list[LeaderRow] = []
         for spec in self.leader_jobs:
             try:
-                self._rows[spec.id] = await self.store.register_leader_job(
-                    spec, now, self.config.zone
-                )
+                rows.append(LeaderRow.of(spec, now, self.config.zone))
             except Exception as exc:
-                if not await self.store.blames_job(exc):
-                    raise
-                await self._mark_broken(spec.id, format_error(exc))
+                await self._blame(spec.id, exc)
+        try:
+            self._rows = await self.store.upsert_leader_rows(rows)
+        except Exception as exc:
+            if not await self.store.blames_job(exc):
+                raise
+            logger.warning(
+                "scheduler.register_one_by_one: the set registration of %s jobs failed (%s); "
+                "registering each in its own commit",
+                len(rows),
+                exc.__class__.__name__,
+                extra={"action": "scheduler.register_one_by_one", "pid": os.getpid()},
+            )
+            for row in rows:
+                try:
+                    self._rows |= await self.store.upsert_leader_rows([row])
+                except Exception as row_exc:
+                    await self._blame(row.id, row_exc)
         await self._repaired(list(self._rows))
+
+    async def _blame(self, job_id: str, exc: BaseException) -> None:
+        """Mark the job broken for ``exc``; re-raise it when the database does not
+        answer (an outage, not the job's fault)."""
+        if not await self.store.blames_job(exc):
+            raise exc
+        await self._mark_broken(job_id, format_error(exc))
 
     async def _mark_broken(self, job_id: str, error: str) -> None:
         """Record the job as broken; log it once per process until it is repaired."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -135,11 +136,14 @@ async def _standby(url: str, jobs: int, window: float) -> dict[str, Any]:
 async def _crowd(url: str, jobs: int, minutes: int) -> dict[str, Any]:
     """``jobs`` jobs on the same cron minute: the lateness of each minute's last body."""
     starts: dict[datetime, list[float]] = {}
+    done = asyncio.Event()
     scheduler = Scheduler()
 
     async def body(ctx: JobContext) -> None:
         late = (datetime.now(UTC) - ctx.scheduled_at).total_seconds()
         starts.setdefault(ctx.scheduled_at, []).append(late)
+        if sum(len(values) == jobs for values in starts.values()) >= minutes:
+            done.set()
 
     for index in range(jobs):
         scheduler.job(cron("* * * * *"), id=f"crowd-{index:05d}")(body)
@@ -147,9 +151,8 @@ async def _crowd(url: str, jobs: int, minutes: int) -> dict[str, Any]:
     await _start(scheduler, database)
     assert scheduler.supervisor is not None
     await scheduler.supervisor.wait_until_firing(timeout=60)
-    deadline = time.monotonic() + 60 * minutes + 65
-    while time.monotonic() < deadline and sum(len(v) == jobs for v in starts.values()) < minutes:
-        await asyncio.sleep(1)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done.wait(), 60 * minutes + 65)
     await scheduler.stop()
     await database.dispose()
     complete = [values for values in starts.values() if len(values) == jobs]

@@ -125,7 +125,9 @@ class Supervisor:
         self._role_changed = asyncio.Condition()
         self._stopping = asyncio.Event()
         self._lost = asyncio.Event()
-        self._refreshed = asyncio.Event()
+        # Set when the tick's reload changed a job's row (a pause, a resume, a run
+        # now): only that job's loop wakes to look again.
+        self._changed: dict[str, asyncio.Event] = {}
         self._acquiring: asyncio.Task[LockConnection] | None = None
         self._rows: dict[str, JobRow] = {}
         self._bodies: set[asyncio.Task[None]] = set()
@@ -456,7 +458,10 @@ class Supervisor:
             # Pick up what others changed (pause, resume, run now) since the last tick,
             # reap the running leases whose owners died, and say that we still fire.
             try:
-                self._rows.update(await self.store.load(list(self._rows)))
+                for job_id, row in (await self.store.load(list(self._rows))).items():
+                    if self._rows.get(job_id) != row:
+                        self._rows[job_id] = row
+                        self._changed.setdefault(job_id, asyncio.Event()).set()
                 for job_id in await self.store.reap(self.clock.now()):
                     logger.warning(
                         "job.abandoned: the running lease of job %s ran out (its owner died)",
@@ -471,8 +476,6 @@ class Supervisor:
             for job_id, loop in job_loops.items():
                 if loop.done() and job_id not in self._broken:
                     await self._mark_broken(job_id, _loop_death(loop))
-            refreshed, self._refreshed = self._refreshed, asyncio.Event()
-            refreshed.set()
 
     async def _step_down(
         self, lock: LockConnection | None, loops: list[asyncio.Task[None]], reason: str
@@ -519,7 +522,7 @@ class Supervisor:
                     exc_info=True,
                     extra={"action": "scheduler.claim_failed", "job_id": spec.id},
                 )
-                await self._wait_or_refresh(self.config.leader_tick_seconds)
+                await self._wait_or_refresh(spec.id, self.config.leader_tick_seconds)
 
     async def _job_pass(self, spec: JobSpec, fence: int | None) -> None:
         """One step of a job's loop: register its row if it has none, else wait for its
@@ -533,11 +536,11 @@ class Supervisor:
             await self._repaired([spec.id])
             return
         if row.paused:
-            await self._wait_or_refresh(self.config.leader_tick_seconds)
+            await self._wait_or_refresh(spec.id, self.config.leader_tick_seconds)
             return
         fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
         delay = (fire_at - self.clock.now()).total_seconds()
-        if delay > 0 and await self._wait_or_refresh(delay):
+        if delay > 0 and await self._wait_or_refresh(spec.id, delay):
             return
         # The runner outlives this loop: a thread from an earlier leadership counts.
         if self.runner.is_running(spec.id):
@@ -552,7 +555,7 @@ class Supervisor:
                 fresh = {}
             self._rows[spec.id] = fresh.get(spec.id, row)
             if self._rows[spec.id] == row:
-                await self._wait_or_refresh(self.config.leader_tick_seconds)
+                await self._wait_or_refresh(spec.id, self.config.leader_tick_seconds)
             return
         self._rows[spec.id] = JobRow(claim.next_slot, paused=False)
         if claim.runs:
@@ -608,9 +611,14 @@ class Supervisor:
             ):
                 return
 
-    async def _wait_or_refresh(self, seconds: float) -> bool:
-        """Sleep on the clock; True when woken early because the job rows were reloaded."""
-        return await _first(self.clock.sleep(seconds), self._refreshed.wait()) != 0
+    async def _wait_or_refresh(self, job_id: str, seconds: float) -> bool:
+        """Sleep on the clock; True when woken early because a tick reloaded a changed
+        row of the job, even one that changed before this wait began (the caller read
+        the row before)."""
+        changed = self._changed.setdefault(job_id, asyncio.Event())
+        woken = await _first(self.clock.sleep(seconds), changed.wait()) != 0
+        changed.clear()
+        return woken
 
     def _mark_lost(self) -> None:
         if not self._lost.is_set():

@@ -40,6 +40,7 @@ from app.scheduler import JobContext, Role, Scheduler, SchedulerConfig, cron, ev
 
 _COUNTS = (0, 100, 1_000, 10_000)
 _CROWD = 1_000
+_HOLD_SECONDS = 10.0
 
 
 def _scheduler(jobs: int, on_probe: Any) -> Scheduler:
@@ -107,13 +108,15 @@ async def _leader(url: str, jobs: int, window: float) -> dict[str, Any]:
     await asyncio.sleep(window)
     cpu = _cpu() - cpu
     rss = _rss_mb()
+    # Outlast the standby's window, which began later: it must not promote inside it.
+    await asyncio.sleep(_HOLD_SECONDS if window else 0)
     await scheduler.stop()
     await database.dispose()
     return {
         "start_to_fire": first_fire - started,
         "promoted_to_fire": first_fire - promoted,
         "rss_mb": rss,
-        "cpu_per_s": cpu / window,
+        "cpu_per_s": cpu / window if window else 0.0,
         "lateness": lateness,
     }
 
@@ -214,7 +217,7 @@ def _counts(url: str, window: float) -> dict[int, dict[str, Any]]:
         # Once the rows exist: a failover's promotion, with the probe due at once.
         with psycopg.connect(copy, autocommit=True) as conn:
             conn.execute(b"UPDATE scheduler_jobs SET next_run_at = now() WHERE id = 'probe'")
-        again = _result(_spawn("--child", "leader", *common[:4], "--window", "0.5"))
+        again = _result(_spawn("--child", "leader", *common[:4], "--window", "0"))
         results[jobs] = {"first": first, "standby": idle, "again": again}
         print(f"  measured {jobs} jobs", file=sys.stderr)
     return results

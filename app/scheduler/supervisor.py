@@ -369,14 +369,21 @@ class Supervisor:
         and every other job registers; a database that does not answer fails the whole
         leadership, to be retried."""
         self._rows = {}
+        specs = {spec.id: spec for spec in self.leader_jobs}
+        stored = await self.store.stored_triggers(specs)
         rows: list[LeaderRow] = []
-        for spec in self.leader_jobs:
+        for spec in specs.values():
             try:
-                rows.append(LeaderRow.of(spec, now, self.config.zone))
+                rows.append(
+                    LeaderRow.of(spec, now, self.config.zone, stored_trigger=stored.get(spec.id))
+                )
             except Exception as exc:
                 await self._blame(spec.id, exc)
         try:
             self._rows = await self.store.upsert_leader_rows(rows)
+            # Rows given without slots whose stored row changed since it was read.
+            changed = [specs[row.id] for row in rows if row.id not in self._rows]
+            self._rows |= await self.store.register_leader_jobs(changed, now, self.config.zone)
         except Exception as exc:
             if not await self.store.blames_job(exc):
                 raise
@@ -388,8 +395,13 @@ class Supervisor:
                 extra={"action": "scheduler.register_one_by_one", "pid": os.getpid()},
             )
             for row in rows:
+                if row.id in self._rows:
+                    continue
                 try:
-                    self._rows |= await self.store.upsert_leader_rows([row])
+                    # With its slots: the stored row read above may have changed since.
+                    self._rows[row.id] = await self.store.register_leader_job(
+                        specs[row.id], now, self.config.zone
+                    )
                 except Exception as row_exc:
                     await self._blame(row.id, row_exc)
         await self._repaired(list(self._rows))

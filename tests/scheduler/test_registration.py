@@ -4,13 +4,15 @@ and every other job still registers and fires."""
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
+from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.scheduler import FakeClock, JobContext, Scheduler, every
+from app.scheduler import FakeClock, Interval, JobContext, Scheduler, every
+from app.scheduler.store import JobStore, LeaderRow
 
 from .conftest import StartScheduler, wait_for_runs
 
@@ -101,3 +103,49 @@ async def test_a_row_the_set_registration_cannot_write_is_broken_and_the_rest_fi
         broken = {row.job_id: row.error for row in result}
     assert list(broken) == ["poisoned"]
     assert "this row cannot be written" in broken["poisoned"]
+
+
+class _CountedInterval(Interval):
+    """An interval that counts how often a first slot is computed (cron's is costly)."""
+
+    computed: ClassVar[list[str]] = []
+
+    def first_slot(self, now: datetime, zone: ZoneInfo) -> datetime:
+        self.computed.append(self.describe())
+        return super().first_slot(now, zone)
+
+
+async def test_a_promotion_computes_no_first_slot_for_a_stored_unchanged_job(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    stored, added = _CountedInterval(timedelta(minutes=1)), _CountedInterval(timedelta(hours=1))
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO scheduler_jobs (id, name, trigger, next_run_at)"
+                " VALUES ('stored', 'stored', :trigger, :later)"
+            ),
+            {"trigger": stored.describe(), "later": T0 + timedelta(hours=5)},
+        )
+    _CountedInterval.computed.clear()
+    scheduler = Scheduler()
+    scheduler.job(stored, id="stored")(_noop)
+    scheduler.job(added, id="added")(_noop)
+    supervisor = await start_scheduler(scheduler, clock=FakeClock(T0))
+    await supervisor.wait_until_firing()
+    assert _CountedInterval.computed == [added.describe()]
+
+
+async def test_a_row_given_without_slots_whose_job_has_no_row_is_left_out(
+    engine: AsyncEngine,
+) -> None:
+    scheduler = Scheduler()
+    scheduler.job(every(minutes=1), id="vanished")(_noop)
+    spec = scheduler.jobs["vanished"]
+    # Read as stored with this trigger, then deleted before the upsert ran.
+    row = LeaderRow.of(spec, T0, ZoneInfo("UTC"), stored_trigger=spec.trigger.describe())
+    store = JobStore(engine, pid=1, host="test")
+    assert await store.upsert_leader_rows([row]) == {}
+    async with engine.connect() as conn:
+        count = (await conn.execute(text("SELECT count(*) FROM scheduler_jobs"))).scalar_one()
+    assert count == 0

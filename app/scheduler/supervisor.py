@@ -49,7 +49,7 @@ from .registry import JobSpec, Registry
 from .replicas import run_replica_jobs
 from .retry import backoff_delay, log_retry
 from .runner import Runner
-from .store import JobRow, JobStore, format_error
+from .store import JobRow, JobStore, LeaderRow, format_error
 
 __all__ = ["Role", "SchedulerConfig", "Supervisor"]
 
@@ -139,7 +139,9 @@ class Supervisor:
         self._role_changed = asyncio.Condition()
         self._stopping = asyncio.Event()
         self._lost = asyncio.Event()
-        self._refreshed = asyncio.Event()
+        # Set when the tick's reload changed a job's row (a pause, a resume, a run
+        # now): only that job's loop wakes to look again.
+        self._changed: dict[str, asyncio.Event] = {}
         self._acquiring: asyncio.Task[LockConnection] | None = None
         self._rows: dict[str, JobRow] = {}
         self._bodies: set[asyncio.Task[None]] = set()
@@ -392,20 +394,55 @@ class Supervisor:
         return recording.result() is not None
 
     async def _register(self, now: datetime) -> None:
-        """Upsert each leader job's row in its own commit. A job whose row or first slot
-        cannot be handled is marked broken and left to its loop to retry; a database
-        that does not answer fails the whole leadership, to be retried."""
+        """Upsert every leader job's row in one statement. When that statement fails
+        for a job's fault, each row is written in its own commit instead, so the job
+        whose row or first slot cannot be handled is marked broken (its loop retries it)
+        and every other job registers; a database that does not answer fails the whole
+        leadership, to be retried."""
         self._rows = {}
-        for spec in self.leader_jobs:
+        specs = {spec.id: spec for spec in self.leader_jobs}
+        stored = await self.store.stored_triggers(specs)
+        rows: list[LeaderRow] = []
+        for spec in specs.values():
             try:
-                self._rows[spec.id] = await self.store.register_leader_job(
-                    spec, now, self.config.zone
+                rows.append(
+                    LeaderRow.of(spec, now, self.config.zone, stored_trigger=stored.get(spec.id))
                 )
             except Exception as exc:
-                if not await self.store.blames_job(exc):
-                    raise
-                await self._mark_broken(spec.id, format_error(exc))
+                await self._blame(spec.id, exc)
+        try:
+            self._rows = await self.store.upsert_leader_rows(rows)
+            # Rows given without slots whose stored row changed since it was read.
+            changed = [specs[row.id] for row in rows if row.id not in self._rows]
+            self._rows |= await self.store.register_leader_jobs(changed, now, self.config.zone)
+        except Exception as exc:
+            if not await self.store.blames_job(exc):
+                raise
+            logger.warning(
+                "scheduler.register_one_by_one: the set registration of %s jobs failed (%s); "
+                "registering each in its own commit",
+                len(rows),
+                exc.__class__.__name__,
+                extra={"action": "scheduler.register_one_by_one", "pid": os.getpid()},
+            )
+            for row in rows:
+                if row.id in self._rows:
+                    continue
+                try:
+                    # With its slots: the stored row read above may have changed since.
+                    self._rows[row.id] = await self.store.register_leader_job(
+                        specs[row.id], now, self.config.zone
+                    )
+                except Exception as row_exc:
+                    await self._blame(row.id, row_exc)
         await self._repaired(list(self._rows))
+
+    async def _blame(self, job_id: str, exc: BaseException) -> None:
+        """Mark the job broken for ``exc``; re-raise it when the database does not
+        answer (an outage, not the job's fault)."""
+        if not await self.store.blames_job(exc):
+            raise exc
+        await self._mark_broken(job_id, format_error(exc))
 
     async def _mark_broken(self, job_id: str, error: str) -> None:
         """Record the job as broken; log it once per process until it is repaired."""
@@ -464,7 +501,10 @@ class Supervisor:
             # Pick up what others changed (pause, resume, run now) since the last tick,
             # reap the running leases whose owners died, and say that we still fire.
             try:
-                self._rows.update(await self.store.load(list(self._rows)))
+                for job_id, row in (await self.store.load(list(self._rows))).items():
+                    if self._rows.get(job_id) != row:
+                        self._rows[job_id] = row
+                        self._changed.setdefault(job_id, asyncio.Event()).set()
                 for job_id in await self.store.reap(self.clock.now()):
                     logger.warning(
                         "job.abandoned: the running lease of job %s ran out (its owner died)",
@@ -479,8 +519,6 @@ class Supervisor:
             for job_id, loop in job_loops.items():
                 if loop.done() and job_id not in self._broken:
                     await self._mark_broken(job_id, _loop_death(loop))
-            refreshed, self._refreshed = self._refreshed, asyncio.Event()
-            refreshed.set()
 
     async def _step_down(
         self, lock: LockConnection | None, loops: list[asyncio.Task[None]], reason: str
@@ -527,7 +565,7 @@ class Supervisor:
                     exc_info=True,
                     extra={"action": "scheduler.claim_failed", "job_id": spec.id},
                 )
-                await self._wait_or_refresh(self.config.leader_tick_seconds)
+                await self._wait_or_refresh(spec.id, self.config.leader_tick_seconds)
 
     async def _job_pass(self, spec: JobSpec, fence: int | None) -> None:
         """One step of a job's loop: register its row if it has none, else claim its
@@ -543,7 +581,7 @@ class Supervisor:
             await self._repaired([spec.id])
             return
         if row.paused:
-            await self._wait_or_refresh(self.config.leader_tick_seconds)
+            await self._wait_or_refresh(spec.id, self.config.leader_tick_seconds)
             return
         fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
         request = row.run_requested_at
@@ -553,7 +591,7 @@ class Supervisor:
         else:
             delay = (fire_at - self.clock.now()).total_seconds()
             # A reload (every tick, and at once on a NOTIFY) may bring a request.
-            if delay > 0 and await self._wait_or_refresh(delay):
+            if delay > 0 and await self._wait_or_refresh(spec.id, delay):
                 return
             # The runner outlives this loop: a thread from an earlier leadership counts.
             if self.runner.is_running(spec.id):
@@ -568,7 +606,7 @@ class Supervisor:
                 fresh = {}
             self._rows[spec.id] = fresh.get(spec.id, row)
             if self._rows[spec.id] == row:
-                await self._wait_or_refresh(self.config.leader_tick_seconds)
+                await self._wait_or_refresh(spec.id, self.config.leader_tick_seconds)
             return
         requested = None if claim.manual else row.run_requested_at
         self._rows[spec.id] = replace(row, next_run_at=claim.next_slot, run_requested_at=requested)
@@ -646,9 +684,14 @@ class Supervisor:
             ):
                 return
 
-    async def _wait_or_refresh(self, seconds: float) -> bool:
-        """Sleep on the clock; True when woken early because the job rows were reloaded."""
-        return await _first(self.clock.sleep(seconds), self._refreshed.wait()) != 0
+    async def _wait_or_refresh(self, job_id: str, seconds: float) -> bool:
+        """Sleep on the clock; True when woken early because a tick reloaded a changed
+        row of the job, even one that changed before this wait began (the caller read
+        the row before)."""
+        changed = self._changed.setdefault(job_id, asyncio.Event())
+        woken = await _first(self.clock.sleep(seconds), changed.wait()) != 0
+        changed.clear()
+        return woken
 
     def _mark_lost(self) -> None:
         if not self._lost.is_set():

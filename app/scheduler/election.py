@@ -62,6 +62,16 @@ __all__ = [
     "engine_identity",
 ]
 
+# What a statement on the lock connection raises when the connection dies under it;
+# asyncpg raises InternalClientError when it is terminated mid-statement.
+_CONNECTION_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+)
+
 # NOTIFY on this channel makes the leader reload its job rows now (pause, run now).
 WAKE_CHANNEL = "regent_scheduler"
 
@@ -371,7 +381,7 @@ class LockConnection:
         try:
             async with asyncio.timeout(timeout):
                 gone = await self._connection.fetchval(_PREVIOUS_LEADER_GONE)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except _CONNECTION_ERRORS:
             return False
         return gone is True
 
@@ -384,7 +394,7 @@ class LockConnection:
         try:
             async with asyncio.timeout(timeout):
                 count = await self._connection.fetchval(OWNERSHIP_SQL)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except _CONNECTION_ERRORS:
             return False
         return bool(count == 1)
 
@@ -395,7 +405,7 @@ class LockConnection:
             async with asyncio.timeout(timeout):
                 await self._connection.execute("SELECT pg_advisory_unlock($1)", self.key)
                 await self._connection.close(timeout=timeout)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except _CONNECTION_ERRORS:
             logger.debug("lock connection unlock failed; terminating it", exc_info=True)
         finally:
             self.close()

@@ -126,11 +126,11 @@ async def test_run_now_is_a_409_while_the_running_lease_holds(
     serve: Serve, database: Database
 ) -> None:
     async with serve(_hourly()) as client:
-        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs)
+        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
         await _set_lease(database, "now() + interval '1 hour'")
         response = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
         [job] = (await client.get("/admin/api/jobs", headers=AUTH)).json()
-    assert response.status_code == 409 and "running" in response.json()["detail"]
+    assert response.status_code == 409 and "running" in response.json()["detail"], response.text
     assert job["running"] is True
 
 
@@ -138,7 +138,7 @@ async def test_a_running_status_whose_lease_ran_out_does_not_block_run_now(
     serve: Serve, database: Database
 ) -> None:
     async with serve(_hourly()) as client:
-        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs)
+        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
         await _set_lease(database, "now() - interval '1 minute'")
         [job] = (await client.get("/admin/api/jobs", headers=AUTH)).json()
         response = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)

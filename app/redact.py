@@ -12,7 +12,8 @@ import re
 
 __all__ = ["redact"]
 
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#@\s]*@")
+# Up to the LAST "@" before the host, as URL parsers read it: a password may hold "@".
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s]*@")
 # A parameter whose name says it is a secret; over-redacting a "monkey=" is harmless.
 _SECRET_PARAMETER = re.compile(
     r"(?i)\b([\w.-]*(?:token|key|password|passwd|pwd|secret|signature|sig|credential|auth)"

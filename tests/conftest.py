@@ -47,13 +47,9 @@ def server(pg_server: TestServer) -> TestServer:
 
 
 @pytest.fixture
-def database_url(pg_server: TestServer) -> Iterator[str]:
-    """URL of a fresh database at head, dropped after the test."""
-    url = pg_server.create_database()
-    try:
-        yield url
-    finally:
-        pg_server.drop_database(url)
+def database_url(regent_database_url: str) -> str:
+    """URL of a fresh database at head, dropped after the test (the kit's)."""
+    return regent_database_url
 
 
 @pytest.fixture
@@ -81,13 +77,9 @@ def settings(database_url: str) -> Settings:
 
 
 @pytest.fixture
-async def database(database_url: str) -> AsyncIterator[Database]:
-    """Engines and session factories on this test's database."""
-    db = Database.from_url(database_url)
-    try:
-        yield db
-    finally:
-        await db.dispose()
+def database(regent_database: Database) -> Database:
+    """Engines and session factories on this test's database (the kit's)."""
+    return regent_database
 
 
 @pytest.fixture

@@ -10,13 +10,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.scheduler import SchedulerConfig
+from app.db import Database
+from app.scheduler import FakeClock, SchedulerConfig
 from app.scheduler.keys import LEADER_KEY_LOCKS
+from app.scheduler.runner import Runner
+from app.scheduler.store import JobStore
 
 from ..conftest import StartScheduler
 
@@ -26,6 +30,7 @@ __all__ = [
     "StartScheduler",
     "eventually",
     "holder_count",
+    "make_runner",
     "runs",
     "wait_for_runs",
     "waiting_count",
@@ -164,3 +169,15 @@ async def standby_processes(config: SchedulerConfig) -> AsyncIterator[StandbyPro
         yield processes
     finally:
         await processes.kill_all()
+
+
+def make_runner(database: Database, clock: FakeClock, pid: int = 1) -> Runner:
+    """A Runner of process ``pid`` on the test database, in UTC, on ``clock``: for tests
+    that claim and run slots by hand, without a supervisor."""
+    return Runner(
+        JobStore(database.engine, pid=pid, host="test"),
+        clock=clock,
+        zone=ZoneInfo("UTC"),
+        sessions=database.sessions,
+        sync_sessions=database.sync_sessions,
+    )

@@ -13,26 +13,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, cron, every
 from app.scheduler.registry import JobSpec
-from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
 from app.scheduler.supervisor import Supervisor
 from app.scheduler.triggers import COUNTED_SLOTS
 
-from .conftest import StartScheduler, runs, wait_for_runs
+from .conftest import StartScheduler, make_runner, runs, wait_for_runs
 
 UTC_ZONE = ZoneInfo("UTC")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def _runner(database: Database, clock: FakeClock, pid: int) -> Runner:
-    store = JobStore(database.engine, pid=pid, host="test")
-    return Runner(
-        store,
-        clock=clock,
-        zone=UTC_ZONE,
-        sessions=database.sessions,
-        sync_sessions=database.sync_sessions,
-    )
 
 
 async def _leading(
@@ -57,7 +45,7 @@ async def test_two_leaders_forced_at_once_fire_each_slot_once(
         fired.append(ctx.scheduled_at)
 
     spec = scheduler.jobs["contested"]
-    first, second = _runner(database, clock, 1), _runner(database, clock, 2)
+    first, second = make_runner(database, clock, 1), make_runner(database, clock, 2)
     await first.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     due = T0 + timedelta(seconds=10)
     for _ in range(5):
@@ -81,7 +69,7 @@ async def test_claim_fenced_by_a_key_not_held_matches_nothing(
     scheduler = Scheduler()
     scheduler.job(every(seconds=10), id="fenced")(lambda ctx: None)
     spec = scheduler.jobs["fenced"]
-    runner = _runner(database, clock, 1)
+    runner = make_runner(database, clock, 1)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(10)
     async with engine.connect() as conn:
@@ -124,7 +112,7 @@ async def test_first_run_applies_once_per_job_row_not_at_each_promotion(
     spec = JobSpec(
         id="warm", name="Warm", func=lambda ctx: None, trigger=every(hours=1), first_run=30
     )
-    runner = _runner(database, clock, 1)
+    runner = make_runner(database, clock, 1)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(30)
     claim = await runner.claim_leader(spec, rows["warm"].next_run_at, None)
@@ -181,7 +169,7 @@ async def test_a_long_cron_outage_is_caught_up_at_once_and_noted_as_at_least(
         lambda ctx: None
     )
     spec = scheduler.jobs["minutely"]
-    runner = _runner(database, clock, 1)
+    runner = make_runner(database, clock, 1)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(timedelta(days=30, seconds=30).total_seconds())
     claim = await runner.claim_leader(spec, rows["minutely"].next_run_at, None)
@@ -478,7 +466,7 @@ async def test_a_slot_weeks_late_is_claimed_and_the_job_moves_on(
     scheduler = Scheduler()
     scheduler.job(every(minutes=15), id="late", misfire_grace=3600)(lambda ctx: None)
     spec = scheduler.jobs["late"]
-    runner = _runner(database, clock, 1)
+    runner = make_runner(database, clock, 1)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(timedelta(days=26).total_seconds())
     claim = await runner.claim_leader(spec, rows["late"].next_run_at, None)

@@ -9,24 +9,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
-from app.scheduler.runner import Runner
-from app.scheduler.store import JobStore
 from app.testing import run_job
 
-from .conftest import eventually, runs
+from .conftest import eventually, make_runner, runs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 UTC_ZONE = ZoneInfo("UTC")
-
-
-def _runner(database: Database, clock: FakeClock) -> Runner:
-    return Runner(
-        JobStore(database.engine, pid=1, host="test"),
-        clock=clock,
-        zone=UTC_ZONE,
-        sessions=database.sessions,
-        sync_sessions=database.sync_sessions,
-    )
 
 
 async def _lease_holder(engine: AsyncEngine, job_id: str) -> int | None:
@@ -51,7 +39,7 @@ async def test_a_run_cancelled_before_its_body_started_is_recorded_and_frees_the
         ran.set()
 
     spec = scheduler.jobs["early"]
-    runner = _runner(database, clock)
+    runner = make_runner(database, clock)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(10)
     claim = await runner.claim_leader(spec, rows["early"].next_run_at, None)
@@ -80,7 +68,7 @@ async def test_an_outcome_write_cut_by_a_demotion_still_lands(
         body_done.set()
 
     spec = scheduler.jobs["finished"]
-    runner = _runner(database, clock)
+    runner = make_runner(database, clock)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(10)
     claim = await runner.claim_leader(spec, rows["finished"].next_run_at, None)

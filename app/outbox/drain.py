@@ -36,6 +36,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -55,7 +56,7 @@ from .backoff import retry_delay
 from .errors import PermanentDeliveryError
 from .message import DrainReport, Message
 
-__all__ = ["DrainPass", "DrainPolicy"]
+__all__ = ["DrainPass", "DrainPolicy", "prepare_connection"]
 
 _DIALECT = postgresql.asyncpg.dialect(paramstyle="numeric_dollar")  # type: ignore[no-untyped-call]
 
@@ -71,6 +72,15 @@ def _asyncpg_form(statement: TextClause) -> tuple[str, tuple[str, ...]]:
     """The statement as asyncpg SQL ($1, $2, ...) and its parameter names in order."""
     compiled = statement.compile(dialect=_DIALECT)
     return str(compiled), tuple(compiled.positiontup or ())
+
+
+async def prepare_connection(connection: Any) -> None:
+    """Make a plain asyncpg connection (not the engine's) fit for drain passes: decode
+    jsonb payloads as the engine's connections do (SQLAlchemy's asyncpg dialect
+    registers the codec on those)."""
+    await connection.set_type_codec(
+        "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+    )
 
 
 @dataclass(frozen=True)
@@ -118,7 +128,10 @@ class _Outcome:
 
 
 class DrainPass:
-    """Claims, deliveries and outcome writes of one drain_once (or one inline attempt)."""
+    """Claims, deliveries and outcome writes of one drain_once (or one inline attempt).
+
+    ``connection`` is an asyncpg connection outside any transaction block: a pooled
+    one's driver connection (``open``), or one made ready by prepare_connection."""
 
     def __init__(self, connection: Any, policy: DrainPolicy, clock: Clock) -> None:
         self._connection = connection

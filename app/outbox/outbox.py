@@ -176,17 +176,27 @@ class Outbox:
         counts are the outcomes the database accepted.
         """
         async with DrainPass.open(self.engine, self._policy(), self.clock) as drain:
-            report = await drain.drain(self.batch_size)
-            await drain.execute(
-                sql.RECORD_DRAIN,
-                {
-                    "outbox": self.name,
-                    "now": self.clock.now(),
-                    "delivered": report.delivered,
-                    "retried": report.retried,
-                    "stuck": report.stuck,
-                },
-            )
+            return await self._drain(drain)
+
+    async def drain_on(self, connection: Any) -> DrainReport:
+        """drain_once() on ``connection``, a plain asyncpg connection made ready by
+        prepare_connection and open in no transaction (the wake-up's LISTEN connection):
+        no pool checkout, so no pre-ping round trips, between a NOTIFY and the claim.
+        Same contract as drain_once()."""
+        return await self._drain(DrainPass(connection, self._policy(), self.clock))
+
+    async def _drain(self, drain: DrainPass) -> DrainReport:
+        report = await drain.drain(self.batch_size)
+        await drain.execute(
+            sql.RECORD_DRAIN,
+            {
+                "outbox": self.name,
+                "now": self.clock.now(),
+                "delivered": report.delivered,
+                "retried": report.retried,
+                "stuck": report.stuck,
+            },
+        )
         return report
 
     async def attempt(self, message_id: int) -> None:
@@ -247,7 +257,7 @@ class Outbox:
     async def _wakeup_service(self, ctx: object) -> None:
         if self._listen_dsn is None:
             raise OutboxError(f"outbox {self.name!r} is not bound to a database; call bind()")
-        await listen_and_drain(self._listen_dsn, self.name, self.drain_once)
+        await listen_and_drain(self._listen_dsn, self.name, self.drain_on)
 
 
 async def reset_message(engine: AsyncEngine, outbox: str, message_id: int, now: datetime) -> None:

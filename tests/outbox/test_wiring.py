@@ -2,15 +2,19 @@
 
 import asyncio
 
+import asyncpg
 import pytest
 from fastapi import FastAPI
 
+from app.db import asyncpg_dsn
 from app.main import create_app
-from app.outbox import Outbox, UnregisteredDrainError
+from app.outbox import Outbox, UnregisteredDrainError, sql
 from app.scheduler import Role, Scheduler
 from app.settings import Settings
 
-from .conftest import FakeReceiver
+from ..conftest import StartScheduler
+from ..scheduler.conftest import eventually
+from .conftest import FakeReceiver, MakeOutbox, SentStatements
 
 
 async def test_outbox_registers_its_drain_job_by_convention(receiver: FakeReceiver) -> None:
@@ -47,3 +51,39 @@ async def test_enqueue_commit_wakes_the_leaders_drain(
         # The drain job's own tick is a minute away: only the NOTIFY can deliver this.
         await asyncio.wait_for(receiver.called.wait(), 10)
     assert [message.key for message in receiver.calls] == ["now"]
+
+
+async def test_a_woken_drain_claims_on_its_listen_connection_not_through_the_pool(
+    database_url: str,
+    start_scheduler: StartScheduler,
+    make_outbox: MakeOutbox,
+    receiver: FakeReceiver,
+    sent_statements: SentStatements,
+) -> None:
+    # A pooled connection costs a checkout and its pre-ping (three round trips on
+    # asyncpg) before the claim: the wake-up drains on the connection it listens on.
+    scheduler = Scheduler()
+    outbox = make_outbox("woken", scheduler=scheduler)
+    supervisor = await start_scheduler(scheduler)
+    await supervisor.wait_for_role(Role.LEADER)
+    enqueuer = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        async with enqueuer.transaction():
+            await enqueuer.execute(
+                "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
+                " next_attempt_at, created_at, updated_at)"
+                " VALUES ('woken', 'k', '{\"amount\": 5}', 'pending', 0, $1, $1, $1)",
+                outbox.clock.now(),
+            )
+            await enqueuer.execute("SELECT pg_notify($1, 'woken')", sql.NOTIFY_CHANNEL)
+        await asyncio.wait_for(receiver.called.wait(), 10)
+
+        async def delivered() -> bool:
+            status = await enqueuer.fetchval("SELECT status FROM outbox_messages WHERE key = 'k'")
+            return bool(status == "delivered")
+
+        await eventually(delivered, what="the delivered outcome")
+    finally:
+        await enqueuer.close()
+    assert [(m.key, m.payload) for m in receiver.calls] == [("k", {"amount": 5})]
+    assert sent_statements.writing() == []

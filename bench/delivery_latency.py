@@ -192,7 +192,7 @@ async def _run(url: str, events: int, warmup: int) -> None:
         f" alternating; load average before {load_before[0]:.2f} / after {load_after[0]:.2f}"
         f" ({os.cpu_count()} cores); ms"
     )
-    print(f"{'path':<66} {'p50':>7} {'p95':>7} {'mean':>7}")
+    print(f"{'path':<70} {'p50':>7} {'p95':>7} {'mean':>7}")
     rows = {}
     for label, timings in (
         ("floor: asyncpg INSERT+NOTIFY / LISTEN + claim UPDATE", floor_timings),
@@ -202,7 +202,7 @@ async def _run(url: str, events: int, warmup: int) -> None:
         rows[label] = (from_start, from_commit)
         for part, values in (("enqueue start", from_start), ("commit", from_commit)):
             print(
-                f"{label + ', from ' + part:<66}"
+                f"{label + ', from ' + part:<70}"
                 f" {percentile(values, 0.5) * 1000:>7.2f} {percentile(values, 0.95) * 1000:>7.2f}"
                 f" {statistics.fmean(values) * 1000:>7.2f}"
             )
@@ -212,7 +212,7 @@ async def _run(url: str, events: int, warmup: int) -> None:
         ("commit", regent_commit, floor_commit),
     ):
         gap = percentile(regent, 0.5) - percentile(floor_values, 0.5)
-        print(f"{'Regent p50 - floor p50, from ' + part:<66} {gap * 1000:>7.2f}")
+        print(f"{'Regent p50 - floor p50, from ' + part:<70} {gap * 1000:>7.2f}")
 
 
 def main() -> None:

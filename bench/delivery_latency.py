@@ -7,7 +7,9 @@ one run, events alternating between them so that both see the same load:
   connection; a second connection LISTENs and on each notification runs the claim
   (UPDATE ... RETURNING), calls the receiver, and marks the row delivered.
 - Regent: ``Outbox.enqueue`` in an AsyncSession transaction (the app's engine, its
-  pool as shipped), the leader's NOTIFY wake-up service, its drain, the receiver.
+  pool as shipped), the leader's NOTIFY wake-up service, its drain, the receiver;
+- the same, the enqueue's session from an engine without pool_pre_ping: what the
+  app engine's pre-ping at checkout costs the caller's transaction.
 
 Each event is one message, enqueued once the previous one's drain pass has ended
 (outcome and drain record written), so every figure is a lone message's latency.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import statistics
 import time
@@ -30,8 +33,9 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 from _server import migrated_database, percentile, start_leading
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
-from app.db import Database, asyncpg_dsn
+from app.db import Database, async_url, asyncpg_dsn
 from app.outbox import Message, Outbox, sql
 from app.outbox.drain import _asyncpg_form
 from app.scheduler import Scheduler
@@ -147,10 +151,16 @@ async def _one(
 async def _run(url: str, events: int, warmup: int) -> None:
     dsn = asyncpg_dsn(url)
     database = Database.from_url(url)
-    floor_timings, regent_timings = _Timings(), _Timings()
+    # The caller's side only: the same enqueue through an engine that does not
+    # pre-ping its connections at checkout, to show what the app engine's pre-ping
+    # (pool_pre_ping=True in app/db.py) costs an enqueue.
+    unpinged = create_async_engine(async_url(url), pool_size=5, pool_pre_ping=False)
+    unpinged_sessions = async_sessionmaker(unpinged, expire_on_commit=False)
+    floor_timings, regent_timings, unpinged_timings = _Timings(), _Timings(), _Timings()
 
     async def receive(message: Message) -> None:
-        regent_timings.receive(message.key)
+        prefix = message.key.split("-", 1)[0]
+        (unpinged_timings if prefix == "unpinged" else regent_timings).receive(message.key)
 
     scheduler = Scheduler()
     outbox = Outbox(REGENT, receive, scheduler=scheduler)
@@ -162,23 +172,31 @@ async def _run(url: str, events: int, warmup: int) -> None:
     watcher = await asyncpg.connect(dsn)
     load_before = os.getloadavg()
 
-    async def regent_enqueue(key: str) -> None:
-        regent_timings.started[key] = time.perf_counter()
-        async with database.sessions() as session, session.begin():
+    async def regent_enqueue(
+        timings: _Timings, sessions: async_sessionmaker[AsyncSession], key: str
+    ) -> None:
+        timings.started[key] = time.perf_counter()
+        async with sessions() as session, session.begin():
             await outbox.enqueue(session, {}, key=key)
-        regent_timings.committed[key] = time.perf_counter()
+        timings.committed[key] = time.perf_counter()
 
-    measured: list[str] = []
+    async def through_regent(
+        timings: _Timings, sessions: async_sessionmaker[AsyncSession], key: str
+    ) -> None:
+        delivered_at = datetime.now(UTC)
+        await _one(timings, key, lambda: regent_enqueue(timings, sessions, key))
+        await _drain_recorded(watcher, delivered_at)
+
+    measured: list[int] = []
     try:
         for index in range(warmup + events):
-            key = f"event-{index}"
-            await _one(floor_timings, key, lambda key=key: floor.enqueue(enqueuer, key))
+            key = f"floor-{index}"
+            await _one(floor_timings, key, functools.partial(floor.enqueue, enqueuer, key))
             await floor.idle.wait()
-            delivered_at = datetime.now(UTC)
-            await _one(regent_timings, key, lambda key=key: regent_enqueue(key))
-            await _drain_recorded(watcher, delivered_at)
+            await through_regent(regent_timings, database.sessions, f"regent-{index}")
+            await through_regent(unpinged_timings, unpinged_sessions, f"unpinged-{index}")
             if index >= warmup:
-                measured.append(key)
+                measured.append(index)
     finally:
         floor_task.cancel()
         await asyncio.gather(floor_task, return_exceptions=True)
@@ -186,33 +204,32 @@ async def _run(url: str, events: int, warmup: int) -> None:
         await watcher.close()
         await scheduler.stop()
         await database.dispose()
+        await unpinged.dispose()
     load_after = os.getloadavg()
     print(
         f"\nenqueue -> delivery, {events} single messages each (after {warmup} warm-up),"
         f" alternating; load average before {load_before[0]:.2f} / after {load_after[0]:.2f}"
         f" ({os.cpu_count()} cores); ms"
     )
-    print(f"{'path':<70} {'p50':>7} {'p95':>7} {'mean':>7}")
+    print(f"{'path':<74} {'p50':>7} {'p95':>7} {'mean':>7}")
     rows = {}
-    for label, timings in (
-        ("floor: asyncpg INSERT+NOTIFY / LISTEN + claim UPDATE", floor_timings),
-        ("Regent: Outbox.enqueue / NOTIFY wake-up + drain", regent_timings),
+    for label, prefix, timings in (
+        ("floor: asyncpg INSERT+NOTIFY / LISTEN + claim UPDATE", "floor", floor_timings),
+        ("Regent: Outbox.enqueue / NOTIFY wake-up + drain", "regent", regent_timings),
+        ("Regent, enqueue through an engine without pre-ping", "unpinged", unpinged_timings),
     ):
-        from_start, from_commit = timings.figures(measured)
-        rows[label] = (from_start, from_commit)
+        from_start, from_commit = timings.figures([f"{prefix}-{i}" for i in measured])
+        rows[prefix] = (from_start, from_commit)
         for part, values in (("enqueue start", from_start), ("commit", from_commit)):
             print(
-                f"{label + ', from ' + part:<70}"
+                f"{label + ', from ' + part:<74}"
                 f" {percentile(values, 0.5) * 1000:>7.2f} {percentile(values, 0.95) * 1000:>7.2f}"
                 f" {statistics.fmean(values) * 1000:>7.2f}"
             )
-    (floor_start, floor_commit), (regent_start, regent_commit) = rows.values()
-    for part, regent, floor_values in (
-        ("enqueue start", regent_start, floor_start),
-        ("commit", regent_commit, floor_commit),
-    ):
-        gap = percentile(regent, 0.5) - percentile(floor_values, 0.5)
-        print(f"{'Regent p50 - floor p50, from ' + part:<70} {gap * 1000:>7.2f}")
+    for prefix in ("regent", "unpinged"):
+        for column, part in enumerate(("enqueue start", "commit")):
+            gap = percentile(rows[prefix][column], 0.5) - percentile(rows["floor"][column], 0.5)
+            print(f"{prefix + ' p50 - floor p50, from ' + part:<74} {gap * 1000:>7.2f}")
 
 
 def main() -> None:

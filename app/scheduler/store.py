@@ -68,13 +68,17 @@ __all__ = [
 # Every leader job's row in one statement: a promotion with 10,000 jobs is one round trip,
 # not 10,000. A row given without slots (stored with the same trigger) only has its name
 # refreshed; one given with slots is inserted, or keeps its stored slot unless its trigger
-# changed. Rows are written in id order, so two registrations never deadlock.
+# changed. Rows are written in id order, so two registrations never deadlock. The slots
+# travel as text[] (ISO 8601 with offset): asyncpg looks up any other array type in
+# pg_type on each new connection, a query that costs a fresh backend tens of ms, and a
+# promotion registers on a standby's pooled connections.
 _UPSERT = text(
     """
     WITH given AS (
         SELECT * FROM unnest(CAST(:ids AS text[]), CAST(:names AS text[]),
-            CAST(:triggers AS text[]), CAST(:first_slots AS timestamptz[]),
-            CAST(:reset_slots AS timestamptz[])) AS g(id, name, trigger, first_slot, reset_slot)
+            CAST(:triggers AS text[]), CAST(CAST(:first_slots AS text[]) AS timestamptz[]),
+            CAST(CAST(:reset_slots AS text[]) AS timestamptz[]))
+            AS g(id, name, trigger, first_slot, reset_slot)
     ), kept AS (
         UPDATE scheduler_jobs j SET name = g.name, leader_only = true, updated_at = now()
         FROM given g
@@ -99,6 +103,12 @@ _UPSERT = text(
     SELECT * FROM kept UNION ALL SELECT * FROM upserted
     """
 )
+
+
+def _iso(moment: datetime | None) -> str | None:
+    """An aware datetime as PostgreSQL reads a timestamptz from text."""
+    return None if moment is None else moment.isoformat()
+
 
 _STORED_TRIGGERS = text("SELECT id, trigger FROM scheduler_jobs WHERE id = ANY(:ids)")
 
@@ -411,8 +421,8 @@ class JobStore:
             "ids": [row.id for row in rows],
             "names": [row.name for row in rows],
             "triggers": [row.trigger for row in rows],
-            "first_slots": [row.first_slot for row in rows],
-            "reset_slots": [row.reset_slot for row in rows],
+            "first_slots": [_iso(row.first_slot) for row in rows],
+            "reset_slots": [_iso(row.reset_slot) for row in rows],
         }
         async with self.engine.begin() as conn:
             result = await conn.execute(_UPSERT, params)

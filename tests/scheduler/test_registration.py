@@ -149,3 +149,28 @@ async def test_a_row_given_without_slots_whose_job_has_no_row_is_left_out(
     async with engine.connect() as conn:
         count = (await conn.execute(text("SELECT count(*) FROM scheduler_jobs"))).scalar_one()
     assert count == 0
+
+
+async def test_a_registration_on_a_fresh_connection_sends_no_type_introspection(
+    engine: AsyncEngine,
+) -> None:
+    # asyncpg looks up every array type but text[] in pg_type once per connection, a
+    # query that costs a new backend tens of milliseconds: a promotion registers its
+    # jobs on the standby's pooled connections, which have never run that statement.
+    sent: list[str] = []
+
+    def attach(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        dbapi_connection.driver_connection.add_query_logger(lambda query: sent.append(query.query))
+
+    await engine.dispose()
+    event.listen(engine.sync_engine.pool, "checkout", attach)
+    try:
+        scheduler = Scheduler()
+        scheduler.job(every(minutes=1), id="fresh")(_noop)
+        row = LeaderRow.of(scheduler.jobs["fresh"], T0, ZoneInfo("UTC"), stored_trigger=None)
+        registered = await JobStore(engine, pid=1, host="test").upsert_leader_rows([row])
+    finally:
+        event.remove(engine.sync_engine.pool, "checkout", attach)
+        await engine.dispose()
+    assert registered["fresh"].next_run_at == T0 + timedelta(minutes=1)
+    assert [query for query in sent if "pg_type" in query] == []

@@ -6,9 +6,10 @@ HANDOVER_GRACE_SECONDS (1 s). For each fault the script measures, --repeat times
 - "holder s": from the fault until another process holds the key;
 - "ready s": from the fault to the first fire by a process other than the old leader
   (for a PostgreSQL restart: by any process), with a run-now request of the probe job
-  made at the fault (an UPDATE of its row, no NOTIFY, so only a leader that loads the
-  row after the fault fires it): something is always due, so this is the time until
-  the new leader is ready to fire a due slot, with no wait for the next one;
+  made just before the fault (just after it, for a restart): an UPDATE of its row with
+  no NOTIFY, which a running leader sees only at its next 1 s tick and a new one when
+  it registers. Something is always due, so this is the time until the new leader is
+  ready to fire a due slot, with no wait for the next one;
 - "slot s": the old figure, from the fault to the first fire of a scheduled 1 s slot by
   such a process. The fault lands at a random point of the slot, so it includes the
   wait for the next slot (0.5 s on average); "late s" is how long after its slot that
@@ -41,6 +42,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -120,6 +122,20 @@ def _settled(log_dir: Path, count: int) -> bool:
     return len(logs) == count and all(any(mark in log for mark in _SETTLED) for log in logs)
 
 
+def _request_run(cluster: Cluster) -> datetime:
+    """Ask for a run now of the probe job, with no NOTIFY: a live leader sees it only
+    at its next tick's reload (LEADER_TICK_SECONDS=1), a new one when it registers. Made
+    just before the fault, so the old leader picks it up first only when a tick of its
+    falls in that instant (then "ready" shows the next slot, an outlier in its max).
+    Returns the request time: the slot its run records."""
+    [(requested,)] = cluster.query(
+        "UPDATE scheduler_jobs SET run_requested_at = clock_timestamp() WHERE id = 'probe'"
+        " RETURNING run_requested_at"
+    )
+    assert isinstance(requested, datetime)
+    return requested
+
+
 def _measure(
     server: LocalPostgres, layout: Layout, fault: Fault, any_process: bool, root: Path
 ) -> Result:
@@ -144,15 +160,14 @@ def _measure(
         cluster.wait_for(lambda: cluster.first_fire_after(0) is not None, 20, "a first fire")
         connections = cluster.lock_connections()
         time.sleep(random.random())
+        excluding = None if any_process else leader
+        requested = None if any_process else _request_run(cluster)
         started = time.time()
         fault(cluster, leader, server)
-        excluding = None if any_process else leader
-        # Due at once, for whoever loads the probe's row next: no NOTIFY, so the old
-        # leader (if it still runs) only sees it at its next tick, by when it is gone.
-        [(requested,)] = cluster.query(
-            "UPDATE scheduler_jobs SET run_requested_at = clock_timestamp()"
-            " WHERE id = 'probe' RETURNING run_requested_at"
-        )
+        if requested is None:
+            # After a restart every process reconnects and registers anew: a request
+            # made now is due before any of them loads the job's row again.
+            requested = _request_run(cluster)
         holder = time.time() - started
         holder += cluster.wait_for(
             lambda: cluster.holders() not in ([], [leader]) or (any_process and cluster.holders()),

@@ -51,34 +51,46 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.db import migrate
 from app.localpg import LocalPostgres, free_port
+from app.scheduler.keys import LEADER_KEY_LOCKS
 from tests.procs.cluster import LEASE_SECONDS, PROBE_TABLE_SQL, Cluster
 
-Fault = Callable[[Cluster, int, LocalPostgres], None]
+# A fault returns when it struck (epoch seconds) when that is later than its call: the
+# figures count from the fault, not from the bench's own connection set-up.
+Fault = Callable[[Cluster, int, LocalPostgres], float | None]
 
+LOCK_BACKEND_SQL = f"SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted"
 PROBE_APP = "tests.procs.probe_app:app"
 GRACE_ALWAYS_APP = "bench._grace_always_app:app"
 # A process has settled once it leads or waits, in PostgreSQL or for its host's flock.
 _SETTLED = ("scheduler.promoted", "scheduler.standby", "scheduler.host_standby")
 
 
-def _kill(cluster: Cluster, leader: int, server: LocalPostgres) -> None:
+def _kill(cluster: Cluster, leader: int, server: LocalPostgres) -> float | None:
     os.kill(leader, signal.SIGKILL)
+    return None
 
 
-def _terminate(cluster: Cluster, leader: int, server: LocalPostgres) -> None:
-    cluster.query("SELECT pg_terminate_backend(%s)", cluster.lock_backend_pid())
+def _terminate(cluster: Cluster, leader: int, server: LocalPostgres) -> float:
+    with psycopg.connect(cluster.url, autocommit=True) as conn:
+        [(backend,)] = conn.execute(LOCK_BACKEND_SQL.encode()).fetchall()
+        struck = time.time()
+        conn.execute(b"SELECT pg_terminate_backend(%s)", (backend,))
+    return struck
 
 
-def _sigterm(cluster: Cluster, leader: int, server: LocalPostgres) -> None:
+def _sigterm(cluster: Cluster, leader: int, server: LocalPostgres) -> float | None:
     os.kill(leader, signal.SIGTERM)
+    return None
 
 
-def _sigstop(cluster: Cluster, leader: int, server: LocalPostgres) -> None:
+def _sigstop(cluster: Cluster, leader: int, server: LocalPostgres) -> float | None:
     os.kill(leader, signal.SIGSTOP)
+    return None
 
 
-def _restart(cluster: Cluster, leader: int, server: LocalPostgres) -> None:
+def _restart(cluster: Cluster, leader: int, server: LocalPostgres) -> float | None:
     server.restart()
+    return None
 
 
 FAULTS: dict[str, tuple[Fault, bool]] = {
@@ -163,7 +175,7 @@ def _measure(
         excluding = None if any_process else leader
         requested = None if any_process else _request_run(cluster)
         started = time.time()
-        fault(cluster, leader, server)
+        started = fault(cluster, leader, server) or started
         if requested is None:
             # After a restart every process reconnects and registers anew: a request
             # made now is due before any of them loads the job's row again.

@@ -67,7 +67,8 @@ _NOT_RUN = ("already_recorded", "skipped_overlap")
 class Claim:
     """A slot this process won: its run row, the slot run, and the job's next slot.
 
-    ``leased``: the run holds the job's running lease (leader runs, not replica runs).
+    ``leased``: the run holds a running lease: the job row's for a leader run; its own
+    run row's for a per-worker run (``replica``), which many workers run at once.
     ``jitter``: seconds the fire waited after the slot by design; lateness counts from
     the slot plus the jitter.
     ``term``: the leadership term the claim saw, which fences the body's commits; None
@@ -84,6 +85,7 @@ class Claim:
     jitter: float = 0.0
     term: int | None = None
     manual: bool = False
+    replica: bool = False
 
 
 def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
@@ -342,11 +344,33 @@ class Runner:
         self._observe(spec, "skipped_overlap", 0.0, now - latest)
         return Claim(claimed.run_id, latest, next_slot, runs=False)
 
-    async def fire_replica(self, spec: JobSpec, slot: datetime, *, jitter: float = 0.0) -> None:
-        """Run a per-replica job's slot on this worker: no claim, no lock. ``jitter``:
-        the seconds this worker waited after the slot by design."""
-        run_id = await self.store.start_replica_run(spec, slot, self.clock.now(), jitter=jitter)
-        await self.execute(spec, Claim(run_id, slot, slot, runs=True, jitter=jitter))
+    async def fire_replica(self, spec: JobSpec, slot: datetime, *, jitter: float = 0.0) -> int:
+        """Run a per-replica job's slot on this worker: no claim, no lock; the run holds
+        a running lease on its own run row, renewed as a leader run's. Runs of the job
+        whose worker died are reaped as it starts. ``jitter``: the seconds this worker
+        waited after the slot by design. Returns the run's id once its outcome is
+        recorded (a thread past its timeout may still run)."""
+        now = self.clock.now()
+        run_id, reaped = await self.store.start_replica_run(
+            spec,
+            slot,
+            now,
+            running_until=now + timedelta(seconds=self.lease_seconds),
+            jitter=jitter,
+        )
+        for dead in reaped:
+            logger.warning(
+                "job.abandoned: run %s of job %s was abandoned: its worker (pid %s on %s) "
+                "stopped renewing its running lease",
+                dead.run_id,
+                dead.job_id,
+                dead.pid,
+                dead.host,
+                extra={"action": "job.abandoned", "job_id": dead.job_id, "pid": self.store.pid},
+            )
+        claim = Claim(run_id, slot, slot, runs=True, leased=True, jitter=jitter, replica=True)
+        await self.execute(spec, claim)
+        return run_id
 
     async def run_service(self, spec: ServiceSpec) -> None:
         """Run a leader-only service until cancelled, restarting it with backoff when it
@@ -546,7 +570,7 @@ class Runner:
             return False
         if run.claim.leased:
             keep_lease(
-                functools.partial(self._renew_from_thread, spec.id, run_id),
+                functools.partial(self._renew_from_thread, spec.id, run_id, run.claim.replica),
                 period=self.lease_seconds / 3,
                 until=body.ended,
                 job_id=spec.id,
@@ -560,9 +584,9 @@ class Runner:
         )
         return True
 
-    def _renew_from_thread(self, job_id: str, run_id: int) -> bool:
+    def _renew_from_thread(self, job_id: str, run_id: int, replica: bool) -> bool:
         until = self.clock.now() + timedelta(seconds=self.lease_seconds)
-        return self.thread_store.renew_lease(job_id, run_id, until)
+        return self.thread_store.renew_lease(job_id, run_id, until, replica=replica)
 
     def _settle_in_thread(self, run: _Run, raised: BaseException | None) -> None:
         """Record a handed-over run's outcome, in its body's thread as the body ended.
@@ -622,7 +646,8 @@ class Runner:
             try:
                 # Shielded: the body may end mid-renewal; the statement still completes
                 # (it matches nothing once the lease is cleared) and its connection returns.
-                held = await asyncio.shield(self.store.renew_lease(spec.id, run_id, until))
+                renewal = self.store.renew_lease(spec.id, run_id, until, replica=run.claim.replica)
+                held = await asyncio.shield(renewal)
             except Exception:
                 logger.warning(
                     'Could not renew the running lease of job "%s" (run %s); retrying',
@@ -645,7 +670,9 @@ class Runner:
     async def _release_lease(self, run: _Run) -> None:
         try:
             async with asyncio.timeout(_RECORD_TIMEOUT):
-                await self.store.release_lease(run.spec.id, run.claim.run_id)
+                await self.store.release_lease(
+                    run.spec.id, run.claim.run_id, replica=run.claim.replica
+                )
         except Exception:
             logger.warning(
                 'Could not clear the running lease of job "%s" (run %s); it runs out by itself',

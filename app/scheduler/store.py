@@ -60,6 +60,7 @@ __all__ = [
     "JobRow",
     "JobStore",
     "LeaderRow",
+    "ReapedRun",
     "ThreadStore",
     "format_error",
     "storable",
@@ -158,10 +159,10 @@ _INSERT_RUN = text(
     """
     INSERT INTO scheduler_runs
         (id, job_id, scope, slot, manual, started_at, finished_at, status, lateness_ms,
-         jitter_ms, pid, host, error)
+         jitter_ms, pid, host, error, running_until)
     VALUES (COALESCE(CAST(:id AS bigint), nextval(pg_get_serial_sequence('scheduler_runs', 'id'))),
             :job_id, :scope, :slot, :manual, :started_at, :finished_at, :status, :lateness_ms,
-            :jitter_ms, :pid, :host, :error)
+            :jitter_ms, :pid, :host, :error, :running_until)
     ON CONFLICT (job_id, slot, manual) WHERE scope = 'leader' DO NOTHING
     RETURNING id
     """
@@ -183,10 +184,14 @@ _UNDO_START = text(
     """
 )
 
+# A per-worker run's own lease is cleared with its outcome, unless its body runs on
+# (a thread past its timeout): the lease then lasts until the body ends. The outcome of
+# a run reaped meanwhile still lands: it is the truth, and 'abandoned' was a guess.
 _FINISH_RUN = text(
     """
     UPDATE scheduler_runs
-    SET finished_at = :finished_at, status = :status, duration_ms = :duration_ms, error = :error
+    SET finished_at = :finished_at, status = :status, duration_ms = :duration_ms, error = :error,
+        running_until = CASE WHEN CAST(:body_ended AS boolean) THEN NULL ELSE running_until END
     WHERE id = :run_id
     """
 )
@@ -220,6 +225,15 @@ _RELEASE_LEASE = text(
     """
 )
 
+# A per-worker run's lease is on its own run row; a reaped run no longer holds one.
+_RENEW_REPLICA_LEASE = text(
+    """
+    UPDATE scheduler_runs SET running_until = :running_until
+    WHERE id = :run_id AND running_until IS NOT NULL
+    """
+)
+_RELEASE_REPLICA_LEASE = text("UPDATE scheduler_runs SET running_until = NULL WHERE id = :run_id")
+
 # A lease that ran out: its owner died (or froze past it). Its run, if still recorded
 # as running, and the job's running status become 'abandoned'; the lease is cleared.
 _REAP = text(
@@ -249,6 +263,45 @@ _REAP = text(
     FROM expired e
     WHERE j.id = e.id
     RETURNING j.id
+    """
+)
+
+# The per-worker runs whose own lease ran out: their worker died (or froze past it).
+# A run still recorded as running becomes 'abandoned' and, unless the job recorded
+# another outcome after that lease ran out (or a leader run of it holds the job's
+# lease), so does the job's last status; every expired lease is cleared.
+_REAP_REPLICA_RUNS = text(
+    """
+    WITH expired AS (
+        SELECT id, job_id, status AS was, running_until AS lapsed_at,
+            format('abandoned: the worker that ran it (pid %s on %s) stopped renewing its '
+                   'running lease, which ran out at %s', pid, host, running_until) AS note
+        FROM scheduler_runs
+        WHERE running_until <= CAST(:now AS timestamptz) AND scope = 'replica'
+            AND (CAST(:job_id AS text) IS NULL OR job_id = CAST(:job_id AS text))
+        FOR UPDATE SKIP LOCKED
+    ), reaped AS (
+        UPDATE scheduler_runs r
+        SET status = CASE WHEN e.was = 'running' THEN 'abandoned' ELSE r.status END,
+            finished_at = CASE WHEN e.was = 'running'
+                THEN CAST(:now AS timestamptz) ELSE r.finished_at END,
+            error = CASE WHEN e.was = 'running' THEN e.note ELSE r.error END,
+            running_until = NULL
+        FROM expired e
+        WHERE r.id = e.id
+        RETURNING r.id, r.job_id, r.pid, r.host, e.was, e.lapsed_at, e.note
+    ), latest AS (
+        SELECT DISTINCT ON (job_id) job_id, lapsed_at, note FROM reaped WHERE was = 'running'
+        ORDER BY job_id, lapsed_at DESC
+    ), jobs AS (
+        UPDATE scheduler_jobs j
+        SET last_status = 'abandoned', last_finished_at = CAST(:now AS timestamptz),
+            last_error = l.note, updated_at = now()
+        FROM latest l
+        WHERE j.id = l.job_id AND j.last_status IS DISTINCT FROM 'running'
+            AND (j.last_finished_at IS NULL OR j.last_finished_at < l.lapsed_at)
+    )
+    SELECT id AS run_id, job_id, pid, host FROM reaped WHERE was = 'running' ORDER BY id
     """
 )
 
@@ -299,6 +352,17 @@ class ClaimedSlot:
     term: int
     next_slot: datetime
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReapedRun:
+    """A per-worker run reaped to 'abandoned': its worker (``pid`` on ``host``)
+    stopped renewing its running lease."""
+
+    job_id: str
+    run_id: int
+    pid: int
+    host: str
 
 
 @dataclass(frozen=True)
@@ -447,11 +511,14 @@ class JobStore:
             await conn.execute(_CLEAR_BROKEN, {"ids": list(job_ids)})
 
     async def reap(self, now: datetime) -> list[str]:
-        """Reap every running lease that ran out by ``now`` (see the module docstring);
-        return the ids of the jobs reaped."""
+        """Reap every running lease that ran out by ``now``, a leader run's on the job
+        row and a per-worker run's on its run row (see the module docstring); return the
+        ids of the jobs reaped, once per run."""
         async with self.engine.begin() as conn:
             result = await conn.execute(_REAP, {"now": now, "job_id": None})
-            return [row.id for row in result]
+            reaped = [row.id for row in result]
+            replicas = await conn.execute(_REAP_REPLICA_RUNS, {"now": now, "job_id": None})
+            return reaped + [row.job_id for row in replicas]
 
     async def heartbeat(self, backend_pid: int, now: datetime) -> None:
         """Note that the leader on lock backend ``backend_pid`` still fires, at ``now``."""
@@ -660,29 +727,48 @@ class JobStore:
                 f"slot {run_slot.isoformat()} already has run {recorded.id} ({recorded.status})",
             )
 
-    async def renew_lease(self, job_id: str, run_id: int, running_until: datetime) -> bool:
-        """Move the running lease of run ``run_id`` to ``running_until``; False when the
-        run no longer holds it (it ran out and another run took the job)."""
+    async def renew_lease(
+        self, job_id: str, run_id: int, running_until: datetime, *, replica: bool = False
+    ) -> bool:
+        """Move the running lease of run ``run_id`` to ``running_until``: the job row's
+        for a leader run, the run row's own for a per-worker run (``replica``). False
+        when the run no longer holds it (it ran out, and another run took the job or
+        the run was reaped)."""
+        statement = _RENEW_REPLICA_LEASE if replica else _RENEW_LEASE
         async with self.engine.begin() as conn:
             params = {"job_id": job_id, "run_id": run_id, "running_until": running_until}
-            return (await conn.execute(_RENEW_LEASE, params)).rowcount == 1
+            return (await conn.execute(statement, params)).rowcount == 1
 
-    async def release_lease(self, job_id: str, run_id: int) -> None:
-        """Clear the running lease of run ``run_id``, if it still holds it."""
+    async def release_lease(self, job_id: str, run_id: int, *, replica: bool = False) -> None:
+        """Clear the running lease of run ``run_id`` (``replica``: its run row's own),
+        if it still holds it."""
+        statement = _RELEASE_REPLICA_LEASE if replica else _RELEASE_LEASE
         async with self.engine.begin() as conn:
-            await conn.execute(_RELEASE_LEASE, {"job_id": job_id, "run_id": run_id})
+            await conn.execute(statement, {"job_id": job_id, "run_id": run_id})
 
     async def start_replica_run(
-        self, spec: JobSpec, slot: datetime, now: datetime, *, jitter: float = 0.0
-    ) -> int:
-        """Record the start of a per-replica run (no claim: every worker runs it);
-        lateness counts from ``slot`` + ``jitter`` seconds."""
+        self,
+        spec: JobSpec,
+        slot: datetime,
+        now: datetime,
+        *,
+        running_until: datetime,
+        jitter: float = 0.0,
+    ) -> tuple[int, list[ReapedRun]]:
+        """Record the start of a per-replica run (no claim: every worker runs it), with
+        its own running lease until ``running_until``; lateness counts from ``slot`` +
+        ``jitter`` seconds. The job's runs whose lease ran out by ``now`` are reaped
+        first, so they are reaped while any worker runs the job, leader or not. Returns
+        the new run's id and the runs reaped."""
         async with self.engine.begin() as conn:
-            result = await conn.execute(
-                _INSERT_RUN, self._run_params(spec, "replica", slot, now, "running", jitter=jitter)
-            )
+            reaped = [
+                ReapedRun(row.job_id, row.run_id, row.pid, row.host)
+                for row in await conn.execute(_REAP_REPLICA_RUNS, {"now": now, "job_id": spec.id})
+            ]
+            params = self._run_params(spec, "replica", slot, now, "running", jitter=jitter)
+            result = await conn.execute(_INSERT_RUN, params | {"running_until": running_until})
             run_id: int = result.scalar_one()
-            return run_id
+            return run_id, reaped
 
     async def finish(
         self,
@@ -698,6 +784,7 @@ class JobStore:
         """Record a run's outcome on its run row and on the job row, and clear its
         running lease unless ``body_ended`` is False (a thread still running)."""
         params = _outcome_params(run_id, job_id, status, finished_at, duration_ms, error)
+        params |= {"body_ended": body_ended}
         async with self.engine.begin() as conn:
             await conn.execute(_FINISH_RUN, params)
             await conn.execute(_FINISH_JOB, params)
@@ -733,6 +820,7 @@ class JobStore:
             "pid": self.pid,
             "host": self.host,
             "error": error,
+            "running_until": None,
         }
 
 
@@ -743,11 +831,14 @@ class ThreadStore:
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self.sessions = sessions
 
-    def renew_lease(self, job_id: str, run_id: int, running_until: datetime) -> bool:
+    def renew_lease(
+        self, job_id: str, run_id: int, running_until: datetime, *, replica: bool = False
+    ) -> bool:
         """JobStore.renew_lease: False when the run no longer holds the lease."""
         params = {"job_id": job_id, "run_id": run_id, "running_until": running_until}
+        statement = _RENEW_REPLICA_LEASE if replica else _RENEW_LEASE
         with self.sessions.begin() as session:
-            return _read_committed(session).execute(_RENEW_LEASE, params).rowcount == 1
+            return _read_committed(session).execute(statement, params).rowcount == 1
 
     def finish(
         self,
@@ -761,6 +852,7 @@ class ThreadStore:
     ) -> None:
         """JobStore.finish of a body that ended: record the outcome, clear the lease."""
         params = _outcome_params(run_id, job_id, status, finished_at, duration_ms, error)
+        params |= {"body_ended": True}
         with self.sessions.begin() as session:
             conn = _read_committed(session)
             conn.execute(_FINISH_RUN, params)

@@ -4,6 +4,7 @@ whose worker died is reaped to ``abandoned`` once that lease passes."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -102,7 +103,11 @@ def test_a_per_worker_run_that_outlives_its_lease_in_a_live_worker_stays_running
     gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
     for pid in cluster.processes:
         cluster.wait_for(
-            lambda pid=pid: _runs_of(cluster, pid)[:1] == [("ok", None)],
+            functools.partial(_first_run_ended_ok, cluster, pid),
             10,
             f"the real outcome of worker {pid}'s run",
         )
+
+
+def _first_run_ended_ok(cluster: Cluster, pid: int) -> bool:
+    return _runs_of(cluster, pid)[:1] == [("ok", None)]

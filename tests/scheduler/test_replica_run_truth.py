@@ -4,22 +4,35 @@ whose worker died is reaped to ``abandoned`` once that lease passes."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import signal
 import socket
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.admin import queries
+from app.db import Database
+from app.scheduler import FakeClock, JobContext, Scheduler, every
+from app.scheduler.registry import JobSpec
 
 from ..procs.cluster import LEASE_SECONDS, Cluster
 from ..procs.gated_app import GATE_KEY
 from ..procs.replica_app import REPLICA_BODIES_SQL
+from .conftest import BlockingBodies, make_runner
 
 WORKERS = 2
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+UTC_ZONE = ZoneInfo("UTC")
 
 
 @pytest.fixture
@@ -111,3 +124,92 @@ def test_a_per_worker_run_that_outlives_its_lease_in_a_live_worker_stays_running
 
 def _first_run_ended_ok(cluster: Cluster, pid: int) -> bool:
     return _runs_of(cluster, pid)[:1] == [("ok", None)]
+
+
+def _noop_sweep() -> JobSpec:
+    scheduler = Scheduler()
+
+    @scheduler.job(every(minutes=1), id="sweep", leader_only=False)
+    async def sweep(ctx: JobContext) -> None:
+        return None
+
+    return scheduler.jobs["sweep"]
+
+
+async def _history(engine: AsyncEngine) -> list[tuple[object, ...]]:
+    async with engine.connect() as conn:
+        result = await conn.execute(
+            text("SELECT status, pid, running_until FROM scheduler_runs ORDER BY id")
+        )
+        return [tuple(row) for row in result]
+
+
+async def _job_outcome(engine: AsyncEngine) -> tuple[object, ...]:
+    async with engine.connect() as conn:
+        query = text("SELECT last_status, last_error FROM scheduler_jobs WHERE id = 'sweep'")
+        return tuple((await conn.execute(query)).one())
+
+
+async def test_a_per_worker_run_whose_worker_died_is_reaped_by_the_jobs_next_run_with_no_leader(
+    database: Database, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    spec = _noop_sweep()
+    dead = make_runner(database, clock, pid=999_999)
+    await dead.store.register_replica_jobs([spec], clock.now(), UTC_ZONE)
+    # A worker that started its run with a 30 s lease, then died.
+    await dead.store.start_replica_run(
+        spec, T0, T0, running_until=T0 + timedelta(seconds=dead.lease_seconds)
+    )
+    clock.advance(60)
+    await make_runner(database, clock, pid=2).fire_replica(spec, T0 + timedelta(minutes=1))
+    assert await _history(engine) == [("abandoned", 999_999, None), ("ok", 2, None)]
+    [_, dead_run] = await queries.job_runs(engine, "sweep")  # newest first
+    assert "pid 999999 on test" in dead_run["error"]
+
+
+async def test_a_per_worker_run_reaped_while_its_body_still_ran_records_its_real_outcome(
+    database: Database, engine: AsyncEngine, bodies: BlockingBodies
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(every(minutes=1), id="sweep", leader_only=False)(bodies)
+    spec = scheduler.jobs["sweep"]
+    runner = make_runner(database, clock)
+    await runner.store.register_replica_jobs([spec], clock.now(), UTC_ZONE)
+    fire = asyncio.create_task(runner.fire_replica(spec, T0))
+    await bodies.entered()
+    # A reaper that sees the lease run out: the worker froze past it, say.
+    lapsed = T0 + timedelta(seconds=runner.lease_seconds + 1)
+    assert await runner.store.reap(lapsed) == ["sweep"]
+    assert [status for status, _, _ in await _history(engine)] == ["abandoned"]
+    bodies.release.set()
+    await fire
+    assert await _history(engine) == [("ok", 1, None)]
+    assert await _job_outcome(engine) == ("ok", None)
+
+
+async def test_a_reaped_per_worker_run_leaves_an_outcome_recorded_after_its_lease_ran_out(
+    database: Database, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    spec = _noop_sweep()
+    dead = make_runner(database, clock, pid=999_999)
+    await dead.store.register_replica_jobs([spec], clock.now(), UTC_ZONE)
+    await dead.store.start_replica_run(
+        spec, T0, T0, running_until=T0 + timedelta(seconds=dead.lease_seconds)
+    )
+    # Another worker's run ends after the dead worker's lease ran out, before any reap.
+    clock.advance(dead.lease_seconds + 1)
+    live = make_runner(database, clock, pid=2)
+    await live.store.finish(
+        (await live.store.start_replica_run(spec, T0, T0, running_until=T0))[0],
+        "sweep",
+        status="ok",
+        finished_at=clock.now(),
+        duration_ms=0,
+        error=None,
+    )
+    assert await live.store.reap(clock.now()) == ["sweep"]
+    assert [status for status, _, _ in await _history(engine)] == ["abandoned", "ok"]
+    assert await _job_outcome(engine) == ("ok", None)

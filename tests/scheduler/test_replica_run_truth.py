@@ -101,17 +101,7 @@ def test_a_per_worker_run_that_outlives_its_lease_in_a_live_worker_stays_running
     replica_cluster: Cluster, gate: psycopg.Connection[tuple[object, ...]]
 ) -> None:
     cluster = replica_cluster
-    started = time.time()
-    # The leader reaps before it beats in each tick: a beat twice the lease after the
-    # runs started follows a reap that would have taken any lease nobody renewed.
-    cluster.wait_for(
-        lambda: cluster.query(
-            "SELECT 1 FROM scheduler_leadership WHERE heartbeat_at > to_timestamp(%s)",
-            started + 2 * LEASE_SECONDS + 1,
-        ),
-        2 * LEASE_SECONDS + 20,
-        "a leader tick twice the lease after the runs started",
-    )
+    _wait_for_a_reap_twice_the_lease_after(cluster, time.time())
     assert _running_pids(cluster) == set(cluster.processes)
     gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
     for pid in cluster.processes:
@@ -120,6 +110,43 @@ def test_a_per_worker_run_that_outlives_its_lease_in_a_live_worker_stays_running
             10,
             f"the real outcome of worker {pid}'s run",
         )
+
+
+@pytest.mark.multiprocess
+def test_a_per_worker_thread_run_keeps_its_lease_when_its_workers_event_loop_ends_first(
+    replica_cluster: Cluster, gate: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    """Ctrl-C twice: the event loop ends while the body's thread runs; the keeper thread
+    renews the run's own lease, so the run is not reaped, and its thread records it."""
+    cluster = replica_cluster
+    owner = next(pid for pid in cluster.processes if pid != cluster.leader())
+    os.kill(owner, signal.SIGINT)
+    cluster.wait_for(
+        lambda: "scheduler.waiting_for_threads" in cluster.log_of(owner), 10, "the wait"
+    )
+    os.kill(owner, signal.SIGINT)
+    cluster.wait_for(
+        lambda: "Application shutdown complete" in cluster.log_of(owner), 10, "the lifespan's end"
+    )
+    _wait_for_a_reap_twice_the_lease_after(cluster, time.time())
+    assert [status for status, _ in _runs_of(cluster, owner)] == ["running"]
+    gate.execute("SELECT pg_advisory_unlock(%s)", (GATE_KEY,))
+    cluster.wait_for(
+        functools.partial(_first_run_ended_ok, cluster, owner), 10, "the owner's real outcome"
+    )
+
+
+def _wait_for_a_reap_twice_the_lease_after(cluster: Cluster, since: float) -> None:
+    # The leader reaps before it beats in each tick: a beat twice the lease after
+    # ``since`` follows a reap that would have taken any lease nobody renewed since.
+    cluster.wait_for(
+        lambda: cluster.query(
+            "SELECT 1 FROM scheduler_leadership WHERE heartbeat_at > to_timestamp(%s)",
+            since + 2 * LEASE_SECONDS + 1,
+        ),
+        2 * LEASE_SECONDS + 20,
+        "a leader tick twice the lease later",
+    )
 
 
 def _first_run_ended_ok(cluster: Cluster, pid: int) -> bool:

@@ -8,10 +8,11 @@ reaches the supervisor, so the next slot still fires.
 
 The runner lives as long as the process's scheduler, so it is what remembers which
 jobs have a body running here, across promotions. A leader run holds the job's running
-lease (see store.py); the runner renews it every third of the lease while the body
-runs and clears it when the body ends. Cancelling a run (demotion, shutdown) stops an
-async body at once; a thread cannot be stopped, so it runs on, still holding the lease,
-and its real outcome is recorded when it ends. ``wait_for_bodies()`` waits for those
+lease, a per-worker run a lease on its own run row (see store.py); the runner renews
+either every third of the lease while the body runs and clears it when the body ends.
+Cancelling a run (demotion, shutdown) stops an async body at once; a thread cannot be
+stopped, so it runs on, still holding the lease, and its real outcome is recorded when
+it ends. ``wait_for_bodies()`` waits for those
 threads (the app's lifespan does, after the scheduler stopped).
 
 A thread body runs on an executor future, watched by a task that renews the lease and

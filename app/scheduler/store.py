@@ -27,6 +27,13 @@ the job's ``running`` status while a lease holds, and a lease that ran out (its 
 died) is *reaped*: its run and the job's status become ``abandoned`` and the lease is
 cleared, by the leader every tick and by the claim that takes the job over.
 
+A per-worker run (``scope = 'replica'``) holds its lease on its own run row instead
+(``scheduler_runs.running_until``): every worker runs the job at once, so the job row
+cannot hold one lease for them. It is set by the insert that starts the run, renewed
+by the run id, and cleared by the outcome; it holds no claim back. A run whose lease
+ran out is reaped to ``abandoned`` by the leader's tick (the same reap) and by the
+job's next run on any worker, so it is reaped even while no worker leads.
+
 *Run now* is a request beside the schedule, never a move of it: the operator's request
 sets ``run_requested_at`` (app/admin/queries.py) and the leader claims it with the same
 UPDATE, matched on the request instead of the slot, which clears the request instead of

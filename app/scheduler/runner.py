@@ -12,8 +12,8 @@ lease, a per-worker run a lease on its own run row (see store.py); the runner re
 either every third of the lease while the body runs and clears it when the body ends.
 Cancelling a run (demotion, shutdown) stops an async body at once; a thread cannot be
 stopped, so it runs on, still holding the lease, and its real outcome is recorded when
-it ends. ``wait_for_bodies()`` waits for those
-threads (the app's lifespan does, after the scheduler stopped).
+it ends. ``wait_for_bodies()`` waits for those threads (the app's lifespan does, after
+the scheduler stopped).
 
 A thread body runs on an executor future, watched by a task that renews the lease and
 records the outcome. The end of the event loop cancels that task (``asyncio.run``

@@ -115,7 +115,10 @@ a timeout) it runs on. Two things keep the next slot from starting beside it:
   that finds an unexpired lease records its slot as ``skipped_overlap``. A lease whose
   owner died (kill -9, a lost host) runs out after ``LEASE_SECONDS`` and the job fires
   again; an owner frozen (SIGSTOP) longer than that may resume a body beside a new
-  run, the one overlap the lease cannot prevent.
+  run, the one overlap the lease cannot prevent. The lease is measured on the
+  database server's clock (``clock_timestamp()`` plus ``LEASE_SECONDS``), the one clock
+  every process shares, so hosts whose clocks disagree never take a live run for a
+  dead one; a test's FakeClock measures it instead (``clock.lease_clock``).
 
 On demotion an async body is cancelled at once and recorded ``cancelled``. A thread's
 run stays ``running`` and gets its real outcome (``ok``, ``error``) when the thread

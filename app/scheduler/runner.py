@@ -129,7 +129,7 @@ class Runner:
         self.sessions = sessions
         self.sync_sessions = sync_sessions
         self.lease_seconds = lease_seconds
-        self.thread_store = ThreadStore(sync_sessions)
+        self.thread_store = ThreadStore(sync_sessions, lease_clock=store.lease_clock)
         # Per job, what is alive while its body runs: the run's task until the body
         # starts, then a future of the body (async) or the task watching its thread.
         self._alive: dict[str, asyncio.Future[Any]] = {}
@@ -224,7 +224,7 @@ class Runner:
             now=now,
             status="missed" if missed else "running",
             fence_pid=fence_pid,
-            running_until=now + timedelta(seconds=self.lease_seconds),
+            lease_seconds=self.lease_seconds,
             error=error,
             missed_before=missed_before,
             jitter=jitter,
@@ -272,7 +272,7 @@ class Runner:
             now=now,
             status="skipped_overlap" if busy_here else "running",
             fence_pid=fence_pid,
-            running_until=None if busy_here else now + timedelta(seconds=self.lease_seconds),
+            lease_seconds=None if busy_here else self.lease_seconds,
             error=_BUSY_HERE if busy_here else None,
         )
         if claimed is None:
@@ -356,7 +356,7 @@ class Runner:
             spec,
             slot,
             now,
-            running_until=now + timedelta(seconds=self.lease_seconds),
+            lease_seconds=self.lease_seconds,
             jitter=jitter,
         )
         for dead in reaped:
@@ -586,8 +586,7 @@ class Runner:
         return True
 
     def _renew_from_thread(self, job_id: str, run_id: int, replica: bool) -> bool:
-        until = self.clock.now() + timedelta(seconds=self.lease_seconds)
-        return self.thread_store.renew_lease(job_id, run_id, until, replica=replica)
+        return self.thread_store.renew_lease(job_id, run_id, self.lease_seconds, replica=replica)
 
     def _settle_in_thread(self, run: _Run, raised: BaseException | None) -> None:
         """Record a handed-over run's outcome, in its body's thread as the body ended.
@@ -643,11 +642,12 @@ class Runner:
         spec, run_id = run.spec, run.claim.run_id
         while True:
             await self.clock.sleep(period)
-            until = self.clock.now() + timedelta(seconds=self.lease_seconds)
             try:
                 # Shielded: the body may end mid-renewal; the statement still completes
                 # (it matches nothing once the lease is cleared) and its connection returns.
-                renewal = self.store.renew_lease(spec.id, run_id, until, replica=run.claim.replica)
+                renewal = self.store.renew_lease(
+                    spec.id, run_id, self.lease_seconds, replica=run.claim.replica
+                )
                 held = await asyncio.shield(renewal)
             except Exception:
                 logger.warning(

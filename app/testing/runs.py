@@ -12,6 +12,7 @@ from sqlalchemy import text
 
 from app.db import Database
 from app.scheduler import Clock, FakeClock, Scheduler, SchedulerError
+from app.scheduler.clock import lease_clock
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
 
@@ -74,7 +75,9 @@ async def run_job(
         clock.set(at)
     now = at or clock.now()
     zone = zone or ZoneInfo("UTC")
-    store = JobStore(database.engine, pid=os.getpid(), host=socket.gethostname())
+    store = JobStore(
+        database.engine, pid=os.getpid(), host=socket.gethostname(), lease_clock=lease_clock(clock)
+    )
     runner = Runner(
         store,
         clock=clock,

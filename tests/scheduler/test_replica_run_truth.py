@@ -24,6 +24,7 @@ from app.admin import queries
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.registry import JobSpec
+from app.scheduler.store import JobStore
 
 from ..procs.cluster import LEASE_SECONDS, Cluster
 from ..procs.gated_app import GATE_KEY
@@ -185,9 +186,7 @@ async def test_a_per_worker_run_whose_worker_died_is_reaped_by_the_jobs_next_run
     dead = make_runner(database, clock, pid=999_999)
     await dead.store.register_replica_jobs([spec], clock.now(), UTC_ZONE)
     # A worker that started its run with a 30 s lease, then died.
-    await dead.store.start_replica_run(
-        spec, T0, T0, running_until=T0 + timedelta(seconds=dead.lease_seconds)
-    )
+    await dead.store.start_replica_run(spec, T0, T0, lease_seconds=dead.lease_seconds)
     clock.advance(60)
     await make_runner(database, clock, pid=2).fire_replica(spec, T0 + timedelta(minutes=1))
     assert await _history(engine) == [("abandoned", 999_999, None), ("ok", 2, None)]
@@ -206,9 +205,11 @@ async def test_a_per_worker_run_reaped_while_its_body_still_ran_records_its_real
     await runner.store.register_replica_jobs([spec], clock.now(), UTC_ZONE)
     fire = asyncio.create_task(runner.fire_replica(spec, T0))
     await bodies.entered()
-    # A reaper that sees the lease run out: the worker froze past it, say.
-    lapsed = T0 + timedelta(seconds=runner.lease_seconds + 1)
-    assert await runner.store.reap(lapsed) == ["sweep"]
+    # A reaper that sees the lease run out (the worker froze past it, say), while the
+    # worker's own clock has not moved to renew it.
+    lapsed = FakeClock(T0 + timedelta(seconds=runner.lease_seconds + 1))
+    reaper = JobStore(database.engine, pid=2, host="test", lease_clock=lapsed)
+    assert await reaper.reap(lapsed.now()) == ["sweep"]
     assert [status for status, _, _ in await _history(engine)] == ["abandoned"]
     bodies.release.set()
     await fire
@@ -223,14 +224,13 @@ async def test_a_reaped_per_worker_run_leaves_an_outcome_recorded_after_its_leas
     spec = _noop_sweep()
     dead = make_runner(database, clock, pid=999_999)
     await dead.store.register_replica_jobs([spec], clock.now(), UTC_ZONE)
-    await dead.store.start_replica_run(
-        spec, T0, T0, running_until=T0 + timedelta(seconds=dead.lease_seconds)
-    )
+    await dead.store.start_replica_run(spec, T0, T0, lease_seconds=dead.lease_seconds)
     # Another worker's run ends after the dead worker's lease ran out, before any reap.
-    clock.advance(dead.lease_seconds + 1)
     live = make_runner(database, clock, pid=2)
+    run_id, _ = await live.store.start_replica_run(spec, T0, T0, lease_seconds=live.lease_seconds)
+    clock.advance(dead.lease_seconds + 1)
     await live.store.finish(
-        (await live.store.start_replica_run(spec, T0, T0, running_until=T0))[0],
+        run_id,
         "sweep",
         status="ok",
         finished_at=clock.now(),

@@ -467,8 +467,11 @@ class JobStore:
         self.host = host
         self.lease_clock = lease_clock
 
-    def _lease_now(self) -> dict[str, object]:
-        return {"lease_now": None if self.lease_clock is None else self.lease_clock.now()}
+    def _lease_now(self, now: datetime | None = None) -> dict[str, object]:
+        # On a test's clock, the caller's ``now`` (read before any wait) is the lease's.
+        if self.lease_clock is None:
+            return {"lease_now": None}
+        return {"lease_now": now if now is not None else self.lease_clock.now()}
 
     async def register_leader_jobs(
         self, specs: Iterable[JobSpec], now: datetime, zone: ZoneInfo
@@ -544,7 +547,7 @@ class JobStore:
         row and a per-worker run's on its run row (see the module docstring); return the
         ids of the jobs reaped, once per run."""
         async with self.engine.begin() as conn:
-            params = {"now": now, "job_id": None} | self._lease_now()
+            params = {"now": now, "job_id": None} | self._lease_now(now)
             reaped = [row.id for row in await conn.execute(_REAP, params)]
             replicas = await conn.execute(_REAP_REPLICA_RUNS, params)
             return reaped + [row.job_id for row in replicas]
@@ -683,7 +686,7 @@ class JobStore:
             "lease_seconds": lease_seconds,
             "pid": self.pid,
             "host": self.host,
-        } | self._lease_now()
+        } | self._lease_now(now)
         statement = _CLAIMS[(key.manual, fence_pid is not None)]
         if fence_pid is not None:
             params |= {"fence_pid": fence_pid}
@@ -695,7 +698,7 @@ class JobStore:
                 missed_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             run_id: int | None = None
             if runs:
-                await conn.execute(_REAP, {"now": now, "job_id": spec.id} | self._lease_now())
+                await conn.execute(_REAP, {"now": now, "job_id": spec.id} | self._lease_now(now))
                 run_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             params |= {"run_id": run_id}
             claimed = (await conn.execute(statement, params)).one_or_none()
@@ -764,9 +767,9 @@ class JobStore:
         when the run no longer holds it (it ran out, and another run took the job or
         the run was reaped)."""
         statement = _RENEW_REPLICA_LEASE if replica else _RENEW_LEASE
+        params = {"job_id": job_id, "run_id": run_id, "lease_seconds": lease_seconds}
+        params |= self._lease_now()
         async with self.engine.begin() as conn:
-            params = {"job_id": job_id, "run_id": run_id, "lease_seconds": lease_seconds}
-            params |= self._lease_now()
             return (await conn.execute(statement, params)).rowcount == 1
 
     async def release_lease(self, job_id: str, run_id: int, *, replica: bool = False) -> None:
@@ -794,7 +797,7 @@ class JobStore:
             reaped = [
                 ReapedRun(row.job_id, row.run_id, row.pid, row.host)
                 for row in await conn.execute(
-                    _REAP_REPLICA_RUNS, {"now": now, "job_id": spec.id} | self._lease_now()
+                    _REAP_REPLICA_RUNS, {"now": now, "job_id": spec.id} | self._lease_now(now)
                 )
             ]
             params = self._run_params(spec, "replica", slot, now, "running", jitter=jitter)
@@ -853,7 +856,7 @@ class JobStore:
             "host": self.host,
             "error": error,
             "lease_seconds": None,
-        } | self._lease_now()
+        } | self._lease_now(now)
 
 
 class ThreadStore:

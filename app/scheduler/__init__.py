@@ -115,11 +115,21 @@ a timeout) it runs on. Two things keep the next slot from starting beside it:
   that finds an unexpired lease records its slot as ``skipped_overlap``. A lease whose
   owner died (kill -9, a lost host) runs out after ``LEASE_SECONDS`` and the job fires
   again; an owner frozen (SIGSTOP) longer than that may resume a body beside a new
-  run, the one overlap the lease cannot prevent.
+  run, the one overlap the lease cannot prevent. The lease is measured on the
+  database server's clock (``clock_timestamp()`` plus ``LEASE_SECONDS``), the one clock
+  every process shares, so hosts whose clocks disagree never take a live run for a
+  dead one; a test's FakeClock measures it instead (``clock.lease_clock``).
 
 On demotion an async body is cancelled at once and recorded ``cancelled``. A thread's
 run stays ``running`` and gets its real outcome (``ok``, ``error``) when the thread
-ends, logged as ``job.finished_after_demotion``. Per-replica runs take no lease.
+ends, logged as ``job.finished_after_demotion``.
+
+A per-worker run (``leader_only=False``) cannot hold the job row's lease, since every
+worker runs the job at once; it holds a running lease on its own run row
+(``scheduler_runs.running_until``), set as it starts, renewed and handed over to a
+keeper thread exactly as a leader run's, and cleared by its outcome. It guards no
+overlap (each worker's loop waits for its own run); it only tells whether the run's
+worker still lives.
 
 Across a shutdown the lease holds exactly as long as the body runs in a living process:
 
@@ -143,7 +153,11 @@ The lease is also what "running" means to operators: a skipped or missed slot ne
 overwrites the ``running`` status of a job whose lease holds, and a lease that ran out
 (its owner died) is *reaped*: the leader's tick, and the claim that takes the job
 over, set its run and the job's status to ``abandoned`` (logged as ``job.abandoned``)
-and clear the lease, so run-now is refused only while a lease holds.
+and clear the lease, so run-now is refused only while a lease holds. A per-worker run
+whose own lease ran out is reaped to ``abandoned`` by the same leader tick and, with
+no leader, by the job's next run on any worker; the job's status becomes
+``abandoned`` too unless another of its runs ended after that lease ran out. A reaped
+run whose body still ran (a frozen worker) records its real outcome when it ends.
 
 One bad job stops nothing
 =========================

@@ -13,7 +13,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-__all__ = ["Clock", "FakeClock", "SystemClock"]
+__all__ = ["Clock", "FakeClock", "SystemClock", "lease_clock"]
 
 
 class Clock(Protocol):
@@ -106,3 +106,15 @@ class FakeClock:
     async def _notify_parked(self) -> None:
         async with self._parked:
             self._parked.notify_all()
+
+
+def lease_clock(clock: Clock) -> Clock | None:
+    """The clock running leases are measured on for a process whose clock is ``clock``.
+
+    None for the system clock: leases are then written and compared on the database
+    server's clock, the one clock every process shares, since hosts' clocks disagree
+    (a reaper whose clock ran ahead of the owner's by most of a lease took a live run
+    for a dead one). Any other clock (a FakeClock, which a test shares between the
+    processes it plays) measures the leases itself, so a test moves them with it.
+    """
+    return None if isinstance(clock, SystemClock) else clock

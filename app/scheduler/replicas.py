@@ -11,6 +11,9 @@ operator sees and can do:
   its lateness counts from the jittered fire time.
 - *Pause*: every worker reads the row's pause flag at each slot and skips the slot
   while the job is paused.
+- *Running*: each run holds a running lease on its own run row, renewed by its worker
+  while the body runs; a run whose worker died is reaped to ``abandoned`` once the
+  lease passes, by the leader's tick or by the job's next run on any worker.
 - *Run now* is refused (see app/admin/queries.py): only the leader takes a run-now
   request, and it runs no per-worker job; each worker runs it at its own next slot.
 - *Broken*: a slot this worker cannot compute or record is logged once as

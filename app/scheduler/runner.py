@@ -8,11 +8,12 @@ reaches the supervisor, so the next slot still fires.
 
 The runner lives as long as the process's scheduler, so it is what remembers which
 jobs have a body running here, across promotions. A leader run holds the job's running
-lease (see store.py); the runner renews it every third of the lease while the body
-runs and clears it when the body ends. Cancelling a run (demotion, shutdown) stops an
-async body at once; a thread cannot be stopped, so it runs on, still holding the lease,
-and its real outcome is recorded when it ends. ``wait_for_bodies()`` waits for those
-threads (the app's lifespan does, after the scheduler stopped).
+lease, a per-worker run a lease on its own run row (see store.py); the runner renews
+either every third of the lease while the body runs and clears it when the body ends.
+Cancelling a run (demotion, shutdown) stops an async body at once; a thread cannot be
+stopped, so it runs on, still holding the lease, and its real outcome is recorded when
+it ends. ``wait_for_bodies()`` waits for those threads (the app's lifespan does, after
+the scheduler stopped).
 
 A thread body runs on an executor future, watched by a task that renews the lease and
 records the outcome. The end of the event loop cancels that task (``asyncio.run``
@@ -67,7 +68,8 @@ _NOT_RUN = ("already_recorded", "skipped_overlap")
 class Claim:
     """A slot this process won: its run row, the slot run, and the job's next slot.
 
-    ``leased``: the run holds the job's running lease (leader runs, not replica runs).
+    ``leased``: the run holds a running lease: the job row's for a leader run; its own
+    run row's for a per-worker run (``replica``), which many workers run at once.
     ``jitter``: seconds the fire waited after the slot by design; lateness counts from
     the slot plus the jitter.
     ``term``: the leadership term the claim saw, which fences the body's commits; None
@@ -84,6 +86,7 @@ class Claim:
     jitter: float = 0.0
     term: int | None = None
     manual: bool = False
+    replica: bool = False
 
 
 def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
@@ -126,7 +129,7 @@ class Runner:
         self.sessions = sessions
         self.sync_sessions = sync_sessions
         self.lease_seconds = lease_seconds
-        self.thread_store = ThreadStore(sync_sessions)
+        self.thread_store = ThreadStore(sync_sessions, lease_clock=store.lease_clock)
         # Per job, what is alive while its body runs: the run's task until the body
         # starts, then a future of the body (async) or the task watching its thread.
         self._alive: dict[str, asyncio.Future[Any]] = {}
@@ -221,7 +224,7 @@ class Runner:
             now=now,
             status="missed" if missed else "running",
             fence_pid=fence_pid,
-            running_until=now + timedelta(seconds=self.lease_seconds),
+            lease_seconds=self.lease_seconds,
             error=error,
             missed_before=missed_before,
             jitter=jitter,
@@ -269,7 +272,7 @@ class Runner:
             now=now,
             status="skipped_overlap" if busy_here else "running",
             fence_pid=fence_pid,
-            running_until=None if busy_here else now + timedelta(seconds=self.lease_seconds),
+            lease_seconds=None if busy_here else self.lease_seconds,
             error=_BUSY_HERE if busy_here else None,
         )
         if claimed is None:
@@ -342,11 +345,33 @@ class Runner:
         self._observe(spec, "skipped_overlap", 0.0, now - latest)
         return Claim(claimed.run_id, latest, next_slot, runs=False)
 
-    async def fire_replica(self, spec: JobSpec, slot: datetime, *, jitter: float = 0.0) -> None:
-        """Run a per-replica job's slot on this worker: no claim, no lock. ``jitter``:
-        the seconds this worker waited after the slot by design."""
-        run_id = await self.store.start_replica_run(spec, slot, self.clock.now(), jitter=jitter)
-        await self.execute(spec, Claim(run_id, slot, slot, runs=True, jitter=jitter))
+    async def fire_replica(self, spec: JobSpec, slot: datetime, *, jitter: float = 0.0) -> int:
+        """Run a per-replica job's slot on this worker: no claim, no lock; the run holds
+        a running lease on its own run row, renewed as a leader run's. Runs of the job
+        whose worker died are reaped as it starts. ``jitter``: the seconds this worker
+        waited after the slot by design. Returns the run's id once its outcome is
+        recorded (a thread past its timeout may still run)."""
+        now = self.clock.now()
+        run_id, reaped = await self.store.start_replica_run(
+            spec,
+            slot,
+            now,
+            lease_seconds=self.lease_seconds,
+            jitter=jitter,
+        )
+        for dead in reaped:
+            logger.warning(
+                "job.abandoned: run %s of job %s was abandoned: its worker (pid %s on %s) "
+                "stopped renewing its running lease",
+                dead.run_id,
+                dead.job_id,
+                dead.pid,
+                dead.host,
+                extra={"action": "job.abandoned", "job_id": dead.job_id, "pid": self.store.pid},
+            )
+        claim = Claim(run_id, slot, slot, runs=True, leased=True, jitter=jitter, replica=True)
+        await self.execute(spec, claim)
+        return run_id
 
     async def run_service(self, spec: ServiceSpec) -> None:
         """Run a leader-only service until cancelled, restarting it with backoff when it
@@ -546,7 +571,7 @@ class Runner:
             return False
         if run.claim.leased:
             keep_lease(
-                functools.partial(self._renew_from_thread, spec.id, run_id),
+                functools.partial(self._renew_from_thread, spec.id, run_id, run.claim.replica),
                 period=self.lease_seconds / 3,
                 until=body.ended,
                 job_id=spec.id,
@@ -560,9 +585,8 @@ class Runner:
         )
         return True
 
-    def _renew_from_thread(self, job_id: str, run_id: int) -> bool:
-        until = self.clock.now() + timedelta(seconds=self.lease_seconds)
-        return self.thread_store.renew_lease(job_id, run_id, until)
+    def _renew_from_thread(self, job_id: str, run_id: int, replica: bool) -> bool:
+        return self.thread_store.renew_lease(job_id, run_id, self.lease_seconds, replica=replica)
 
     def _settle_in_thread(self, run: _Run, raised: BaseException | None) -> None:
         """Record a handed-over run's outcome, in its body's thread as the body ended.
@@ -618,11 +642,13 @@ class Runner:
         spec, run_id = run.spec, run.claim.run_id
         while True:
             await self.clock.sleep(period)
-            until = self.clock.now() + timedelta(seconds=self.lease_seconds)
             try:
                 # Shielded: the body may end mid-renewal; the statement still completes
                 # (it matches nothing once the lease is cleared) and its connection returns.
-                held = await asyncio.shield(self.store.renew_lease(spec.id, run_id, until))
+                renewal = self.store.renew_lease(
+                    spec.id, run_id, self.lease_seconds, replica=run.claim.replica
+                )
+                held = await asyncio.shield(renewal)
             except Exception:
                 logger.warning(
                     'Could not renew the running lease of job "%s" (run %s); retrying',
@@ -645,7 +671,9 @@ class Runner:
     async def _release_lease(self, run: _Run) -> None:
         try:
             async with asyncio.timeout(_RECORD_TIMEOUT):
-                await self.store.release_lease(run.spec.id, run.claim.run_id)
+                await self.store.release_lease(
+                    run.spec.id, run.claim.run_id, replica=run.claim.replica
+                )
         except Exception:
             logger.warning(
                 'Could not clear the running lease of job "%s" (run %s); it runs out by itself',

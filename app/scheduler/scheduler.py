@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
-from .clock import Clock, SystemClock
+from .clock import Clock, SystemClock, lease_clock
 from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, Registry, ServiceSpec
@@ -144,7 +144,9 @@ class Scheduler:
         if self._task is not None and not self._task.done():
             raise SchedulerError("scheduler already started; call stop() first")
         clock = clock or SystemClock()
-        store = JobStore(engine, pid=os.getpid(), host=socket.gethostname())
+        store = JobStore(
+            engine, pid=os.getpid(), host=socket.gethostname(), lease_clock=lease_clock(clock)
+        )
         runner = Runner(
             store,
             clock=clock,

@@ -22,10 +22,22 @@ instead, whichever process holds the lease. The owner renews ``running_until`` w
 its body runs and clears the lease with the run's outcome; renewing and clearing match
 on the run id, so a lease that ran out and was taken by a newer run is left alone.
 
+Leases are given as lengths and measured on the *lease clock*: the database server's
+(``clock_timestamp()``), the one clock every process shares, or a test's FakeClock
+(``lease_now``; see clock.lease_clock). A host's clock never decides whether another
+host's run still lives.
+
 The lease is also the truth for "running": a skipped or missed slot never overwrites
 the job's ``running`` status while a lease holds, and a lease that ran out (its owner
 died) is *reaped*: its run and the job's status become ``abandoned`` and the lease is
 cleared, by the leader every tick and by the claim that takes the job over.
+
+A per-worker run (``scope = 'replica'``) holds its lease on its own run row instead
+(``scheduler_runs.running_until``): every worker runs the job at once, so the job row
+cannot hold one lease for them. It is set by the insert that starts the run, renewed
+by the run id, and cleared by the outcome; it holds no claim back. A run whose lease
+ran out is reaped to ``abandoned`` by the leader's tick (the same reap) and by the
+job's next run on any worker, so it is reaped even while no worker leads.
 
 *Run now* is a request beside the schedule, never a move of it: the operator's request
 sets ``run_requested_at`` (app/admin/queries.py) and the leader claims it with the same
@@ -52,6 +64,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
+from .clock import Clock
 from .keys import LEADER_KEY_LOCKS
 from .registry import JobSpec
 
@@ -60,6 +73,7 @@ __all__ = [
     "JobRow",
     "JobStore",
     "LeaderRow",
+    "ReapedRun",
     "ThreadStore",
     "format_error",
     "storable",
@@ -116,9 +130,13 @@ _LOAD = text(
     "SELECT id, next_run_at, paused, run_requested_at FROM scheduler_jobs WHERE id = ANY(:ids)"
 )
 
+# Running leases are written and compared on the lease clock (see clock.lease_clock):
+# the database server's (:lease_now NULL), or a test's shared fake clock.
+_LEASE_NOW = "COALESCE(CAST(:lease_now AS timestamptz), clock_timestamp())"
+_LEASE_END = f"({_LEASE_NOW} + make_interval(secs => CAST(:lease_seconds AS double precision)))"
 # A run starts only when no other body holds an unexpired running lease on the job.
-_STARTS = """(CAST(:runs AS boolean)
-        AND (running_until IS NULL OR running_until <= CAST(:now AS timestamptz)))"""
+_STARTS = f"""(CAST(:runs AS boolean)
+        AND (running_until IS NULL OR running_until <= {_LEASE_NOW}))"""
 # A slot claim moves the job's next slot; a run-now claim clears its request. A slot
 # that is not run never overwrites the status of a body that still runs.
 _CLAIM = """
@@ -127,14 +145,13 @@ _CLAIM = """
         last_started_at = CASE WHEN {starts}
             THEN CAST(:now AS timestamptz) ELSE last_started_at END,
         last_status = CASE WHEN {starts} THEN 'running'
-            WHEN running_until > CAST(:now AS timestamptz) THEN last_status
+            WHEN running_until > {lease_now} THEN last_status
             WHEN CAST(:runs AS boolean) THEN 'skipped_overlap' ELSE CAST(:status AS text) END,
         running_run_id = CASE WHEN {starts}
             THEN CAST(:run_id AS bigint) ELSE running_run_id END,
         running_since = CASE WHEN {starts}
             THEN CAST(:now AS timestamptz) ELSE running_since END,
-        running_until = CASE WHEN {starts}
-            THEN CAST(:running_until AS timestamptz) ELSE running_until END,
+        running_until = CASE WHEN {starts} THEN {lease_end} ELSE running_until END,
         running_pid = CASE WHEN {starts} THEN CAST(:pid AS integer) ELSE running_pid END,
         running_host = CASE WHEN {starts} THEN CAST(:host AS text) ELSE running_host END,
         updated_at = now()
@@ -152,6 +169,8 @@ _CLAIMS = {
     (manual, fenced): text(
         _CLAIM.format(
             starts=_STARTS,
+            lease_now=_LEASE_NOW,
+            lease_end=_LEASE_END,
             advance=advance,
             due_column=due_column,
             fence=_FENCE if fenced else "",
@@ -165,13 +184,14 @@ _CLAIMS = {
 }
 
 _INSERT_RUN = text(
-    """
+    f"""
     INSERT INTO scheduler_runs
         (id, job_id, scope, slot, manual, started_at, finished_at, status, lateness_ms,
-         jitter_ms, pid, host, error)
+         jitter_ms, pid, host, error, running_until)
     VALUES (COALESCE(CAST(:id AS bigint), nextval(pg_get_serial_sequence('scheduler_runs', 'id'))),
             :job_id, :scope, :slot, :manual, :started_at, :finished_at, :status, :lateness_ms,
-            :jitter_ms, :pid, :host, :error)
+            :jitter_ms, :pid, :host, :error,
+            CASE WHEN CAST(:lease_seconds AS double precision) IS NOT NULL THEN {_LEASE_END} END)
     ON CONFLICT (job_id, slot, manual) WHERE scope = 'leader' DO NOTHING
     RETURNING id
     """
@@ -193,10 +213,14 @@ _UNDO_START = text(
     """
 )
 
+# A per-worker run's own lease is cleared with its outcome, unless its body runs on
+# (a thread past its timeout): the lease then lasts until the body ends. The outcome of
+# a run reaped meanwhile still lands: it is the truth, and 'abandoned' was a guess.
 _FINISH_RUN = text(
     """
     UPDATE scheduler_runs
-    SET finished_at = :finished_at, status = :status, duration_ms = :duration_ms, error = :error
+    SET finished_at = :finished_at, status = :status, duration_ms = :duration_ms, error = :error,
+        running_until = CASE WHEN CAST(:body_ended AS boolean) THEN NULL ELSE running_until END
     WHERE id = :run_id
     """
 )
@@ -215,8 +239,8 @@ _FINISH_JOB = text(
 _NEXT_RUN_ID = text("SELECT nextval(pg_get_serial_sequence('scheduler_runs', 'id'))")
 
 _RENEW_LEASE = text(
-    """
-    UPDATE scheduler_jobs SET running_until = :running_until
+    f"""
+    UPDATE scheduler_jobs SET running_until = {_LEASE_END}
     WHERE id = :job_id AND running_run_id = :run_id
     """
 )
@@ -230,17 +254,26 @@ _RELEASE_LEASE = text(
     """
 )
 
+# A per-worker run's lease is on its own run row; a reaped run no longer holds one.
+_RENEW_REPLICA_LEASE = text(
+    f"""
+    UPDATE scheduler_runs SET running_until = {_LEASE_END}
+    WHERE id = :run_id AND running_until IS NOT NULL
+    """
+)
+_RELEASE_REPLICA_LEASE = text("UPDATE scheduler_runs SET running_until = NULL WHERE id = :run_id")
+
 # A lease that ran out: its owner died (or froze past it). Its run, if still recorded
 # as running, and the job's running status become 'abandoned'; the lease is cleared.
 _REAP = text(
-    """
+    f"""
     WITH expired AS (
         SELECT id, running_run_id,
             format('abandoned: the process that ran it (pid %s on %s) stopped renewing its '
                    'running lease, which ran out at %s', running_pid, running_host,
                    running_until) AS note
         FROM scheduler_jobs
-        WHERE running_until <= CAST(:now AS timestamptz)
+        WHERE running_until <= {_LEASE_NOW}
             AND (CAST(:job_id AS text) IS NULL OR id = CAST(:job_id AS text))
         FOR UPDATE SKIP LOCKED
     ), abandoned_runs AS (
@@ -259,6 +292,45 @@ _REAP = text(
     FROM expired e
     WHERE j.id = e.id
     RETURNING j.id
+    """
+)
+
+# The per-worker runs whose own lease ran out: their worker died (or froze past it).
+# A run still recorded as running becomes 'abandoned' and, unless the job recorded
+# another outcome after that lease ran out (or a leader run of it holds the job's
+# lease), so does the job's last status; every expired lease is cleared.
+_REAP_REPLICA_RUNS = text(
+    f"""
+    WITH expired AS (
+        SELECT id, job_id, status AS was, running_until AS lapsed_at,
+            format('abandoned: the worker that ran it (pid %s on %s) stopped renewing its '
+                   'running lease, which ran out at %s', pid, host, running_until) AS note
+        FROM scheduler_runs
+        WHERE running_until <= {_LEASE_NOW} AND scope = 'replica'
+            AND (CAST(:job_id AS text) IS NULL OR job_id = CAST(:job_id AS text))
+        FOR UPDATE SKIP LOCKED
+    ), reaped AS (
+        UPDATE scheduler_runs r
+        SET status = CASE WHEN e.was = 'running' THEN 'abandoned' ELSE r.status END,
+            finished_at = CASE WHEN e.was = 'running'
+                THEN CAST(:now AS timestamptz) ELSE r.finished_at END,
+            error = CASE WHEN e.was = 'running' THEN e.note ELSE r.error END,
+            running_until = NULL
+        FROM expired e
+        WHERE r.id = e.id
+        RETURNING r.id, r.job_id, r.pid, r.host, e.was, e.lapsed_at, e.note
+    ), latest AS (
+        SELECT DISTINCT ON (job_id) job_id, lapsed_at, note FROM reaped WHERE was = 'running'
+        ORDER BY job_id, lapsed_at DESC
+    ), jobs AS (
+        UPDATE scheduler_jobs j
+        SET last_status = 'abandoned', last_finished_at = CAST(:now AS timestamptz),
+            last_error = l.note, updated_at = now()
+        FROM latest l
+        WHERE j.id = l.job_id AND j.last_status IS DISTINCT FROM 'running'
+            AND (j.last_finished_at IS NULL OR j.last_finished_at < l.lapsed_at)
+    )
+    SELECT id AS run_id, job_id, pid, host FROM reaped WHERE was = 'running' ORDER BY id
     """
 )
 
@@ -309,6 +381,17 @@ class ClaimedSlot:
     term: int
     next_slot: datetime
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReapedRun:
+    """A per-worker run reaped to 'abandoned': its worker (``pid`` on ``host``)
+    stopped renewing its running lease."""
+
+    job_id: str
+    run_id: int
+    pid: int
+    host: str
 
 
 @dataclass(frozen=True)
@@ -377,15 +460,28 @@ def storable(value: str) -> str:
 
 
 class JobStore:
-    """Reads and writes scheduler_jobs and scheduler_runs for one process."""
+    """Reads and writes scheduler_jobs and scheduler_runs for one process.
 
-    def __init__(self, engine: AsyncEngine, *, pid: int, host: str) -> None:
+    ``lease_clock``: the clock running leases are written and compared on (see
+    clock.lease_clock); None, the database server's. Leases are given as lengths in
+    seconds, never as instants of this process's clock."""
+
+    def __init__(
+        self, engine: AsyncEngine, *, pid: int, host: str, lease_clock: Clock | None = None
+    ) -> None:
         # Read committed whatever the database or role defaults to: under repeatable
         # read an outcome write that meets a concurrent update of the job row (a lease
         # renewal, a pause, another leader's claim) fails, and the outcome is lost.
         self.engine = engine.execution_options(isolation_level="READ COMMITTED")
         self.pid = pid
         self.host = host
+        self.lease_clock = lease_clock
+
+    def _lease_now(self, now: datetime | None = None) -> dict[str, object]:
+        # On a test's clock, the caller's ``now`` (read before any wait) is the lease's.
+        if self.lease_clock is None:
+            return {"lease_now": None}
+        return {"lease_now": now if now is not None else self.lease_clock.now()}
 
     async def register_leader_jobs(
         self, specs: Iterable[JobSpec], now: datetime, zone: ZoneInfo
@@ -457,11 +553,14 @@ class JobStore:
             await conn.execute(_CLEAR_BROKEN, {"ids": list(job_ids)})
 
     async def reap(self, now: datetime) -> list[str]:
-        """Reap every running lease that ran out by ``now`` (see the module docstring);
-        return the ids of the jobs reaped."""
+        """Reap every running lease that ran out (on the lease clock), a leader run's on the job
+        row and a per-worker run's on its run row (see the module docstring); return the
+        ids of the jobs reaped, once per run."""
         async with self.engine.begin() as conn:
-            result = await conn.execute(_REAP, {"now": now, "job_id": None})
-            return [row.id for row in result]
+            params = {"now": now, "job_id": None} | self._lease_now(now)
+            reaped = [row.id for row in await conn.execute(_REAP, params)]
+            replicas = await conn.execute(_REAP_REPLICA_RUNS, params)
+            return reaped + [row.job_id for row in replicas]
 
     async def heartbeat(self, backend_pid: int, now: datetime) -> None:
         """Note that the leader on lock backend ``backend_pid`` still fires, at ``now``."""
@@ -513,7 +612,7 @@ class JobStore:
         now: datetime,
         status: str,
         fence_pid: int | None,
-        running_until: datetime | None = None,
+        lease_seconds: float | None = None,
         error: str | None = None,
         missed_before: tuple[datetime, str] | None = None,
         jitter: float = 0.0,
@@ -521,8 +620,8 @@ class JobStore:
         """Claim slot ``due`` and record its run row, in one commit.
 
         ``status`` is 'running' for a run, or 'missed' / 'skipped_overlap' for a slot
-        that is claimed but not run. A run takes the job's running lease until
-        ``running_until`` in the claim's own UPDATE; while another body holds an
+        that is claimed but not run. A run takes the job's running lease for
+        ``lease_seconds`` in the claim's own UPDATE; while another body holds an
         unexpired lease the slot is recorded 'skipped_overlap' instead. ``missed_before``
         (slot, note) adds a 'missed' row for the slots an outage passed over before this
         one. A lease of the job that ran out is reaped first. ``jitter`` (seconds) is
@@ -537,7 +636,7 @@ class JobStore:
             now=now,
             status=status,
             fence_pid=fence_pid,
-            running_until=running_until,
+            lease_seconds=lease_seconds,
             error=error,
             missed_before=missed_before,
             jitter=jitter,
@@ -551,13 +650,13 @@ class JobStore:
         now: datetime,
         status: str,
         fence_pid: int | None,
-        running_until: datetime | None = None,
+        lease_seconds: float | None = None,
         error: str | None = None,
     ) -> ClaimedSlot | None:
         """Claim the run-now request made at ``requested_at`` and record its manual run,
         whose slot is the request time, in one commit; the job's next slot is left alone.
 
-        ``status``, ``running_until`` and the running lease are as in claim(); nothing
+        ``status``, ``lease_seconds`` and the running lease are as in claim(); nothing
         coalesces and no jitter applies, since the run fires at once. Returns None when
         the claim matched nothing: another process took the request, the job is paused,
         or (fenced) this process no longer holds the leader key.
@@ -568,7 +667,7 @@ class JobStore:
             now=now,
             status=status,
             fence_pid=fence_pid,
-            running_until=running_until,
+            lease_seconds=lease_seconds,
             error=error,
         )
 
@@ -580,13 +679,13 @@ class JobStore:
         now: datetime,
         status: str,
         fence_pid: int | None,
-        running_until: datetime | None,
+        lease_seconds: float | None,
         error: str | None,
         missed_before: tuple[datetime, str] | None = None,
         jitter: float = 0.0,
     ) -> ClaimedSlot | None:
         runs = status == "running"
-        assert not runs or running_until is not None, "a run needs the end of its lease"
+        assert not runs or lease_seconds is not None, "a run needs the length of its lease"
         params = {
             "job_id": spec.id,
             "due": key.due,
@@ -594,10 +693,10 @@ class JobStore:
             "now": now,
             "runs": runs,
             "status": status,
-            "running_until": running_until,
+            "lease_seconds": lease_seconds,
             "pid": self.pid,
             "host": self.host,
-        }
+        } | self._lease_now(now)
         statement = _CLAIMS[(key.manual, fence_pid is not None)]
         if fence_pid is not None:
             params |= {"fence_pid": fence_pid}
@@ -609,7 +708,7 @@ class JobStore:
                 missed_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             run_id: int | None = None
             if runs:
-                await conn.execute(_REAP, {"now": now, "job_id": spec.id})
+                await conn.execute(_REAP, {"now": now, "job_id": spec.id} | self._lease_now(now))
                 run_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             params |= {"run_id": run_id}
             claimed = (await conn.execute(statement, params)).one_or_none()
@@ -670,29 +769,51 @@ class JobStore:
                 f"slot {run_slot.isoformat()} already has run {recorded.id} ({recorded.status})",
             )
 
-    async def renew_lease(self, job_id: str, run_id: int, running_until: datetime) -> bool:
-        """Move the running lease of run ``run_id`` to ``running_until``; False when the
-        run no longer holds it (it ran out and another run took the job)."""
+    async def renew_lease(
+        self, job_id: str, run_id: int, lease_seconds: float, *, replica: bool = False
+    ) -> bool:
+        """Renew the running lease of run ``run_id`` for ``lease_seconds``: the job row's
+        for a leader run, the run row's own for a per-worker run (``replica``). False
+        when the run no longer holds it (it ran out, and another run took the job or
+        the run was reaped)."""
+        statement = _RENEW_REPLICA_LEASE if replica else _RENEW_LEASE
+        params = {"job_id": job_id, "run_id": run_id, "lease_seconds": lease_seconds}
+        params |= self._lease_now()
         async with self.engine.begin() as conn:
-            params = {"job_id": job_id, "run_id": run_id, "running_until": running_until}
-            return (await conn.execute(_RENEW_LEASE, params)).rowcount == 1
+            return (await conn.execute(statement, params)).rowcount == 1
 
-    async def release_lease(self, job_id: str, run_id: int) -> None:
-        """Clear the running lease of run ``run_id``, if it still holds it."""
+    async def release_lease(self, job_id: str, run_id: int, *, replica: bool = False) -> None:
+        """Clear the running lease of run ``run_id`` (``replica``: its run row's own),
+        if it still holds it."""
+        statement = _RELEASE_REPLICA_LEASE if replica else _RELEASE_LEASE
         async with self.engine.begin() as conn:
-            await conn.execute(_RELEASE_LEASE, {"job_id": job_id, "run_id": run_id})
+            await conn.execute(statement, {"job_id": job_id, "run_id": run_id})
 
     async def start_replica_run(
-        self, spec: JobSpec, slot: datetime, now: datetime, *, jitter: float = 0.0
-    ) -> int:
-        """Record the start of a per-replica run (no claim: every worker runs it);
-        lateness counts from ``slot`` + ``jitter`` seconds."""
+        self,
+        spec: JobSpec,
+        slot: datetime,
+        now: datetime,
+        *,
+        lease_seconds: float,
+        jitter: float = 0.0,
+    ) -> tuple[int, list[ReapedRun]]:
+        """Record the start of a per-replica run (no claim: every worker runs it), with
+        its own running lease for ``lease_seconds``; lateness counts from ``slot`` +
+        ``jitter`` seconds. The job's runs whose lease ran out are reaped
+        first, so they are reaped while any worker runs the job, leader or not. Returns
+        the new run's id and the runs reaped."""
         async with self.engine.begin() as conn:
-            result = await conn.execute(
-                _INSERT_RUN, self._run_params(spec, "replica", slot, now, "running", jitter=jitter)
-            )
+            reaped = [
+                ReapedRun(row.job_id, row.run_id, row.pid, row.host)
+                for row in await conn.execute(
+                    _REAP_REPLICA_RUNS, {"now": now, "job_id": spec.id} | self._lease_now(now)
+                )
+            ]
+            params = self._run_params(spec, "replica", slot, now, "running", jitter=jitter)
+            result = await conn.execute(_INSERT_RUN, params | {"lease_seconds": lease_seconds})
             run_id: int = result.scalar_one()
-            return run_id
+            return run_id, reaped
 
     async def finish(
         self,
@@ -708,6 +829,7 @@ class JobStore:
         """Record a run's outcome on its run row and on the job row, and clear its
         running lease unless ``body_ended`` is False (a thread still running)."""
         params = _outcome_params(run_id, job_id, status, finished_at, duration_ms, error)
+        params |= {"body_ended": body_ended}
         async with self.engine.begin() as conn:
             await conn.execute(_FINISH_RUN, params)
             await conn.execute(_FINISH_JOB, params)
@@ -743,21 +865,33 @@ class JobStore:
             "pid": self.pid,
             "host": self.host,
             "error": error,
-        }
+            "lease_seconds": None,
+        } | self._lease_now(now)
 
 
 class ThreadStore:
     """JobStore's lease and outcome writes on the sync engine, callable from any thread:
     for a body's thread and its lease keeper once the event loop is gone."""
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], *, lease_clock: Clock | None = None
+    ) -> None:
         self.sessions = sessions
+        self.lease_clock = lease_clock
 
-    def renew_lease(self, job_id: str, run_id: int, running_until: datetime) -> bool:
+    def renew_lease(
+        self, job_id: str, run_id: int, lease_seconds: float, *, replica: bool = False
+    ) -> bool:
         """JobStore.renew_lease: False when the run no longer holds the lease."""
-        params = {"job_id": job_id, "run_id": run_id, "running_until": running_until}
+        params = {
+            "job_id": job_id,
+            "run_id": run_id,
+            "lease_seconds": lease_seconds,
+            "lease_now": None if self.lease_clock is None else self.lease_clock.now(),
+        }
+        statement = _RENEW_REPLICA_LEASE if replica else _RENEW_LEASE
         with self.sessions.begin() as session:
-            return _read_committed(session).execute(_RENEW_LEASE, params).rowcount == 1
+            return _read_committed(session).execute(statement, params).rowcount == 1
 
     def finish(
         self,
@@ -771,6 +905,7 @@ class ThreadStore:
     ) -> None:
         """JobStore.finish of a body that ended: record the outcome, clear the lease."""
         params = _outcome_params(run_id, job_id, status, finished_at, duration_ms, error)
+        params |= {"body_ended": True}
         with self.sessions.begin() as session:
             conn = _read_committed(session)
             conn.execute(_FINISH_RUN, params)

@@ -12,7 +12,8 @@ from sqlalchemy import text
 
 from app.db import Database
 from app.scheduler import Clock, FakeClock, Scheduler, SchedulerError
-from app.scheduler.runner import Claim, Runner
+from app.scheduler.clock import lease_clock
+from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
 
 __all__ = ["RunRecord", "run_job"]
@@ -74,7 +75,9 @@ async def run_job(
         clock.set(at)
     now = at or clock.now()
     zone = zone or ZoneInfo("UTC")
-    store = JobStore(database.engine, pid=os.getpid(), host=socket.gethostname())
+    store = JobStore(
+        database.engine, pid=os.getpid(), host=socket.gethostname(), lease_clock=lease_clock(clock)
+    )
     runner = Runner(
         store,
         clock=clock,
@@ -90,14 +93,14 @@ async def run_job(
         claim = await runner.claim_request(spec, now, None)
         if claim is None:
             raise SchedulerError(f"job {job_id!r} could not be claimed: is it paused?")
+        if claim.runs:
+            await runner.execute(spec, claim)
+        run_id = claim.run_id
     else:
         await store.register_replica_jobs([spec], now, zone)
-        run_id = await store.start_replica_run(spec, now, now)
-        claim = Claim(run_id, now, now, runs=True)
-    if claim.runs:
-        await runner.execute(spec, claim)
+        run_id = await runner.fire_replica(spec, now)
     async with database.engine.connect() as conn:
-        row = (await conn.execute(_RUN, {"run_id": claim.run_id})).one()
+        row = (await conn.execute(_RUN, {"run_id": run_id})).one()
     return RunRecord(
         run_id=row.id,
         slot=row.slot,

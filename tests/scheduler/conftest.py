@@ -175,7 +175,7 @@ def make_runner(database: Database, clock: FakeClock, pid: int = 1) -> Runner:
     """A Runner of process ``pid`` on the test database, in UTC, on ``clock``: for tests
     that claim and run slots by hand, without a supervisor."""
     return Runner(
-        JobStore(database.engine, pid=pid, host="test"),
+        JobStore(database.engine, pid=pid, host="test", lease_clock=clock),
         clock=clock,
         zone=ZoneInfo("UTC"),
         sessions=database.sessions,

@@ -280,7 +280,7 @@ async def test_an_advisory_lock_that_only_shares_the_objid_is_not_the_leader_key
             now=due,
             status="running",
             fence_pid=other_pid,
-            running_until=due + timedelta(seconds=30),
+            lease_seconds=30,
         )
         assert claimed is None, "the fence took a lookalike lock for the leader key"
         assert not await LockConnection(other, other_pid).holds_lock(timeout=5)

@@ -131,7 +131,7 @@ async def test_a_crashed_owners_running_lease_runs_out_and_the_job_fires_again(
     # A process that claimed slot T0+10 with a 15 s running lease, then died: it never
     # renews the lease nor records an outcome.
     dead = Runner(
-        JobStore(database.engine, pid=999_999, host="gone"),
+        JobStore(database.engine, pid=999_999, host="gone", lease_clock=clock),
         clock=clock,
         zone=ZoneInfo("UTC"),
         sessions=database.sessions,

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.queries import run_job_now
-from app.scheduler import JobContext, Scheduler, cron
+from app.scheduler import FakeClock, JobContext, Scheduler, cron
 from app.scheduler.store import JobStore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -25,9 +25,11 @@ async def test_run_now_is_accepted_once_a_killed_owners_running_lease_ran_out(
     scheduler = Scheduler()
     scheduler.job(cron("0 0 1 1 *", tz="UTC"), id="yearly")(_yearly)
     spec = scheduler.jobs["yearly"]
-    store = JobStore(engine, pid=4242, host="gone")
-    rows = await store.register_leader_jobs([spec], T0 - timedelta(days=1), ZoneInfo("UTC"))
+    clock = FakeClock(T0 - timedelta(days=1))
+    store = JobStore(engine, pid=4242, host="gone", lease_clock=clock)
+    rows = await store.register_leader_jobs([spec], clock.now(), ZoneInfo("UTC"))
     due = rows["yearly"].next_run_at
+    clock.set(due)
     # The owner claims its slot, starts the body and is killed (kill -9): nothing ever
     # records the outcome or clears the lease; the lease runs out on its own.
     claimed = await store.claim(
@@ -38,7 +40,7 @@ async def test_run_now_is_accepted_once_a_killed_owners_running_lease_ran_out(
         now=due,
         status="running",
         fence_pid=None,
-        running_until=due + LEASE,
+        lease_seconds=LEASE.total_seconds(),
     )
     assert claimed is not None and claimed.status == "running"
     # A day later the lease is long gone and no body runs anywhere; the next slot is a

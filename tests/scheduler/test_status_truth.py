@@ -62,7 +62,7 @@ async def test_a_run_whose_owner_died_is_reaped_to_abandoned_once_its_lease_pass
     spec = scheduler.jobs["orphaned"]
     # A process that claimed a slot with a 15 s running lease, then died.
     dead = Runner(
-        JobStore(database.engine, pid=999_999, host="gone"),
+        JobStore(database.engine, pid=999_999, host="gone", lease_clock=clock),
         clock=clock,
         zone=ZoneInfo("UTC"),
         sessions=database.sessions,

@@ -1,0 +1,95 @@
+"""The running lease is measured on the database server's clock, the one clock every
+process shares: a process whose own clock runs ahead of the owner's by more than the
+lease never takes a live run for a dead one (it used to reap it, and start the job
+beside it)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import Database
+from app.scheduler import Scheduler, SystemClock, every
+from app.scheduler.registry import JobSpec
+from app.scheduler.runner import Claim, Runner
+from app.scheduler.store import JobStore
+
+from .conftest import BlockingBodies, runs
+
+LEASE_SECONDS = 6
+UTC_ZONE = ZoneInfo("UTC")
+
+
+class AheadClock(SystemClock):
+    """A host's own clock, set ahead of the other hosts' by more than the lease."""
+
+    ahead = timedelta(seconds=LEASE_SECONDS + 5)
+
+    def now(self) -> datetime:
+        return super().now() + self.ahead
+
+
+def _runner(database: Database, clock: SystemClock, pid: int) -> Runner:
+    return Runner(
+        JobStore(database.engine, pid=pid, host=f"host-{pid}"),
+        clock=clock,
+        zone=UTC_ZONE,
+        sessions=database.sessions,
+        sync_sessions=database.sync_sessions,
+        lease_seconds=LEASE_SECONDS,
+    )
+
+
+@dataclass
+class LiveRun:
+    """A leader run of job ``long`` whose thread body blocks, on a host with a true clock."""
+
+    spec: JobSpec
+    claim: Claim
+    task: asyncio.Task[None]
+
+
+@pytest.fixture
+async def live_run(database: Database, bodies: BlockingBodies) -> AsyncIterator[LiveRun]:
+    scheduler = Scheduler()
+    scheduler.job(every(hours=1), id="long", first_run=0)(bodies)
+    spec = scheduler.jobs["long"]
+    owner = _runner(database, SystemClock(), pid=1)
+    rows = await owner.store.register_leader_jobs([spec], owner.clock.now(), UTC_ZONE)
+    claim = await owner.claim_leader(spec, rows["long"].next_run_at, None)
+    assert claim is not None and claim.runs
+    task = owner.start(spec, claim)
+    await bodies.entered()
+    yield LiveRun(spec, claim, task)
+    bodies.release.set()
+    await task
+
+
+async def test_a_reaper_whose_clock_runs_ahead_leaves_a_live_run_running(
+    database: Database, engine: AsyncEngine, live_run: LiveRun
+) -> None:
+    reaper = JobStore(database.engine, pid=2, host="host-2")
+    assert await reaper.reap(AheadClock().now()) == []
+    assert [status for status, _ in await runs(engine, "long")] == ["running"]
+
+
+async def test_a_leader_whose_clock_runs_ahead_starts_no_run_beside_a_live_one(
+    database: Database, engine: AsyncEngine, live_run: LiveRun
+) -> None:
+    ahead = _runner(database, AheadClock(), pid=2)
+    requested_at = ahead.clock.now()
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE scheduler_jobs SET run_requested_at = :at WHERE id = 'long'"),
+            {"at": requested_at},
+        )
+    claim = await ahead.claim_request(live_run.spec, requested_at, None)
+    assert claim is not None and not claim.runs
+    assert [status for status, _ in await runs(engine, "long")] == ["running", "skipped_overlap"]

@@ -37,7 +37,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -46,15 +46,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .errors import SchedulerError
-from .keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
+from .keys import DEFAULT_SCHEDULE, LeaderKey
 
 __all__ = [
     "CLIENT_CHECK_SECONDS",
     "KEEPALIVE_SECONDS",
-    "OWNERSHIP_SQL",
     "WAKE_CHANNEL",
     "DatabaseIdentity",
     "LockConnection",
+    "ScheduleNameCollisionError",
     "UnsafeLockConnectionError",
     "check_pooling",
     "check_primary",
@@ -77,10 +77,13 @@ WAKE_CHANNEL = "regent_scheduler"
 
 logger = logging.getLogger("app.scheduler")
 
-# The seed's ownership query, on the shared pg_locks predicate.
-OWNERSHIP_SQL = (
-    f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted AND pid = pg_backend_pid()"
-)
+
+def _ownership_sql(key: LeaderKey) -> str:
+    """The seed's ownership query, on the shared pg_locks predicate of ``key``."""
+    return (
+        f"SELECT count(*) FROM pg_locks WHERE {key.locks} AND granted AND pid = pg_backend_pid()"
+    )
+
 
 # A standby's wait lasts as long as the leader leads: no timeout may cut it.
 _NO_TIMEOUTS = {"lock_timeout": "0", "statement_timeout": "0"}
@@ -110,31 +113,52 @@ _LIVENESS = (
     "  WHERE current_setting('client_connection_check_interval', true) IS NOT NULL)"
 )
 
-# Who leads, for operators, and the leadership term, for the jobs' fence: one statement,
-# matching only while this connection holds the key. Its row lock waits for every
-# transaction that holds the row FOR SHARE (ctx.fence), so the new term begins after
-# the fenced commits under way. The term starts at 1 on the first promotion.
-_RECORD_LEADERSHIP = f"""
-    INSERT INTO scheduler_leadership AS led (id, pid, host, backend_pid, since, heartbeat_at, term)
-    SELECT 1, $1, $2, pg_backend_pid(), $3, $3, 1
+
+def _record_leadership_sql(key: LeaderKey) -> str:
+    """Who leads, for operators, the jobs it fires, for its standbys, and the leadership
+    term, for the jobs' fence: one statement on the schedule's row, matching only while
+    this connection holds the schedule's key. Its row lock waits for every transaction
+    that holds the row FOR SHARE (ctx.fence), so the new term begins after the fenced
+    commits under way. The term starts at 1 on the first promotion."""
+    return f"""
+    INSERT INTO scheduler_leadership AS led
+        (schedule, pid, host, backend_pid, since, heartbeat_at, term, job_ids)
+    SELECT $1, $2, $3, pg_backend_pid(), $4, $4, 1, $5
     WHERE EXISTS (
-        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted AND pid = pg_backend_pid())
-    ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, host = excluded.host,
+        SELECT 1 FROM pg_locks WHERE {key.locks} AND granted AND pid = pg_backend_pid())
+    ON CONFLICT (schedule) DO UPDATE SET pid = excluded.pid, host = excluded.host,
         backend_pid = excluded.backend_pid, since = excluded.since,
-        heartbeat_at = excluded.heartbeat_at, term = led.term + 1
+        heartbeat_at = excluded.heartbeat_at, term = led.term + 1, job_ids = excluded.job_ids
     RETURNING term
     """
 
-# True only when a leadership was recorded and its backend is no longer among the
-# server's backends: that leader can fire nothing more. No record, or a backend still
-# listed, is not proof. Our own backend carrying the recorded pid (reused) proves the
-# recorded one gone: this connection has recorded nothing yet.
+
+# True only when a leadership of the schedule was recorded and its backend is no longer
+# among the server's backends: that leader can fire nothing more. No record, or a
+# backend still listed, is not proof. Our own backend carrying the recorded pid (reused)
+# proves the recorded one gone: this connection has recorded nothing yet.
 _PREVIOUS_LEADER_GONE = """
     SELECT EXISTS (
         SELECT 1 FROM scheduler_leadership led
-        WHERE led.id = 1 AND NOT EXISTS (
+        WHERE led.schedule = $1 AND NOT EXISTS (
             SELECT 1 FROM pg_stat_activity a
             WHERE a.pid = led.backend_pid AND a.pid <> pg_backend_pid()))
+    """
+
+# Register the schedule's name with its key's pg_locks coordinates, and read back every
+# registered name that has the name or the key. The UNIQUE key constraint makes a second
+# name with the same key a conflict (nothing inserted); the rows read are the
+# statement's snapshot, so a conflicting row committed meanwhile may be missing: the
+# caller asks again until a row answers.
+_REGISTER_SCHEDULE = """
+    WITH registered AS (
+        INSERT INTO scheduler_schedules AS s (name, key_classid, key_objid, key_objsubid)
+        VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING
+        RETURNING s.name, s.key_classid, s.key_objid, s.key_objsubid)
+    SELECT * FROM registered
+    UNION ALL
+    SELECT name, key_classid, key_objid, key_objsubid FROM scheduler_schedules
+    WHERE name = $1 OR (key_classid, key_objid, key_objsubid) = ($2, $3, $4)
     """
 
 _IDENTITY_SQL = "SELECT current_database(), pg_postmaster_start_time()"
@@ -145,6 +169,25 @@ _POOLER_SYMPTOMS = (
     asyncpg.exceptions.InvalidSQLStatementNameError,
     asyncpg.exceptions.DuplicatePreparedStatementError,
 )
+
+
+class ScheduleNameCollisionError(SchedulerError):
+    """Two schedule names in one database derive the same advisory key (or a name is
+    registered with another key than this code derives): their leaders would exclude
+    each other. ``name`` and ``other`` are the two names."""
+
+    def __init__(self, name: str, other: str) -> None:
+        self.name = name
+        self.other = other
+        super().__init__(
+            f"schedule names {name!r} and {other!r} derive the same leader key in this "
+            f"database (table scheduler_schedules), so one would never lead while the "
+            f"other does; rename one of them (Scheduler(name=...) or SCHEDULER_NAME)"
+            if name != other
+            else f"schedule {name!r} is registered in scheduler_schedules with another "
+            "leader key than this code derives; delete its row there if no worker of an "
+            "older release still runs it"
+        )
 
 
 class UnsafeLockConnectionError(SchedulerError):
@@ -265,22 +308,32 @@ class LockConnection:
         connection: asyncpg.Connection,
         backend_pid: int,
         identity: DatabaseIdentity | None = None,
+        key: LeaderKey | None = None,
     ) -> None:
         self._connection = connection
         self._closing = False
         self.backend_pid = backend_pid
         self.identity = identity
-        self.key = SCHEDULER_LEADER_KEY
+        self.key = key or LeaderKey.of(DEFAULT_SCHEDULE)
 
     @classmethod
-    async def connect(cls, dsn: str, *, lease_seconds: int, timeout: float = 10) -> LockConnection:
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        lease_seconds: int,
+        timeout: float = 10,
+        schedule: str = DEFAULT_SCHEDULE,
+    ) -> LockConnection:
         """Open the connection with the lease, no statement or lock timeout, the
         holder's name set at connect, keepalives on both ends and the server's client
         check.
 
         Raises OSError, asyncpg errors or TimeoutError when the server cannot be reached,
         and UnsafeLockConnectionError behind a transaction-pooling proxy or on a replica.
+        The connection leads the schedule named ``schedule`` (its key: keys.LeaderKey).
         """
+        key = LeaderKey.of(schedule)
         connection = await asyncpg.connect(
             dsn,
             timeout=timeout,
@@ -319,7 +372,7 @@ class LockConnection:
         except BaseException:
             connection.terminate()
             raise
-        return cls(connection, backend_pid, identity)
+        return cls(connection, backend_pid, identity, key)
 
     async def check_same_database(self, app: DatabaseIdentity) -> None:
         """Raise UnsafeLockConnectionError unless this connection reached the app's
@@ -333,6 +386,20 @@ class LockConnection:
         if not self.identity.same_as(app):
             await self._connection.fetchval("SELECT 1")
         check_same_database(self.identity, app)
+
+    async def register_schedule(self) -> None:
+        """Register this schedule's name and key in scheduler_schedules (once per
+        database; later calls only read). Raises ScheduleNameCollisionError when another
+        name holds the same key there."""
+        key = self.key
+        coordinates = (key.classid, key.objid, key.objsubid)
+        while True:
+            rows = await self._connection.fetch(_REGISTER_SCHEDULE, key.schedule, *coordinates)
+            if rows:
+                break
+        for row in rows:
+            if row["name"] != key.schedule or tuple(row)[1:] != coordinates:
+                raise ScheduleNameCollisionError(key.schedule, row["name"])
 
     async def on_wake(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on every NOTIFY to WAKE_CHANNEL (LISTEN opens no transaction)."""
@@ -350,23 +417,35 @@ class LockConnection:
 
     async def try_acquire(self) -> bool:
         """One non-blocking attempt at the key."""
-        acquired = await self._connection.fetchval("SELECT pg_try_advisory_lock($1)", self.key)
+        acquired = await self._connection.fetchval(
+            self.key.call("pg_try_advisory_lock"), *self.key.args
+        )
         return acquired is True
 
     async def wait_acquire(self) -> None:
         """Block until the key is ours. The server wakes us the moment it is released."""
-        await self._connection.execute("SELECT pg_advisory_lock($1)", self.key)
+        await self._connection.execute(self.key.call("pg_advisory_lock"), *self.key.args)
 
-    async def record_leadership(self, *, pid: int, host: str, since: datetime) -> int | None:
-        """Begin a leadership term: record who leads and move the term, on this
-        connection, while it holds the key. Returns the new term, or None when this
-        connection does not hold the key (nothing is written).
+    async def record_leadership(
+        self, *, pid: int, host: str, since: datetime, job_ids: Sequence[str] = ()
+    ) -> int | None:
+        """Begin a leadership term of this schedule: record who leads, the ids of the
+        leader-only jobs it fires, and move the term, on this connection, while it holds
+        the key. Returns the new term, or None when this connection does not hold the
+        key (nothing is written).
 
         Waits for every job transaction that took the term FOR SHARE (``ctx.fence``) to
         end. While it waits the connection runs a statement, so ``idle_session_timeout``
         does not cut it, and a connection that dies makes it raise.
         """
-        term: int | None = await self._connection.fetchval(_RECORD_LEADERSHIP, pid, host, since)
+        term: int | None = await self._connection.fetchval(
+            _record_leadership_sql(self.key),
+            self.key.schedule,
+            pid,
+            host,
+            since,
+            sorted(job_ids),
+        )
         return term
 
     async def previous_leader_gone(self, timeout: float) -> bool:
@@ -380,7 +459,7 @@ class LockConnection:
         """
         try:
             async with asyncio.timeout(timeout):
-                gone = await self._connection.fetchval(_PREVIOUS_LEADER_GONE)
+                gone = await self._connection.fetchval(_PREVIOUS_LEADER_GONE, self.key.schedule)
         except _CONNECTION_ERRORS:
             return False
         return gone is True
@@ -393,7 +472,7 @@ class LockConnection:
         """
         try:
             async with asyncio.timeout(timeout):
-                count = await self._connection.fetchval(OWNERSHIP_SQL)
+                count = await self._connection.fetchval(_ownership_sql(self.key))
         except _CONNECTION_ERRORS:
             return False
         return bool(count == 1)
@@ -403,7 +482,9 @@ class LockConnection:
         self._closing = True
         try:
             async with asyncio.timeout(timeout):
-                await self._connection.execute("SELECT pg_advisory_unlock($1)", self.key)
+                await self._connection.execute(
+                    self.key.call("pg_advisory_unlock"), *self.key.args
+                )
                 await self._connection.close(timeout=timeout)
         except _CONNECTION_ERRORS:
             logger.debug("lock connection unlock failed; terminating it", exc_info=True)

@@ -52,13 +52,14 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
-from .keys import LEADER_KEY_LOCKS
+from .keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from .registry import JobSpec
 
 __all__ = [
     "ClaimedSlot",
     "JobRow",
     "JobStore",
+    "LeaderJobs",
     "LeaderRow",
     "ThreadStore",
     "format_error",
@@ -78,13 +79,14 @@ _UPSERT = text(
     ), kept AS (
         UPDATE scheduler_jobs j SET name = g.name, leader_only = true, updated_at = now()
         FROM given g
-        WHERE g.first_slot IS NULL AND j.id = g.id AND j.trigger = g.trigger
+        WHERE g.first_slot IS NULL AND j.schedule = :schedule AND j.id = g.id
+            AND j.trigger = g.trigger
         RETURNING j.id, j.next_run_at, j.paused, j.run_requested_at
     ), upserted AS (
-        INSERT INTO scheduler_jobs (id, name, trigger, leader_only, next_run_at)
-        SELECT id, name, trigger, true, first_slot FROM given
+        INSERT INTO scheduler_jobs (schedule, id, name, trigger, leader_only, next_run_at)
+        SELECT :schedule, id, name, trigger, true, first_slot FROM given
         WHERE first_slot IS NOT NULL ORDER BY id
-        ON CONFLICT (id) DO UPDATE SET
+        ON CONFLICT (schedule, id) DO UPDATE SET
             name = excluded.name,
             leader_only = excluded.leader_only,
             trigger = excluded.trigger,
@@ -100,10 +102,13 @@ _UPSERT = text(
     """
 )
 
-_STORED_TRIGGERS = text("SELECT id, trigger FROM scheduler_jobs WHERE id = ANY(:ids)")
+_STORED_TRIGGERS = text(
+    "SELECT id, trigger FROM scheduler_jobs WHERE schedule = :schedule AND id = ANY(:ids)"
+)
 
 _LOAD = text(
-    "SELECT id, next_run_at, paused, run_requested_at FROM scheduler_jobs WHERE id = ANY(:ids)"
+    "SELECT id, next_run_at, paused, run_requested_at FROM scheduler_jobs"
+    " WHERE schedule = :schedule AND id = ANY(:ids)"
 )
 
 # A run starts only when no other body holds an unexpired running lease on the job.
@@ -128,14 +133,14 @@ _CLAIM = """
         running_pid = CASE WHEN {starts} THEN CAST(:pid AS integer) ELSE running_pid END,
         running_host = CASE WHEN {starts} THEN CAST(:host AS text) ELSE running_host END,
         updated_at = now()
-    WHERE id = :job_id AND {due_column} = :due AND NOT paused {fence}
+    WHERE schedule = :schedule AND id = :job_id AND {due_column} = :due AND NOT paused {fence}
     RETURNING running_run_id IS NOT DISTINCT FROM CAST(:run_id AS bigint) AS started,
         next_run_at, running_run_id, running_until, running_pid, running_host,
-        COALESCE((SELECT term FROM scheduler_leadership WHERE id = 1), 0) AS term
+        COALESCE((SELECT term FROM scheduler_leadership WHERE schedule = :schedule), 0) AS term
     """
 _FENCE = f"""
       AND EXISTS (
-        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted AND pid = :fence_pid)
+        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted AND pid = :fence_pid)
     """
 # (manual, fenced) -> the claim statement: a slot (manual False) or a run-now request.
 _CLAIMS = {
@@ -157,12 +162,12 @@ _CLAIMS = {
 _INSERT_RUN = text(
     """
     INSERT INTO scheduler_runs
-        (id, job_id, scope, slot, manual, started_at, finished_at, status, lateness_ms,
+        (id, schedule, job_id, scope, slot, manual, started_at, finished_at, status, lateness_ms,
          jitter_ms, pid, host, error)
     VALUES (COALESCE(CAST(:id AS bigint), nextval(pg_get_serial_sequence('scheduler_runs', 'id'))),
-            :job_id, :scope, :slot, :manual, :started_at, :finished_at, :status, :lateness_ms,
+            :schedule, :job_id, :scope, :slot, :manual, :started_at, :finished_at, :status, :lateness_ms,
             :jitter_ms, :pid, :host, :error)
-    ON CONFLICT (job_id, slot, manual) WHERE scope = 'leader' DO NOTHING
+    ON CONFLICT (schedule, job_id, slot, manual) WHERE scope = 'leader' DO NOTHING
     RETURNING id
     """
 )
@@ -171,7 +176,8 @@ _INSERT_RUN = text(
 # back to it (a trigger change, a clock behind the last leader's); for a request, one
 # made at the very instant of an earlier one.
 _RECORDED_RUN = text(
-    "SELECT id, status FROM scheduler_runs WHERE job_id = :job_id AND slot = :slot"
+    "SELECT id, status FROM scheduler_runs WHERE schedule = :schedule AND job_id = :job_id"
+    " AND slot = :slot"
     " AND scope = 'leader' AND manual = :manual"
 )
 _UNDO_START = text(
@@ -179,7 +185,7 @@ _UNDO_START = text(
     UPDATE scheduler_jobs
     SET running_run_id = NULL, running_since = NULL, running_until = NULL,
         running_pid = NULL, running_host = NULL, last_status = :status
-    WHERE id = :job_id AND running_run_id = :run_id
+    WHERE schedule = :schedule AND id = :job_id AND running_run_id = :run_id
     """
 )
 
@@ -199,7 +205,7 @@ _FINISH_JOB = text(
         last_success_at = CASE WHEN CAST(:status AS text) = 'ok'
             THEN CAST(:finished_at AS timestamptz) ELSE last_success_at END,
         updated_at = now()
-    WHERE id = :job_id
+    WHERE schedule = :schedule AND id = :job_id
     """
 )
 _NEXT_RUN_ID = text("SELECT nextval(pg_get_serial_sequence('scheduler_runs', 'id'))")
@@ -207,7 +213,7 @@ _NEXT_RUN_ID = text("SELECT nextval(pg_get_serial_sequence('scheduler_runs', 'id
 _RENEW_LEASE = text(
     """
     UPDATE scheduler_jobs SET running_until = :running_until
-    WHERE id = :job_id AND running_run_id = :run_id
+    WHERE schedule = :schedule AND id = :job_id AND running_run_id = :run_id
     """
 )
 
@@ -216,7 +222,7 @@ _RELEASE_LEASE = text(
     UPDATE scheduler_jobs
     SET running_run_id = NULL, running_since = NULL, running_until = NULL,
         running_pid = NULL, running_host = NULL
-    WHERE id = :job_id AND running_run_id = :run_id
+    WHERE schedule = :schedule AND id = :job_id AND running_run_id = :run_id
     """
 )
 
@@ -230,7 +236,7 @@ _REAP = text(
                    'running lease, which ran out at %s', running_pid, running_host,
                    running_until) AS note
         FROM scheduler_jobs
-        WHERE running_until <= CAST(:now AS timestamptz)
+        WHERE schedule = :schedule AND running_until <= CAST(:now AS timestamptz)
             AND (CAST(:job_id AS text) IS NULL OR id = CAST(:job_id AS text))
         FOR UPDATE SKIP LOCKED
     ), abandoned_runs AS (
@@ -247,23 +253,36 @@ _REAP = text(
         running_run_id = NULL, running_since = NULL, running_until = NULL,
         running_pid = NULL, running_host = NULL, updated_at = now()
     FROM expired e
-    WHERE j.id = e.id
+    WHERE j.schedule = :schedule AND j.id = e.id
     RETURNING j.id
     """
 )
 
 _MARK_BROKEN = text(
     """
-    INSERT INTO scheduler_broken_jobs (job_id, error, since, pid, host)
-    VALUES (:job_id, :error, :now, :pid, :host)
-    ON CONFLICT (job_id) DO UPDATE SET error = excluded.error, pid = excluded.pid,
+    INSERT INTO scheduler_broken_jobs (schedule, job_id, error, since, pid, host)
+    VALUES (:schedule, :job_id, :error, :now, :pid, :host)
+    ON CONFLICT (schedule, job_id) DO UPDATE SET error = excluded.error, pid = excluded.pid,
         host = excluded.host
     """
 )
-_CLEAR_BROKEN = text("DELETE FROM scheduler_broken_jobs WHERE job_id = ANY(:ids)")
+_CLEAR_BROKEN = text(
+    "DELETE FROM scheduler_broken_jobs WHERE schedule = :schedule AND job_id = ANY(:ids)"
+)
 
 _HEARTBEAT = text(
-    "UPDATE scheduler_leadership SET heartbeat_at = :now WHERE backend_pid = :backend_pid"
+    "UPDATE scheduler_leadership SET heartbeat_at = :now"
+    " WHERE schedule = :schedule AND backend_pid = :backend_pid"
+)
+
+# The leader of this schedule that holds its key now, and the jobs it recorded firing.
+_LEADER_JOBS = text(
+    f"""
+    SELECT s.pid, s.host, s.job_ids FROM scheduler_leadership s
+    WHERE s.schedule = :schedule AND EXISTS (
+        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted
+            AND pid = s.backend_pid)
+    """
 )
 
 # Each worker keeps its own slots of a per-worker job; the row shows the soonest
@@ -271,15 +290,15 @@ _HEARTBEAT = text(
 _SHOW_REPLICA_SLOT = text(
     """
     UPDATE scheduler_jobs SET next_run_at = :slot
-    WHERE id = :job_id AND (next_run_at <= :now OR next_run_at > :slot)
+    WHERE schedule = :schedule AND id = :job_id AND (next_run_at <= :now OR next_run_at > :slot)
     """
 )
 
 _UPSERT_REPLICA = text(
     """
-    INSERT INTO scheduler_jobs (id, name, trigger, leader_only, next_run_at)
-    VALUES (:id, :name, :trigger, false, :first_slot)
-    ON CONFLICT (id) DO UPDATE SET
+    INSERT INTO scheduler_jobs (schedule, id, name, trigger, leader_only, next_run_at)
+    VALUES (:schedule, :id, :name, :trigger, false, :first_slot)
+    ON CONFLICT (schedule, id) DO UPDATE SET
         name = excluded.name, trigger = excluded.trigger, leader_only = false,
         updated_at = now()
     """
@@ -299,6 +318,16 @@ class ClaimedSlot:
     term: int
     next_slot: datetime
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class LeaderJobs:
+    """The live leader of a schedule (process ``pid`` on ``host``) and the ids of the
+    leader-only jobs it recorded at its promotion."""
+
+    pid: int
+    host: str
+    job_ids: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -367,15 +396,21 @@ def storable(value: str) -> str:
 
 
 class JobStore:
-    """Reads and writes scheduler_jobs and scheduler_runs for one process."""
+    """Reads and writes scheduler_jobs and scheduler_runs for one process, for the
+    schedule named ``schedule``: every statement is bound to it, so the rows of another
+    schedule in the same database are never read or written."""
 
-    def __init__(self, engine: AsyncEngine, *, pid: int, host: str) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, pid: int, host: str, schedule: str = DEFAULT_SCHEDULE
+    ) -> None:
         # Read committed whatever the database or role defaults to: under repeatable
         # read an outcome write that meets a concurrent update of the job row (a lease
         # renewal, a pause, another leader's claim) fails, and the outcome is lost.
         self.engine = engine.execution_options(isolation_level="READ COMMITTED")
         self.pid = pid
         self.host = host
+        self.key = LeaderKey.of(schedule)
+        self.schedule = schedule
 
     async def register_leader_jobs(
         self, specs: Iterable[JobSpec], now: datetime, zone: ZoneInfo
@@ -398,7 +433,9 @@ class JobStore:
     async def stored_triggers(self, job_ids: Iterable[str]) -> dict[str, str]:
         """The stored trigger of each of these jobs that has a row."""
         async with self.engine.connect() as conn:
-            result = await conn.execute(_STORED_TRIGGERS, {"ids": list(job_ids)})
+            result = await conn.execute(
+                _STORED_TRIGGERS, {"ids": list(job_ids), "schedule": self.schedule}
+            )
             return {row.id: row.trigger for row in result}
 
     async def upsert_leader_rows(self, rows: Sequence[LeaderRow]) -> dict[str, JobRow]:
@@ -413,6 +450,7 @@ class JobStore:
             "triggers": [row.trigger for row in rows],
             "first_slots": [row.first_slot for row in rows],
             "reset_slots": [row.reset_slot for row in rows],
+            "schedule": self.schedule,
         }
         async with self.engine.begin() as conn:
             result = await conn.execute(_UPSERT, params)
@@ -438,31 +476,58 @@ class JobStore:
         async with self.engine.begin() as conn:
             await conn.execute(
                 _MARK_BROKEN,
-                {"job_id": job_id, "error": error, "now": now, "pid": self.pid, "host": self.host},
+                {
+                    "job_id": job_id,
+                    "error": error,
+                    "now": now,
+                    "pid": self.pid,
+                    "host": self.host,
+                    "schedule": self.schedule,
+                },
             )
 
     async def clear_broken(self, job_ids: Iterable[str]) -> None:
         """Forget that these jobs were broken: their registration or claim succeeded."""
         async with self.engine.begin() as conn:
-            await conn.execute(_CLEAR_BROKEN, {"ids": list(job_ids)})
+            await conn.execute(_CLEAR_BROKEN, {"ids": list(job_ids), "schedule": self.schedule})
 
     async def reap(self, now: datetime) -> list[str]:
         """Reap every running lease that ran out by ``now`` (see the module docstring);
         return the ids of the jobs reaped."""
         async with self.engine.begin() as conn:
-            result = await conn.execute(_REAP, {"now": now, "job_id": None})
+            result = await conn.execute(
+                _REAP, {"now": now, "job_id": None, "schedule": self.schedule}
+            )
             return [row.id for row in result]
 
     async def heartbeat(self, backend_pid: int, now: datetime) -> None:
         """Note that the leader on lock backend ``backend_pid`` still fires, at ``now``."""
         async with self.engine.begin() as conn:
-            await conn.execute(_HEARTBEAT, {"backend_pid": backend_pid, "now": now})
+            await conn.execute(
+                _HEARTBEAT, {"backend_pid": backend_pid, "now": now, "schedule": self.schedule}
+            )
+
+    async def leader_jobs(self) -> LeaderJobs | None:
+        """The leader that holds this schedule's key now and the jobs it fires; None
+        when nobody holds it or the holder has not recorded its leadership yet."""
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    _LEADER_JOBS, {"schedule": self.schedule} | self.key.bind_params
+                )
+            ).first()
+        if row is None:
+            return None
+        return LeaderJobs(row.pid, row.host, frozenset(row.job_ids))
 
     async def show_replica_slot(self, job_id: str, slot: datetime, now: datetime) -> None:
         """Show ``slot`` as the per-worker job's next run unless another worker's
         upcoming slot is sooner."""
         async with self.engine.begin() as conn:
-            await conn.execute(_SHOW_REPLICA_SLOT, {"job_id": job_id, "slot": slot, "now": now})
+            await conn.execute(
+                _SHOW_REPLICA_SLOT,
+                {"job_id": job_id, "slot": slot, "now": now, "schedule": self.schedule},
+            )
 
     async def register_replica_jobs(
         self, specs: Iterable[JobSpec], now: datetime, zone: ZoneInfo
@@ -482,13 +547,14 @@ class JobStore:
                     "name": spec.name,
                     "trigger": spec.trigger.describe(),
                     "first_slot": first_slot,
+                    "schedule": self.schedule,
                 },
             )
 
     async def load(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
         """The stored next slot, pause flag and run-now request of each job."""
         async with self.engine.connect() as conn:
-            result = await conn.execute(_LOAD, {"ids": list(job_ids)})
+            result = await conn.execute(_LOAD, {"ids": list(job_ids), "schedule": self.schedule})
             return {
                 row.id: JobRow(row.next_run_at, row.paused, row.run_requested_at) for row in result
             }
@@ -587,10 +653,11 @@ class JobStore:
             "running_until": running_until,
             "pid": self.pid,
             "host": self.host,
+            "schedule": self.schedule,
         }
         statement = _CLAIMS[(key.manual, fence_pid is not None)]
         if fence_pid is not None:
-            params |= {"fence_pid": fence_pid}
+            params |= {"fence_pid": fence_pid} | self.key.bind_params
         async with self.engine.begin() as conn:
             # History reads in id order: the passed-over slots' row gets the lower id,
             # though the claim below allocates the run's id (its lease token) first.
@@ -599,7 +666,7 @@ class JobStore:
                 missed_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             run_id: int | None = None
             if runs:
-                await conn.execute(_REAP, {"now": now, "job_id": spec.id})
+                await conn.execute(_REAP, {"now": now, "job_id": spec.id, "schedule": self.schedule})
                 run_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             params |= {"run_id": run_id}
             claimed = (await conn.execute(statement, params)).one_or_none()
@@ -645,12 +712,24 @@ class JobStore:
             # (the claim above moved next_run_at); a history row never blocks a claim.
             recorded = (
                 await conn.execute(
-                    _RECORDED_RUN, {"job_id": spec.id, "slot": run_slot, "manual": key.manual}
+                    _RECORDED_RUN,
+                    {
+                        "job_id": spec.id,
+                        "slot": run_slot,
+                        "manual": key.manual,
+                        "schedule": self.schedule,
+                    },
                 )
             ).one()
             if run_id is not None:
                 await conn.execute(
-                    _UNDO_START, {"job_id": spec.id, "run_id": run_id, "status": recorded.status}
+                    _UNDO_START,
+                    {
+                        "job_id": spec.id,
+                        "run_id": run_id,
+                        "status": recorded.status,
+                        "schedule": self.schedule,
+                    },
                 )
             return ClaimedSlot(
                 recorded.id,
@@ -664,13 +743,20 @@ class JobStore:
         """Move the running lease of run ``run_id`` to ``running_until``; False when the
         run no longer holds it (it ran out and another run took the job)."""
         async with self.engine.begin() as conn:
-            params = {"job_id": job_id, "run_id": run_id, "running_until": running_until}
+            params = {
+                "job_id": job_id,
+                "run_id": run_id,
+                "running_until": running_until,
+                "schedule": self.schedule,
+            }
             return (await conn.execute(_RENEW_LEASE, params)).rowcount == 1
 
     async def release_lease(self, job_id: str, run_id: int) -> None:
         """Clear the running lease of run ``run_id``, if it still holds it."""
         async with self.engine.begin() as conn:
-            await conn.execute(_RELEASE_LEASE, {"job_id": job_id, "run_id": run_id})
+            await conn.execute(
+                _RELEASE_LEASE, {"job_id": job_id, "run_id": run_id, "schedule": self.schedule}
+            )
 
     async def start_replica_run(
         self, spec: JobSpec, slot: datetime, now: datetime, *, jitter: float = 0.0
@@ -697,7 +783,9 @@ class JobStore:
     ) -> None:
         """Record a run's outcome on its run row and on the job row, and clear its
         running lease unless ``body_ended`` is False (a thread still running)."""
-        params = _outcome_params(run_id, job_id, status, finished_at, duration_ms, error)
+        params = _outcome_params(
+            self.schedule, run_id, job_id, status, finished_at, duration_ms, error
+        )
         async with self.engine.begin() as conn:
             await conn.execute(_FINISH_RUN, params)
             await conn.execute(_FINISH_JOB, params)
@@ -721,6 +809,7 @@ class JobStore:
         fire_at = slot + timedelta(seconds=jitter)
         return {
             "id": id,
+            "schedule": self.schedule,
             "job_id": spec.id,
             "scope": scope,
             "slot": slot,
@@ -740,12 +829,18 @@ class ThreadStore:
     """JobStore's lease and outcome writes on the sync engine, callable from any thread:
     for a body's thread and its lease keeper once the event loop is gone."""
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
+    def __init__(self, sessions: sessionmaker[Session], schedule: str = DEFAULT_SCHEDULE) -> None:
         self.sessions = sessions
+        self.schedule = schedule
 
     def renew_lease(self, job_id: str, run_id: int, running_until: datetime) -> bool:
         """JobStore.renew_lease: False when the run no longer holds the lease."""
-        params = {"job_id": job_id, "run_id": run_id, "running_until": running_until}
+        params = {
+            "job_id": job_id,
+            "run_id": run_id,
+            "running_until": running_until,
+            "schedule": self.schedule,
+        }
         with self.sessions.begin() as session:
             return _read_committed(session).execute(_RENEW_LEASE, params).rowcount == 1
 
@@ -760,7 +855,9 @@ class ThreadStore:
         error: str | None,
     ) -> None:
         """JobStore.finish of a body that ended: record the outcome, clear the lease."""
-        params = _outcome_params(run_id, job_id, status, finished_at, duration_ms, error)
+        params = _outcome_params(
+            self.schedule, run_id, job_id, status, finished_at, duration_ms, error
+        )
         with self.sessions.begin() as session:
             conn = _read_committed(session)
             conn.execute(_FINISH_RUN, params)
@@ -775,6 +872,7 @@ def _read_committed(session: Session) -> Connection:
 
 
 def _outcome_params(
+    schedule: str,
     run_id: int,
     job_id: str,
     status: str,
@@ -783,6 +881,7 @@ def _outcome_params(
     error: str | None,
 ) -> dict[str, object]:
     return {
+        "schedule": schedule,
         "run_id": run_id,
         "job_id": job_id,
         "status": status,

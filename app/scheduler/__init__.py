@@ -190,23 +190,27 @@ column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
 
 from .clock import Clock, FakeClock, SystemClock
 from .context import JobContext, ServiceContext
-from .election import UnsafeLockConnectionError
+from .election import ScheduleNameCollisionError, UnsafeLockConnectionError
 from .errors import InvalidJobError, LeadershipLostError, SchedulerError
 from .events import RunFinished
-from .scheduler import Scheduler
+from .keys import InvalidScheduleNameError
+from .scheduler import DuplicateScheduleError, Scheduler
 from .supervisor import Role, SchedulerConfig
 from .triggers import Cron, Interval, Trigger, cron, every
 
 __all__ = [
     "Clock",
     "Cron",
+    "DuplicateScheduleError",
     "FakeClock",
     "Interval",
     "InvalidJobError",
+    "InvalidScheduleNameError",
     "JobContext",
     "LeadershipLostError",
     "Role",
     "RunFinished",
+    "ScheduleNameCollisionError",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerError",

@@ -20,9 +20,7 @@ __all__ = ["JobContext", "ServiceContext"]
 
 # FOR SHARE: a promotion's term bump waits until this transaction ends. No row yet (no
 # leader was ever recorded) reads as term 0, as the claim does.
-_TERM_FOR_SHARE = text(
-    "SELECT term FROM scheduler_leadership WHERE schedule = :schedule FOR SHARE"
-)
+_TERM_FOR_SHARE = text("SELECT term FROM scheduler_leadership WHERE schedule = :schedule FOR SHARE")
 
 
 @dataclass
@@ -99,9 +97,9 @@ class JobContext:
     def fence_sync(self, session: Session) -> None:
         """``fence`` for a thread job's sync ``session`` (call it in the job's thread)."""
         run_term = self._term_to_fence()
-        current = session.execute(
-            _TERM_FOR_SHARE, {"schedule": self.schedule}
-        ).scalar_one_or_none() or 0
+        current = (
+            session.execute(_TERM_FOR_SHARE, {"schedule": self.schedule}).scalar_one_or_none() or 0
+        )
         if current != run_term:
             session.rollback()
             raise LeadershipLostError(self.job_id, run_term, current)

@@ -80,9 +80,7 @@ logger = logging.getLogger("app.scheduler")
 
 def _ownership_sql(key: LeaderKey) -> str:
     """The seed's ownership query, on the shared pg_locks predicate of ``key``."""
-    return (
-        f"SELECT count(*) FROM pg_locks WHERE {key.locks} AND granted AND pid = pg_backend_pid()"
-    )
+    return f"SELECT count(*) FROM pg_locks WHERE {key.locks} AND granted AND pid = pg_backend_pid()"
 
 
 # A standby's wait lasts as long as the leader leads: no timeout may cut it.
@@ -482,9 +480,7 @@ class LockConnection:
         self._closing = True
         try:
             async with asyncio.timeout(timeout):
-                await self._connection.execute(
-                    self.key.call("pg_advisory_unlock"), *self.key.args
-                )
+                await self._connection.execute(self.key.call("pg_advisory_unlock"), *self.key.args)
                 await self._connection.close(timeout=timeout)
         except _CONNECTION_ERRORS:
             logger.debug("lock connection unlock failed; terminating it", exc_info=True)

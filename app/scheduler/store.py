@@ -162,11 +162,11 @@ _CLAIMS = {
 _INSERT_RUN = text(
     """
     INSERT INTO scheduler_runs
-        (id, schedule, job_id, scope, slot, manual, started_at, finished_at, status, lateness_ms,
-         jitter_ms, pid, host, error)
+        (id, schedule, job_id, scope, slot, manual, started_at, finished_at, status,
+         lateness_ms, jitter_ms, pid, host, error)
     VALUES (COALESCE(CAST(:id AS bigint), nextval(pg_get_serial_sequence('scheduler_runs', 'id'))),
-            :schedule, :job_id, :scope, :slot, :manual, :started_at, :finished_at, :status, :lateness_ms,
-            :jitter_ms, :pid, :host, :error)
+            :schedule, :job_id, :scope, :slot, :manual, :started_at, :finished_at, :status,
+            :lateness_ms, :jitter_ms, :pid, :host, :error)
     ON CONFLICT (schedule, job_id, slot, manual) WHERE scope = 'leader' DO NOTHING
     RETURNING id
     """
@@ -512,9 +512,7 @@ class JobStore:
         when nobody holds it or the holder has not recorded its leadership yet."""
         async with self.engine.connect() as conn:
             row = (
-                await conn.execute(
-                    _LEADER_JOBS, {"schedule": self.schedule} | self.key.bind_params
-                )
+                await conn.execute(_LEADER_JOBS, {"schedule": self.schedule} | self.key.bind_params)
             ).first()
         if row is None:
             return None
@@ -666,7 +664,9 @@ class JobStore:
                 missed_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             run_id: int | None = None
             if runs:
-                await conn.execute(_REAP, {"now": now, "job_id": spec.id, "schedule": self.schedule})
+                await conn.execute(
+                    _REAP, {"now": now, "job_id": spec.id, "schedule": self.schedule}
+                )
                 run_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             params |= {"run_id": run_id}
             claimed = (await conn.execute(statement, params)).one_or_none()

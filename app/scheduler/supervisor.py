@@ -725,23 +725,35 @@ class Supervisor:
         (``scheduler.jobs_not_led``, then ``scheduler.jobs_led`` once they are led
         again) and keep them in ``unled_jobs`` for /health/scheduler. Never raises."""
         ours = {spec.id for spec in self.leader_jobs}
+        if not ours:
+            return
         while True:
-            unled = self.unled_jobs
-            leader = None
-            if self.role is not Role.STANDBY or not ours:
-                unled = []
-            else:
-                try:
-                    leader = await self.store.leader_jobs()
-                except Exception:
-                    logger.debug("scheduler: could not read the leader's jobs", exc_info=True)
-                # No live recorded leader (a handover, a failed read): nothing new known.
-                if leader is not None:
-                    unled = sorted(ours - leader.job_ids)
-            if unled != self.unled_jobs:
-                self._report_unled(unled, leader)
-                self.unled_jobs = unled
-            await self.clock.sleep(self.config.leader_tick_seconds)
+            # Only a standby asks (and sleeps on the clock): a leader fires its own jobs.
+            async with self._role_changed:
+                await self._role_changed.wait_for(lambda: self.role is Role.STANDBY)
+            unled, leader = self.unled_jobs, None
+            try:
+                leader = await self.store.leader_jobs()
+            except Exception:
+                logger.debug("scheduler: could not read the leader's jobs", exc_info=True)
+            # No live recorded leader (a handover, a failed read): nothing new is known.
+            if leader is not None:
+                unled = sorted(ours - leader.job_ids)
+            self._set_unled(unled, leader)
+            await _first(
+                self.clock.sleep(self.config.leader_tick_seconds), self._left_standby()
+            )
+            if self.role is not Role.STANDBY:
+                self._set_unled([], None)
+
+    async def _left_standby(self) -> None:
+        async with self._role_changed:
+            await self._role_changed.wait_for(lambda: self.role is not Role.STANDBY)
+
+    def _set_unled(self, unled: list[str], leader: LeaderJobs | None) -> None:
+        if unled != self.unled_jobs:
+            self._report_unled(unled, leader)
+            self.unled_jobs = unled
 
     def _report_unled(self, unled: list[str], leader: LeaderJobs | None) -> None:
         schedule, pid = self.store.schedule, os.getpid()

@@ -290,7 +290,14 @@ def test_python_m_app_serves_a_users_own_app_on_the_embedded_database() -> None:
 
 
 @pytest.mark.parametrize(
-    "target", ["nosuch_module:app", "app.main:no_such_attribute", "app.settings:Settings"]
+    "target",
+    [
+        "nosuch_module:app",
+        "app.main:no_such_attribute",
+        "app.settings:Settings",
+        "tests.procs.unscheduled_app:plain",
+        "tests.procs.unscheduled_app:unscheduled",
+    ],
 )
 def test_a_bad_app_target_fails_in_one_line_naming_it(target: str) -> None:
     result = subprocess.run(

@@ -740,9 +740,7 @@ class Supervisor:
             if leader is not None:
                 unled = sorted(ours - leader.job_ids)
             self._set_unled(unled, leader)
-            await _first(
-                self.clock.sleep(self.config.leader_tick_seconds), self._left_standby()
-            )
+            await _first(self.clock.sleep(self.config.leader_tick_seconds), self._left_standby())
             if self.role is not Role.STANDBY:
                 self._set_unled([], None)
 

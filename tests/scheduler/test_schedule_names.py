@@ -8,6 +8,7 @@ import os
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,6 +30,7 @@ from app.scheduler import (
     every,
 )
 from app.scheduler.election import LockConnection
+from app.scheduler.host_lock import HostLock
 from app.scheduler.keys import (
     DEFAULT_SCHEDULE,
     SCHEDULER_LEADER_KEY,
@@ -347,3 +349,27 @@ def test_a_bad_schedule_name_is_refused_where_it_is_given(config: SchedulerConfi
         replace(config, schedule="a b")
     with pytest.raises(InvalidScheduleNameError, match="''"):
         Scheduler(name="")
+
+
+def test_each_schedule_name_has_its_own_host_lock_file_and_default_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    dsn = "postgresql://db/app"
+    paths = {
+        name: HostLock.for_key(tmp_path, dsn, LeaderKey.of(name).host_lock_id).path
+        for name in ("default", "alpha", "beta")
+    }
+    assert len(set(paths.values())) == 3
+    # The file every release before schedule names used for the one key there was.
+    assert paths["default"] == HostLock.for_key(tmp_path, dsn, SCHEDULER_LEADER_KEY).path
+
+
+async def test_a_second_app_of_one_schedule_name_in_one_process_fails_its_start_up(
+    settings: Settings,
+) -> None:
+    first = create_app(settings, _scheduler(None, [], "job"))
+    second = create_app(settings, _scheduler(None, [], "job"))
+    async with first.router.lifespan_context(first):
+        with pytest.raises(DuplicateScheduleError, match="'default'"):
+            async with second.router.lifespan_context(second):
+                pass

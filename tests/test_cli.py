@@ -339,4 +339,5 @@ def test_operator_commands_reach_the_running_embedded_server(embedded_app: Embed
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("id "), result.stdout
+    # The first line names the schedule the table is of (SCHEDULER_NAME).
+    assert result.stdout.startswith("schedule default\nid "), result.stdout

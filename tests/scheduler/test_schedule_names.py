@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
@@ -116,9 +117,8 @@ async def test_pausing_a_job_leaves_the_same_job_id_of_another_schedule_alone(
         await supervisor.wait_until_firing()
     await queries.set_paused(engine, "report", True, schedule="alpha")
     async with engine.connect() as conn:
-        paused = dict(
-            (await conn.execute(text("SELECT schedule, paused FROM scheduler_jobs"))).all()
-        )
+        rows = await conn.execute(text("SELECT schedule, paused FROM scheduler_jobs"))
+        paused = {row.schedule: row.paused for row in rows}
     assert paused == {"alpha": True, "beta": False}
 
 
@@ -131,7 +131,9 @@ async def test_the_reaper_of_one_schedule_leaves_another_schedules_leases_alone(
         name: JobStore(engine, pid=1, host="test", schedule=name) for name in ("alpha", "beta")
     }
     for name, store in stores.items():
-        await store.register_leader_jobs(_scheduler(name, fired, "report").jobs.values(), now, UTC)
+        await store.register_leader_jobs(
+            _scheduler(name, fired, "report").jobs.values(), now, ZoneInfo("UTC")
+        )
     async with engine.begin() as conn:
         await conn.execute(
             text(
@@ -142,9 +144,8 @@ async def test_the_reaper_of_one_schedule_leaves_another_schedules_leases_alone(
         )
     assert await stores["alpha"].reap(now) == ["report"]
     async with engine.connect() as conn:
-        leases = dict(
-            (await conn.execute(text("SELECT schedule, running_until FROM scheduler_jobs"))).all()
-        )
+        rows = await conn.execute(text("SELECT schedule, running_until FROM scheduler_jobs"))
+        leases = {row.schedule: row.running_until for row in rows}
     assert leases["alpha"] is None and leases["beta"] is not None
 
 

@@ -195,8 +195,13 @@ column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
 
 from .clock import Clock, FakeClock, SystemClock
 from .context import JobContext, ServiceContext
-from .election import ScheduleNameCollisionError, UnsafeLockConnectionError
-from .errors import InvalidJobError, LeadershipLostError, SchedulerError
+from .election import UnsafeLockConnectionError
+from .errors import (
+    InvalidJobError,
+    LeadershipLostError,
+    ScheduleNameCollisionError,
+    SchedulerError,
+)
 from .events import RunFinished
 from .keys import InvalidScheduleNameError
 from .scheduler import DuplicateScheduleError, Scheduler

@@ -54,7 +54,6 @@ __all__ = [
     "WAKE_CHANNEL",
     "DatabaseIdentity",
     "LockConnection",
-    "ScheduleNameCollisionError",
     "UnsafeLockConnectionError",
     "check_pooling",
     "check_primary",
@@ -143,22 +142,6 @@ _PREVIOUS_LEADER_GONE = """
             WHERE a.pid = led.backend_pid AND a.pid <> pg_backend_pid()))
     """
 
-# Register the schedule's name with its key's pg_locks coordinates, and read back every
-# registered name that has the name or the key. The UNIQUE key constraint makes a second
-# name with the same key a conflict (nothing inserted); the rows read are the
-# statement's snapshot, so a conflicting row committed meanwhile may be missing: the
-# caller asks again until a row answers.
-_REGISTER_SCHEDULE = """
-    WITH registered AS (
-        INSERT INTO scheduler_schedules AS s (name, key_classid, key_objid, key_objsubid)
-        VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING
-        RETURNING s.name, s.key_classid, s.key_objid, s.key_objsubid)
-    SELECT * FROM registered
-    UNION ALL
-    SELECT name, key_classid, key_objid, key_objsubid FROM scheduler_schedules
-    WHERE name = $1 OR (key_classid, key_objid, key_objsubid) = ($2, $3, $4)
-    """
-
 _IDENTITY_SQL = "SELECT current_database(), pg_postmaster_start_time()"
 _SYSTEM_IDENTIFIER_SQL = "SELECT system_identifier FROM pg_control_system()"
 
@@ -167,25 +150,6 @@ _POOLER_SYMPTOMS = (
     asyncpg.exceptions.InvalidSQLStatementNameError,
     asyncpg.exceptions.DuplicatePreparedStatementError,
 )
-
-
-class ScheduleNameCollisionError(SchedulerError):
-    """Two schedule names in one database derive the same advisory key (or a name is
-    registered with another key than this code derives): their leaders would exclude
-    each other. ``name`` and ``other`` are the two names."""
-
-    def __init__(self, name: str, other: str) -> None:
-        self.name = name
-        self.other = other
-        super().__init__(
-            f"schedule names {name!r} and {other!r} derive the same leader key in this "
-            f"database (table scheduler_schedules), so one would never lead while the "
-            f"other does; rename one of them (Scheduler(name=...) or SCHEDULER_NAME)"
-            if name != other
-            else f"schedule {name!r} is registered in scheduler_schedules with another "
-            "leader key than this code derives; delete its row there if no worker of an "
-            "older release still runs it"
-        )
 
 
 class UnsafeLockConnectionError(SchedulerError):
@@ -384,20 +348,6 @@ class LockConnection:
         if not self.identity.same_as(app):
             await self._connection.fetchval("SELECT 1")
         check_same_database(self.identity, app)
-
-    async def register_schedule(self) -> None:
-        """Register this schedule's name and key in scheduler_schedules (once per
-        database; later calls only read). Raises ScheduleNameCollisionError when another
-        name holds the same key there."""
-        key = self.key
-        coordinates = (key.classid, key.objid, key.objsubid)
-        while True:
-            rows = await self._connection.fetch(_REGISTER_SCHEDULE, key.schedule, *coordinates)
-            if rows:
-                break
-        for row in rows:
-            if row["name"] != key.schedule or tuple(row)[1:] != coordinates:
-                raise ScheduleNameCollisionError(key.schedule, row["name"])
 
     async def on_wake(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` on every NOTIFY to WAKE_CHANNEL (LISTEN opens no transaction)."""

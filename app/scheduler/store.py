@@ -45,6 +45,7 @@ import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import Connection, text
@@ -52,6 +53,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
+from .errors import ScheduleNameCollisionError
 from .keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from .registry import JobSpec
 
@@ -273,6 +275,25 @@ _CLEAR_BROKEN = text(
 _HEARTBEAT = text(
     "UPDATE scheduler_leadership SET heartbeat_at = :now"
     " WHERE schedule = :schedule AND backend_pid = :backend_pid"
+)
+
+# Register the schedule's name with its key's pg_locks coordinates, and read back every
+# registered name that has the name or the key. The UNIQUE key constraint makes a second
+# name with the same key a conflict (nothing inserted); the rows read are the
+# statement's snapshot, so a conflicting row committed meanwhile may be missing: the
+# caller asks again until a row answers.
+_REGISTER_SCHEDULE = text(
+    """
+    WITH registered AS (
+        INSERT INTO scheduler_schedules AS s (name, key_classid, key_objid, key_objsubid)
+        VALUES (:schedule, :key_classid, :key_objid, :key_objsubid) ON CONFLICT DO NOTHING
+        RETURNING s.name, s.key_classid, s.key_objid, s.key_objsubid)
+    SELECT * FROM registered
+    UNION ALL
+    SELECT name, key_classid, key_objid, key_objsubid FROM scheduler_schedules
+    WHERE name = :schedule OR (key_classid, key_objid, key_objsubid)
+        = (CAST(:key_classid AS bigint), CAST(:key_objid AS bigint), CAST(:key_objsubid AS int))
+    """
 )
 
 # The leader of this schedule that holds its key now, and the jobs it recorded firing.
@@ -506,6 +527,27 @@ class JobStore:
             await conn.execute(
                 _HEARTBEAT, {"backend_pid": backend_pid, "now": now, "schedule": self.schedule}
             )
+
+    async def register_schedule(self) -> None:
+        """Register this schedule's name with its leader key in scheduler_schedules (once
+        per database; later calls only read), on the app's engine: the lock connection's
+        role may have no rights on the app's tables.
+
+        Raises ScheduleNameCollisionError when another name holds the same key there,
+        and ConnectionError when the app database does not answer.
+        """
+        params = {"schedule": self.schedule} | self.key.bind_params
+        try:
+            rows: list[Any] = []
+            while not rows:
+                async with self.engine.begin() as conn:
+                    rows = list(await conn.execute(_REGISTER_SCHEDULE, params))
+        except DBAPIError as exc:
+            raise ConnectionError(f"the app database did not answer: {exc}") from exc
+        coordinates = (self.key.classid, self.key.objid, self.key.objsubid)
+        for row in rows:
+            if row.name != self.schedule or tuple(row)[1:] != coordinates:
+                raise ScheduleNameCollisionError(self.schedule, row.name)
 
     async def leader_jobs(self) -> LeaderJobs | None:
         """The leader that holds this schedule's key now and the jobs it fires; None

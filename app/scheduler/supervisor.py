@@ -42,12 +42,8 @@ from zoneinfo import ZoneInfo
 import asyncpg
 
 from .clock import Clock
-from .election import (
-    LockConnection,
-    ScheduleNameCollisionError,
-    UnsafeLockConnectionError,
-    engine_identity,
-)
+from .election import LockConnection, UnsafeLockConnectionError, engine_identity
+from .errors import ScheduleNameCollisionError
 from .host_lock import HostLock, HostLockError
 from .keys import DEFAULT_SCHEDULE, validate_schedule_name
 from .registry import JobSpec, Registry
@@ -322,7 +318,7 @@ class Supervisor:
             raise _LockCheckError(f"{exc.__class__.__name__}: {exc}") from exc
         try:
             await lock.check_same_database(await engine_identity(self.store.engine))
-            await lock.register_schedule()
+            await self.store.register_schedule()
             if not await lock.try_acquire():
                 await self._set_role(Role.STANDBY)
                 logger.info(

@@ -40,6 +40,7 @@ from .db import DatabaseError, async_url, describe_target, migrate, verify_schem
 from .embedded import default_data_dir, embedded_postgres
 from .localpg import LocalPostgresError
 from .redact import redact
+from .scheduler import Scheduler
 from .settings import Settings, SettingsError, load_settings
 
 
@@ -133,6 +134,13 @@ def _app_target(args: argparse.Namespace, settings: Settings) -> str:
         raise AppTargetError(
             f"{option}={target!r} is a {type(app).__name__}, not an ASGI app; point it at "
             "the object create_app(...) returned"
+        )
+    # create_app(...) keeps its scheduler on the app's state; an app without one (a
+    # plain ASGI app, or create_app() with no scheduler) would serve but fire no job.
+    if not isinstance(getattr(getattr(app, "state", None), "scheduler", None), Scheduler):
+        raise AppTargetError(
+            f"{option}={target!r} is an ASGI app without a Regent scheduler, so no job would "
+            "run; build it with create_app(scheduler=scheduler) around your Scheduler()"
         )
     return target
 

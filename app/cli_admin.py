@@ -1,5 +1,8 @@
 """The operator commands of `python -m app`: jobs, outbox, leader.
 
+The jobs and leader commands show the schedule SCHEDULER_NAME names (``default``
+unless set; see app/scheduler/keys.py) and touch no other schedule's rows.
+
 They talk to the database (DATABASE_URL, or the embedded server of a running
 `python -m app`) through the same queries as the admin API, and print plain tables that
 read like the admin page (see app/admin/display.py): one line per row, timestamps in UTC
@@ -140,22 +143,23 @@ def _history(runs: Sequence[dict[str, Any]], full: bool) -> str:
 
 async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:
     now = SystemClock().now()
+    schedule = settings.SCHEDULER_NAME
     if args.jobs_command == "run":
-        await queries.run_job_now(engine, args.job_id, now)
+        await queries.run_job_now(engine, args.job_id, now, schedule=schedule)
         return f"job {args.job_id!r} queued: the leader fires it now, through its slot claim"
     if args.jobs_command in ("pause", "resume"):
         paused = args.jobs_command == "pause"
-        await queries.set_paused(engine, args.job_id, paused)
+        await queries.set_paused(engine, args.job_id, paused, schedule=schedule)
         return f"job {args.job_id!r} {'paused' if paused else 'resumed'}"
     if args.jobs_command == "history":
-        runs = await queries.job_runs(engine, args.job_id, limit=args.limit)
+        runs = await queries.job_runs(engine, args.job_id, limit=args.limit, schedule=schedule)
         return _json(runs) if args.json else _history(runs, args.full)
-    jobs = await queries.list_jobs(engine, now)
+    jobs = await queries.list_jobs(engine, now, schedule=schedule)
     if args.json:
         return _json(jobs)
     rows = [job | {"trigger": display.trigger(job["trigger"], settings.TIMEZONE)} for job in jobs]
     columns = ["id", "name", "trigger", "next_run_at", "last_status", "last_finished_at", "paused"]
-    return _table(rows, columns)
+    return f"schedule {schedule}\n{_table(rows, columns)}"
 
 
 async def _outbox(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:
@@ -192,12 +196,13 @@ async def _outbox(engine: AsyncEngine, args: argparse.Namespace, settings: Setti
 
 
 async def _leader(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:
-    info = await queries.leader(engine)
+    info = await queries.leader(engine, schedule=settings.SCHEDULER_NAME)
     if args.json:
         return _json(info)
     if info["backend_pid"] is None:
-        return f"no leader; {info['standbys']} standby(s) waiting"
-    return _table([info], ["pid", "host", "application_name", "since", "standbys"])
+        return f"no leader of schedule {info['schedule']}; {info['standbys']} standby(s) waiting"
+    columns = ["schedule", "pid", "host", "application_name", "since", "standbys"]
+    return _table([info], columns)
 
 
 COMMANDS: dict[str, Callable[[AsyncEngine, argparse.Namespace, Settings], Awaitable[str]]] = {

@@ -39,7 +39,7 @@ from .metrics import instrument, measure_loop_lag
 from .metrics import router as metrics_router
 from .outbox import Outbox, OutboxError, UnregisteredDrainError
 from .parent_death import worker_dies_with_parent
-from .scheduler import Scheduler, SchedulerConfig, SystemClock
+from .scheduler import DuplicateScheduleError, Scheduler, SchedulerConfig, SystemClock
 from .scheduler.host_lock import default_runtime_dir
 from .settings import Settings, SettingsError, load_settings
 from .stop_signal import on_stop_signal
@@ -63,6 +63,7 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
         shutdown_grace_seconds=settings.SHUTDOWN_GRACE_SECONDS,
         connect_timeout_seconds=settings.DATABASE_CONNECT_TIMEOUT_SECONDS,
         fail_closed=settings.is_production,
+        schedule=settings.SCHEDULER_NAME,
         host_lock_dir=(settings.REGENT_RUNTIME_DIR or default_runtime_dir())
         if settings.HOST_LOCK_ENABLED
         else None,
@@ -169,6 +170,11 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
                     sessions=database.sessions,
                     sync_sessions=database.sync_sessions,
                 )
+            except DuplicateScheduleError:
+                # A set-up bug of this process, not a passing fault: refuse to start.
+                await database.dispose()
+                lag.cancel()
+                raise
             except Exception:
                 logger.exception("scheduler.start_failed: the API serves without a scheduler")
         # A worker told to stop must not promote while the server drains.

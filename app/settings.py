@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from .scheduler.keys import validate_schedule_name
 from .secret_url import SecretUrl
 
 __all__ = ["ADMIN_TOKEN_MIN_LENGTH", "Settings", "SettingsError", "load_settings"]
@@ -114,6 +115,12 @@ class Settings(BaseSettings):
         description="only one worker per host (per REGENT_RUNTIME_DIR) queues for the "
         "leader key in PostgreSQL; false: every worker holds a lock connection",
     )
+    SCHEDULER_NAME: str = Field(
+        default="default",
+        description="the schedule this app's scheduler leads and fires (unless its "
+        "Scheduler(name=...) says otherwise): apps of different names share one database, "
+        "each with its own leader and jobs; 1-63 letters, digits, '_', '.', ':', '-'",
+    )
     REGENT_RUNTIME_DIR: Path | None = Field(
         default=None,
         description="directory of the host's leader lock file, shared by the workers of "
@@ -174,6 +181,12 @@ class Settings(BaseSettings):
                     )
                 break
         return value
+
+    @field_validator("SCHEDULER_NAME")
+    @classmethod
+    def _schedule_name(cls, value: str) -> str:
+        # The scheduler's own rule and message (app/scheduler/keys.py).
+        return validate_schedule_name(value)
 
     @field_validator("TIMEZONE")
     @classmethod

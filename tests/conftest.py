@@ -96,13 +96,15 @@ class StartScheduler(Protocol):
 
 @pytest.fixture
 def config(database_url: str) -> SchedulerConfig:
-    """Fast timings for tests: 6 s lease, 1 s tick, no handover grace."""
+    """Fast timings for tests: 6 s lease, 1 s tick, no handover grace; several
+    Schedulers of one name in this process stand for several workers."""
     return SchedulerConfig(
         lock_dsn=asyncpg_dsn(database_url),
         lease_seconds=6,
         leader_tick_seconds=1,
         handover_grace_seconds=0,
         shutdown_grace_seconds=2,
+        simulated_workers=True,
     )
 
 

@@ -290,7 +290,14 @@ def test_python_m_app_serves_a_users_own_app_on_the_embedded_database() -> None:
 
 
 @pytest.mark.parametrize(
-    "target", ["nosuch_module:app", "app.main:no_such_attribute", "app.settings:Settings"]
+    "target",
+    [
+        "nosuch_module:app",
+        "app.main:no_such_attribute",
+        "app.settings:Settings",
+        "tests.procs.unscheduled_app:plain",
+        "tests.procs.unscheduled_app:unscheduled",
+    ],
 )
 def test_a_bad_app_target_fails_in_one_line_naming_it(target: str) -> None:
     result = subprocess.run(
@@ -332,4 +339,5 @@ def test_operator_commands_reach_the_running_embedded_server(embedded_app: Embed
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("id "), result.stdout
+    # The first line names the schedule the table is of (SCHEDULER_NAME).
+    assert result.stdout.startswith("schedule default\nid "), result.stdout

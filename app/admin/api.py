@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from app.db import Database
 from app.http_errors import SafeJSONResponse
-from app.scheduler import Clock
+from app.scheduler import Clock, Scheduler
 from app.storable import INT64_MAX
 
 from . import display, queries
@@ -18,7 +18,7 @@ from .auth import require_admin
 from .errors import AdminError
 from .params import JobId, MessageId, OutboxName
 
-__all__ = ["admin_error_response", "router"]
+__all__ = ["admin_error_response", "router", "schedule_name"]
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[Depends(require_admin)])
 
@@ -26,6 +26,16 @@ router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[Depends(re
 def _engine(request: Request) -> Any:
     database: Database = request.app.state.database
     return database.engine
+
+
+def schedule_name(request: Request) -> str:
+    """The name of the schedule this app runs (app/scheduler/keys.py): its scheduler's,
+    else SCHEDULER_NAME. The admin views read and change only that schedule's rows."""
+    scheduler: Scheduler | None = request.app.state.scheduler
+    if scheduler is not None:
+        return scheduler.name
+    name: str = request.app.state.settings.SCHEDULER_NAME
+    return name
 
 
 def _now(request: Request) -> datetime:
@@ -47,7 +57,9 @@ async def jobs(request: Request) -> list[dict[str, Any]]:
     zone = request.app.state.settings.TIMEZONE
     return [
         job | {"trigger_description": display.trigger(job["trigger"], zone)}
-        for job in await queries.list_jobs(_engine(request), _now(request))
+        for job in await queries.list_jobs(
+            _engine(request), _now(request), schedule=schedule_name(request)
+        )
     ]
 
 
@@ -65,7 +77,9 @@ async def runs(
     ``error`` that says what went wrong."""
     page = [
         run | {"error_summary": display.error_summary(run["error"])}
-        for run in await queries.job_runs(_engine(request), job_id, limit=limit, before=before)
+        for run in await queries.job_runs(
+            _engine(request), job_id, limit=limit, before=before, schedule=schedule_name(request)
+        )
     ]
     next_before = page[-1]["id"] if len(page) == limit else None
     return {"runs": page, "next_before": next_before}
@@ -76,7 +90,9 @@ async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
     """Fire now, through the same slot claim; 409 while the job runs (its running lease
     holds), while it is paused, and for a per-worker job (each worker runs that on its
     own schedule)."""
-    await queries.run_job_now(_engine(request), job_id, _now(request))
+    await queries.run_job_now(
+        _engine(request), job_id, _now(request), schedule=schedule_name(request)
+    )
     return {"status": "queued"}
 
 
@@ -84,21 +100,22 @@ async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
 async def pause(request: Request, job_id: JobId) -> dict[str, str]:
     """Pause the job: no slot is claimed (per-worker jobs: no worker runs a slot) until
     it is resumed."""
-    await queries.set_paused(_engine(request), job_id, True)
+    await queries.set_paused(_engine(request), job_id, True, schedule=schedule_name(request))
     return {"status": "paused"}
 
 
 @router.post("/jobs/{job_id}/resume")
 async def resume(request: Request, job_id: JobId) -> dict[str, str]:
     """Resume a paused job."""
-    await queries.set_paused(_engine(request), job_id, False)
+    await queries.set_paused(_engine(request), job_id, False, schedule=schedule_name(request))
     return {"status": "resumed"}
 
 
 @router.get("/leader")
 async def leader(request: Request) -> dict[str, Any]:
-    """The holder's pid, application_name, host and since when; standbys waiting."""
-    return await queries.leader(_engine(request))
+    """The schedule's name and its key holder's pid, application_name, host, since when
+    and the jobs it fires; standbys waiting."""
+    return await queries.leader(_engine(request), schedule=schedule_name(request))
 
 
 @router.get("/outboxes")

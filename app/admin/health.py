@@ -8,12 +8,16 @@
   A handover that never ends or a leader whose tick is stuck is not firing;
 - no job of this app is broken (``broken_jobs``): the leader could not handle its row
   or next slot, or its job loop died;
+- every leader-only job of this app is fired by the leader of its schedule
+  (``jobs_not_led``): another app of the same schedule name may lead with another job
+  set, and then this app's extra jobs run nowhere;
 - no leader-only job (not paused) is stale (``stale_jobs``): each must have succeeded
   since the slot before its last due slot, and at most ``GRACE_FLOOR`` before that
   last slot. The allowed age follows the job's own schedule, so a weekday cron is not
   stale on a weekend. A job never succeeded counts from its registration.
 
-Keyed on job id, never on the name (a renamed job is not a phantom alert).
+Keyed on job id, never on the name (a renamed job is not a phantom alert). Everything
+is read for this app's schedule (``schedule``, app/scheduler/keys.py) only.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from app.scheduler import Clock, Scheduler, Trigger
 from app.settings import Settings
 
 from . import queries
+from .api import schedule_name
 
 __all__ = ["last_due_slots", "router", "stale_jobs"]
 
@@ -86,6 +91,15 @@ def _firing(holder: dict[str, Any], now: datetime, lease: timedelta) -> bool:
     return heartbeat is not None and now - heartbeat <= lease
 
 
+def _not_led(scheduler: Scheduler, holder: dict[str, Any]) -> list[str]:
+    """Ids of this app's leader-only jobs that the firing leader of its schedule did not
+    record among the jobs it fires: they run nowhere while it leads."""
+    led = set(holder["job_ids"] or ())
+    return sorted(
+        spec.id for spec in scheduler.jobs.values() if spec.leader_only and spec.id not in led
+    )
+
+
 @router.get("/health/scheduler")
 async def scheduler_health(request: Request) -> JSONResponse:
     """200 with a firing leader and no broken or stale job; 503 with the reasons."""
@@ -94,20 +108,24 @@ async def scheduler_health(request: Request) -> JSONResponse:
     settings: Settings = request.app.state.settings
     clock: Clock = request.app.state.clock
     now = clock.now()
-    holder = await queries.leader(database.engine)
-    rows = await queries.list_jobs(database.engine, now)
+    schedule = schedule_name(request)
+    holder = await queries.leader(database.engine, schedule=schedule)
+    rows = await queries.list_jobs(database.engine, now, schedule=schedule)
     zone = request.app.state.zone
     stale = stale_jobs(scheduler, rows, now, zone) if scheduler is not None else []
     ours = set(scheduler.jobs) if scheduler is not None else set()
     broken = [row["id"] for row in rows if row["broken"] and row["id"] in ours]
     leads = holder["backend_pid"] is not None
     firing = leads and _firing(holder, now, timedelta(seconds=settings.LEASE_SECONDS))
-    healthy = firing and not stale and not broken
+    unled = _not_led(scheduler, holder) if firing and scheduler is not None else []
+    healthy = firing and not stale and not broken and not unled
     body = {
         "status": "ok" if healthy else "unhealthy",
+        "schedule": schedule,
         "leader": leads,
         "firing": firing,
         "broken_jobs": broken,
         "stale_jobs": stale,
+        "jobs_not_led": unled,
     }
     return JSONResponse(body, status_code=200 if healthy else 503)

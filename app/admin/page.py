@@ -30,6 +30,7 @@ from app.scheduler import Clock
 from app.storable import INT64_MAX
 
 from . import display, queries, session, throttle
+from .api import schedule_name
 from .auth import admin_key, token_matches
 from .errors import AdminError, NotFound
 from .params import JobId, MessageId, OutboxName
@@ -113,8 +114,8 @@ async def _page(
 ) -> HTMLResponse:
     engine = _engine(request)
     context = _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
-        "leader": await queries.leader(engine),
-        "jobs": await queries.list_jobs(engine, _now(request)),
+        "leader": await queries.leader(engine, schedule=schedule_name(request)),
+        "jobs": await queries.list_jobs(engine, _now(request), schedule=schedule_name(request)),
         "outboxes": await queries.outbox_summary(engine, _now(request)),
         "pending": await queries.outbox_messages(engine, status="pending", limit=_PENDING_SHOWN),
         "pending_shown": _PENDING_SHOWN,
@@ -130,13 +131,14 @@ async def _job_page(
     query = f"?before={before}&limit={limit}" if before is not None else f"?limit={limit}"
     context = _common(request, csrf, flash, f"/admin/jobs/{job_id}{query}")
     try:
-        runs = await queries.job_runs(engine, job_id, limit=limit, before=before)
+        runs = await queries.job_runs(
+            engine, job_id, limit=limit, before=before, schedule=schedule_name(request)
+        )
     except NotFound as exc:
         context |= {"job": None, "flash": str(exc), "failed": True, "runs": [], "older": None}
         return templates.TemplateResponse(request, "job.html", context, status_code=exc.status)
-    job = next(
-        (job for job in await queries.list_jobs(engine, _now(request)) if job["id"] == job_id), None
-    )
+    jobs = await queries.list_jobs(engine, _now(request), schedule=schedule_name(request))
+    job = next((job for job in jobs if job["id"] == job_id), None)
     older = None
     if len(runs) == limit:
         older = f"/admin/jobs/{job_id}?before={runs[-1]['id']}&limit={limit}"
@@ -272,7 +274,9 @@ async def run_now(
         request,
         csrf,
         f"run-{job_id}",
-        lambda: queries.run_job_now(_engine(request), job_id, _now(request)),
+        lambda: queries.run_job_now(
+            _engine(request), job_id, _now(request), schedule=schedule_name(request)
+        ),
         _back(job_id, back),
     )
 
@@ -286,7 +290,7 @@ async def pause(
         request,
         csrf,
         f"pause-{job_id}",
-        lambda: queries.set_paused(_engine(request), job_id, True),
+        lambda: queries.set_paused(_engine(request), job_id, True, schedule=schedule_name(request)),
         _back(job_id, back),
     )
 
@@ -300,6 +304,8 @@ async def resume(
         request,
         csrf,
         f"resume-{job_id}",
-        lambda: queries.set_paused(_engine(request), job_id, False),
+        lambda: queries.set_paused(
+            _engine(request), job_id, False, schedule=schedule_name(request)
+        ),
         _back(job_id, back),
     )

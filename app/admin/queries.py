@@ -19,7 +19,7 @@ from app.outbox import (
     reset_message,
 )
 from app.scheduler.election import WAKE_CHANNEL
-from app.scheduler.keys import LEADER_KEY_LOCKS
+from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from app.storable import is_int64, is_storable_text
 
 from .errors import AdminError, Conflict, NotFound
@@ -51,15 +51,19 @@ _JOBS = text(
         j.last_error, j.last_duration_ms, j.last_success_at,
         j.paused, j.created_at,
         coalesce(j.running_until > CAST(:now AS timestamptz), false) AS running,
-        (SELECT r.lateness_ms FROM scheduler_runs r WHERE r.job_id = j.id
+        (SELECT r.lateness_ms FROM scheduler_runs r
+         WHERE r.schedule = j.schedule AND r.job_id = j.id
          ORDER BY r.id DESC LIMIT 1) AS last_lateness_ms,
         b.job_id IS NOT NULL AS broken, b.error AS broken_error, b.since AS broken_since
-    FROM scheduler_jobs j LEFT JOIN scheduler_broken_jobs b ON b.job_id = j.id
+    FROM scheduler_jobs j
+    LEFT JOIN scheduler_broken_jobs b ON b.schedule = j.schedule AND b.job_id = j.id
+    WHERE j.schedule = :schedule
     UNION ALL
     SELECT b.job_id, b.job_id, NULL, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
         false, b.since, false, NULL, true, b.error, b.since
     FROM scheduler_broken_jobs b
-    WHERE NOT EXISTS (SELECT 1 FROM scheduler_jobs j WHERE j.id = b.job_id)
+    WHERE b.schedule = :schedule AND NOT EXISTS (
+        SELECT 1 FROM scheduler_jobs j WHERE j.schedule = b.schedule AND j.id = b.job_id)
     ORDER BY id
     """
 )
@@ -68,17 +72,21 @@ _RUNS = text(
     SELECT r.id, r.slot, r.started_at, r.finished_at, r.status, r.lateness_ms, r.duration_ms,
         r.pid, r.host, r.error, r.manual
     FROM scheduler_runs r
-    WHERE r.job_id = :job_id AND (CAST(:before AS bigint) IS NULL OR r.id < :before)
+    WHERE r.schedule = :schedule AND r.job_id = :job_id
+        AND (CAST(:before AS bigint) IS NULL OR r.id < :before)
     ORDER BY r.id DESC LIMIT :limit
     """
 )
-_JOB = text("SELECT leader_only, paused, running_until FROM scheduler_jobs WHERE id = :job_id")
+_JOB = text(
+    "SELECT leader_only, paused, running_until FROM scheduler_jobs"
+    " WHERE schedule = :schedule AND id = :job_id"
+)
 # A request beside the schedule (see app/scheduler/store.py): next_run_at is never
 # touched. A request still pending stays: asking twice before the leader takes it is
 # one run.
 _RUN_NOW = text(
     "UPDATE scheduler_jobs SET run_requested_at = COALESCE(run_requested_at, :now),"
-    " updated_at = now() WHERE id = :job_id"
+    " updated_at = now() WHERE schedule = :schedule AND id = :job_id"
 )
 # Pausing drops a pending request: a paused job runs nothing, and a resume does not
 # bring back a run asked for before the pause.
@@ -88,22 +96,25 @@ _PAUSE = text(
     SET paused = :paused,
         run_requested_at = CASE WHEN :paused THEN NULL ELSE run_requested_at END,
         updated_at = now()
-    WHERE id = :job_id RETURNING id
+    WHERE schedule = :schedule AND id = :job_id RETURNING id
     """
 )
 _WAKE = text(f"NOTIFY {WAKE_CHANNEL}")
+# The schedule's key holder, by the shared pg_locks predicate on bind parameters
+# (LeaderKey.bind_params); its leadership row is the schedule's.
 _LEADER = text(
     f"""
     SELECT a.pid AS backend_pid, a.application_name, a.client_addr::text AS client_addr,
-        s.pid, s.host, s.since, s.heartbeat_at
-    FROM (SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted) l
+        s.pid, s.host, s.since, s.heartbeat_at, s.job_ids
+    FROM (SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted) l
     JOIN pg_stat_activity a ON a.pid = l.pid
-    LEFT JOIN scheduler_leadership s ON s.backend_pid = l.pid
+    LEFT JOIN scheduler_leadership s
+        ON s.schedule = CAST(:schedule AS text) AND s.backend_pid = l.pid
     """
 )
 _STANDBYS = text(
     f"""
-    SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND NOT granted
+    SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND NOT granted
     """
 )
 _OUTBOXES = text(
@@ -142,39 +153,51 @@ def _rows(result: Any) -> list[dict[str, Any]]:
     return [dict(row._mapping) for row in result]
 
 
-async def list_jobs(engine: AsyncEngine, now: datetime) -> list[dict[str, Any]]:
-    """Every job with its schedule state, last outcome and whether it is broken;
-    ``running`` and a crashed run's ``abandoned`` status are read as of ``now``."""
+async def list_jobs(
+    engine: AsyncEngine, now: datetime, *, schedule: str = DEFAULT_SCHEDULE
+) -> list[dict[str, Any]]:
+    """Every job of the schedule named ``schedule`` with its schedule state, last
+    outcome and whether it is broken; ``running`` and a crashed run's ``abandoned``
+    status are read as of ``now``. Every function here reads or changes only the rows
+    of the schedule it is given (app/scheduler/keys.py)."""
     async with engine.connect() as conn:
-        return _rows(await conn.execute(_JOBS, {"now": now}))
+        return _rows(await conn.execute(_JOBS, {"now": now, "schedule": schedule}))
 
 
 def _unknown_job(job_id: str) -> NotFound:
     return NotFound(f"no job with id {job_id!r}; `python -m app jobs` lists them")
 
 
-async def _require_job(conn: Any, job_id: str) -> Any:
+async def _require_job(conn: Any, job_id: str, schedule: str) -> Any:
     # A value no text column can hold names no row; asking would be a driver error.
     if not is_storable_text(job_id):
         raise _unknown_job(job_id)
-    row = (await conn.execute(_JOB, {"job_id": job_id})).first()
+    row = (await conn.execute(_JOB, {"job_id": job_id, "schedule": schedule})).first()
     if row is None:
         raise _unknown_job(job_id)
     return row
 
 
 async def job_runs(
-    engine: AsyncEngine, job_id: str, *, limit: int = 50, before: int | None = None
+    engine: AsyncEngine,
+    job_id: str,
+    *,
+    limit: int = 50,
+    before: int | None = None,
+    schedule: str = DEFAULT_SCHEDULE,
 ) -> list[dict[str, Any]]:
     """A page of the job's runs, newest first; ``before`` is the last id of the previous
     page. Raises NotFound for an unknown job."""
     async with engine.connect() as conn:
-        await _require_job(conn, job_id)
-        result = await conn.execute(_RUNS, {"job_id": job_id, "limit": limit, "before": before})
+        await _require_job(conn, job_id, schedule)
+        params = {"job_id": job_id, "limit": limit, "before": before, "schedule": schedule}
+        result = await conn.execute(_RUNS, params)
         return _rows(result)
 
 
-async def run_job_now(engine: AsyncEngine, job_id: str, now: datetime) -> None:
+async def run_job_now(
+    engine: AsyncEngine, job_id: str, now: datetime, *, schedule: str = DEFAULT_SCHEDULE
+) -> None:
     """Ask the leader to run the job once now, beside its schedule: the leader claims
     the request as it claims a slot (the running lease, one run row, marked ``manual``,
     whose slot is ``now``), fires it without jitter, and leaves the job's next slot
@@ -185,7 +208,7 @@ async def run_job_now(engine: AsyncEngine, job_id: str, now: datetime) -> None:
     worker runs that on its own schedule, and no leader takes a request for it.
     """
     async with engine.begin() as conn:
-        row = await _require_job(conn, job_id)
+        row = await _require_job(conn, job_id, schedule)
         if not row.leader_only:
             raise Conflict(
                 f"job {job_id!r} runs on every worker on its own schedule (leader_only=False), "
@@ -195,33 +218,37 @@ async def run_job_now(engine: AsyncEngine, job_id: str, now: datetime) -> None:
             raise Conflict(f"job {job_id!r} is running; try again when it has finished")
         if row.paused:
             raise Conflict(f"job {job_id!r} is paused; resume it first")
-        await conn.execute(_RUN_NOW, {"job_id": job_id, "now": now})
+        await conn.execute(_RUN_NOW, {"job_id": job_id, "now": now, "schedule": schedule})
         await conn.execute(_WAKE)
 
 
-async def set_paused(engine: AsyncEngine, job_id: str, paused: bool) -> None:
+async def set_paused(
+    engine: AsyncEngine, job_id: str, paused: bool, *, schedule: str = DEFAULT_SCHEDULE
+) -> None:
     """Pause or resume a job: the leader claims no slot of a paused job, and every
     worker skips the slots of a paused per-worker job. Pausing drops a pending run-now
     request. Raises NotFound for an unknown job."""
     async with engine.begin() as conn:
-        await _require_job(conn, job_id)
-        if (await conn.execute(_PAUSE, {"job_id": job_id, "paused": paused})).first() is None:
+        await _require_job(conn, job_id, schedule)
+        params = {"job_id": job_id, "paused": paused, "schedule": schedule}
+        if (await conn.execute(_PAUSE, params)).first() is None:
             raise _unknown_job(job_id)
         await conn.execute(_WAKE)
 
 
-async def leader(engine: AsyncEngine) -> dict[str, Any]:
-    """The holder of the leader key (None fields when nobody leads) and the number of
-    standbys waiting for it, from pg_locks and pg_stat_activity; ``since`` and
-    ``heartbeat_at`` (its last tick that found it firing) when the holder has recorded
-    its leadership.
+async def leader(engine: AsyncEngine, *, schedule: str = DEFAULT_SCHEDULE) -> dict[str, Any]:
+    """The holder of the schedule's leader key (None fields when nobody leads) and the
+    number of standbys waiting for it, from pg_locks and pg_stat_activity; ``since``,
+    ``heartbeat_at`` (its last tick that found it firing) and ``job_ids`` (the
+    leader-only jobs it fires) when the holder has recorded its leadership.
 
     A standby whose process died leaves the count within the lock connection's client
     check (CLIENT_CHECK_SECONDS), not at the next handover.
     """
     async with engine.connect() as conn:
-        holder = (await conn.execute(_LEADER)).first()
-        standbys = (await conn.execute(_STANDBYS)).scalar_one()
+        key = LeaderKey.of(schedule).bind_params
+        holder = (await conn.execute(_LEADER, key | {"schedule": schedule})).first()
+        standbys = (await conn.execute(_STANDBYS, key)).scalar_one()
     info: dict[str, Any] = {
         "pid": None,
         "application_name": None,
@@ -230,10 +257,11 @@ async def leader(engine: AsyncEngine) -> dict[str, Any]:
         "backend_pid": None,
         "since": None,
         "heartbeat_at": None,
+        "job_ids": None,
     }
     if holder is not None:
         info |= dict(holder._mapping)
-    return info | {"standbys": standbys}
+    return {"schedule": schedule} | info | {"standbys": standbys}
 
 
 async def outbox_summary(engine: AsyncEngine, now: datetime) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Regent's scheduler: one leader per database, slots that fire at most once.
+"""Regent's scheduler: one leader per schedule name, slots that fire at most once.
 
 How it stays correct
 ====================
@@ -7,7 +7,11 @@ Every worker (uvicorn process) runs one supervisor task. The supervisor opens a
 dedicated *lock connection* (asyncpg, outside the pool, ``application_name =
 'scheduler-leader:<pid>'``, ``idle_session_timeout`` = the lease, ``lock_timeout`` and
 ``statement_timeout`` = 0 so that no role or database default cuts a standby's wait)
-and asks for session advisory lock 911000001.
+and asks for the session advisory lock of its schedule: 911000001 for the ``default``
+schedule, ``(911000001, schedule_hash(name))`` for any other name (``keys.py``: every
+schedule's key, how it is derived and how a collision between two names is refused).
+Every row the scheduler writes carries its schedule's name, so apps of different names
+share one database, each with its own leader and jobs.
 
 At connect the lock connection proves it can hold a session lock that the slot claims
 will see: two statements must run on one backend (else LOCK_DATABASE_URL goes through a
@@ -37,8 +41,9 @@ States::
   term is over), so a kill -9 is followed by a fire in a fraction of a second; a
   previous leader whose backend is still there (a graceful handover) gets the whole
   grace. Every ``LEADER_TICK_SECONDS`` it checks ownership with the
-  seed's pg_locks query on one shared predicate (``keys.LEADER_KEY_LOCKS``: this
-  database, and the one-bigint key form only, so that ``pg_advisory_lock(0, 911000001)``
+  seed's pg_locks query on one shared predicate (``keys.leader_key_locks`` of its
+  schedule's key: this database, and that key's form only (for ``default`` the
+  one-bigint form), so that ``pg_advisory_lock(0, 911000001)``
   is not taken for it); that query also renews the lease. It ticks through every wait,
   the handover and shutdown graces included, so no grace, however long, outlasts the
   lease of an idle connection.
@@ -205,22 +210,31 @@ column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
 from .clock import Clock, FakeClock, SystemClock
 from .context import JobContext, ServiceContext
 from .election import UnsafeLockConnectionError
-from .errors import InvalidJobError, LeadershipLostError, SchedulerError
+from .errors import (
+    InvalidJobError,
+    LeadershipLostError,
+    ScheduleNameCollisionError,
+    SchedulerError,
+)
 from .events import RunFinished
-from .scheduler import Scheduler
+from .keys import InvalidScheduleNameError
+from .scheduler import DuplicateScheduleError, Scheduler
 from .supervisor import Role, SchedulerConfig
 from .triggers import Cron, Interval, Trigger, cron, every
 
 __all__ = [
     "Clock",
     "Cron",
+    "DuplicateScheduleError",
     "FakeClock",
     "Interval",
     "InvalidJobError",
+    "InvalidScheduleNameError",
     "JobContext",
     "LeadershipLostError",
     "Role",
     "RunFinished",
+    "ScheduleNameCollisionError",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerError",

@@ -14,12 +14,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import Clock
 from .errors import LeadershipLostError, SchedulerError
+from .keys import DEFAULT_SCHEDULE
 
 __all__ = ["JobContext", "ServiceContext"]
 
 # FOR SHARE: a promotion's term bump waits until this transaction ends. No row yet (no
 # leader was ever recorded) reads as term 0, as the claim does.
-_TERM_FOR_SHARE = text("SELECT term FROM scheduler_leadership WHERE id = 1 FOR SHARE")
+_TERM_FOR_SHARE = text("SELECT term FROM scheduler_leadership WHERE schedule = :schedule FOR SHARE")
 
 
 @dataclass
@@ -52,6 +53,8 @@ class JobContext:
     log: logging.LoggerAdapter[logging.Logger]
     zone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
     term: int | None = None
+    # The schedule whose leadership term fences this run (see app/scheduler/keys.py).
+    schedule: str = DEFAULT_SCHEDULE
     _sessions: async_sessionmaker[AsyncSession] | None = field(default=None, repr=False)
     _sync_sessions: sessionmaker[Session] | None = field(default=None, repr=False)
     _session: AsyncSession | None = field(default=None, repr=False)
@@ -84,7 +87,9 @@ class JobContext:
         doc). Raises LeadershipLostError, with the transaction rolled back, when a newer
         leadership began; SchedulerError in a per-worker job."""
         run_term = self._term_to_fence()
-        current = (await session.execute(_TERM_FOR_SHARE)).scalar_one_or_none() or 0
+        current = (
+            await session.execute(_TERM_FOR_SHARE, {"schedule": self.schedule})
+        ).scalar_one_or_none() or 0
         if current != run_term:
             await session.rollback()
             raise LeadershipLostError(self.job_id, run_term, current)
@@ -92,7 +97,9 @@ class JobContext:
     def fence_sync(self, session: Session) -> None:
         """``fence`` for a thread job's sync ``session`` (call it in the job's thread)."""
         run_term = self._term_to_fence()
-        current = session.execute(_TERM_FOR_SHARE).scalar_one_or_none() or 0
+        current = (
+            session.execute(_TERM_FOR_SHARE, {"schedule": self.schedule}).scalar_one_or_none() or 0
+        )
         if current != run_term:
             session.rollback()
             raise LeadershipLostError(self.job_id, run_term, current)

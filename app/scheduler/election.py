@@ -37,7 +37,7 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -46,12 +46,11 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .errors import SchedulerError
-from .keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
+from .keys import DEFAULT_SCHEDULE, LeaderKey
 
 __all__ = [
     "CLIENT_CHECK_SECONDS",
     "KEEPALIVE_SECONDS",
-    "OWNERSHIP_SQL",
     "WAKE_CHANNEL",
     "DatabaseIdentity",
     "LockConnection",
@@ -77,10 +76,11 @@ WAKE_CHANNEL = "regent_scheduler"
 
 logger = logging.getLogger("app.scheduler")
 
-# The seed's ownership query, on the shared pg_locks predicate.
-OWNERSHIP_SQL = (
-    f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted AND pid = pg_backend_pid()"
-)
+
+def _ownership_sql(key: LeaderKey) -> str:
+    """The seed's ownership query, on the shared pg_locks predicate of ``key``."""
+    return f"SELECT count(*) FROM pg_locks WHERE {key.locks} AND granted AND pid = pg_backend_pid()"
+
 
 # A standby's wait lasts as long as the leader leads: no timeout may cut it.
 _NO_TIMEOUTS = {"lock_timeout": "0", "statement_timeout": "0"}
@@ -110,29 +110,34 @@ _LIVENESS = (
     "  WHERE current_setting('client_connection_check_interval', true) IS NOT NULL)"
 )
 
-# Who leads, for operators, and the leadership term, for the jobs' fence: one statement,
-# matching only while this connection holds the key. Its row lock waits for every
-# transaction that holds the row FOR SHARE (ctx.fence), so the new term begins after
-# the fenced commits under way. The term starts at 1 on the first promotion.
-_RECORD_LEADERSHIP = f"""
-    INSERT INTO scheduler_leadership AS led (id, pid, host, backend_pid, since, heartbeat_at, term)
-    SELECT 1, $1, $2, pg_backend_pid(), $3, $3, 1
+
+def _record_leadership_sql(key: LeaderKey) -> str:
+    """Who leads, for operators, the jobs it fires, for its standbys, and the leadership
+    term, for the jobs' fence: one statement on the schedule's row, matching only while
+    this connection holds the schedule's key. Its row lock waits for every transaction
+    that holds the row FOR SHARE (ctx.fence), so the new term begins after the fenced
+    commits under way. The term starts at 1 on the first promotion."""
+    return f"""
+    INSERT INTO scheduler_leadership AS led
+        (schedule, pid, host, backend_pid, since, heartbeat_at, term, job_ids)
+    SELECT $1, $2, $3, pg_backend_pid(), $4, $4, 1, $5
     WHERE EXISTS (
-        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted AND pid = pg_backend_pid())
-    ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, host = excluded.host,
+        SELECT 1 FROM pg_locks WHERE {key.locks} AND granted AND pid = pg_backend_pid())
+    ON CONFLICT (schedule) DO UPDATE SET pid = excluded.pid, host = excluded.host,
         backend_pid = excluded.backend_pid, since = excluded.since,
-        heartbeat_at = excluded.heartbeat_at, term = led.term + 1
+        heartbeat_at = excluded.heartbeat_at, term = led.term + 1, job_ids = excluded.job_ids
     RETURNING term
     """
 
-# True only when a leadership was recorded and its backend is no longer among the
-# server's backends: that leader can fire nothing more. No record, or a backend still
-# listed, is not proof. Our own backend carrying the recorded pid (reused) proves the
-# recorded one gone: this connection has recorded nothing yet.
+
+# True only when a leadership of the schedule was recorded and its backend is no longer
+# among the server's backends: that leader can fire nothing more. No record, or a
+# backend still listed, is not proof. Our own backend carrying the recorded pid (reused)
+# proves the recorded one gone: this connection has recorded nothing yet.
 _PREVIOUS_LEADER_GONE = """
     SELECT EXISTS (
         SELECT 1 FROM scheduler_leadership led
-        WHERE led.id = 1 AND NOT EXISTS (
+        WHERE led.schedule = $1 AND NOT EXISTS (
             SELECT 1 FROM pg_stat_activity a
             WHERE a.pid = led.backend_pid AND a.pid <> pg_backend_pid()))
     """
@@ -265,22 +270,32 @@ class LockConnection:
         connection: asyncpg.Connection,
         backend_pid: int,
         identity: DatabaseIdentity | None = None,
+        key: LeaderKey | None = None,
     ) -> None:
         self._connection = connection
         self._closing = False
         self.backend_pid = backend_pid
         self.identity = identity
-        self.key = SCHEDULER_LEADER_KEY
+        self.key = key or LeaderKey.of(DEFAULT_SCHEDULE)
 
     @classmethod
-    async def connect(cls, dsn: str, *, lease_seconds: int, timeout: float = 10) -> LockConnection:
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        lease_seconds: int,
+        timeout: float = 10,
+        schedule: str = DEFAULT_SCHEDULE,
+    ) -> LockConnection:
         """Open the connection with the lease, no statement or lock timeout, the
         holder's name set at connect, keepalives on both ends and the server's client
         check.
 
         Raises OSError, asyncpg errors or TimeoutError when the server cannot be reached,
         and UnsafeLockConnectionError behind a transaction-pooling proxy or on a replica.
+        The connection leads the schedule named ``schedule`` (its key: keys.LeaderKey).
         """
+        key = LeaderKey.of(schedule)
         connection = await asyncpg.connect(
             dsn,
             timeout=timeout,
@@ -319,7 +334,7 @@ class LockConnection:
         except BaseException:
             connection.terminate()
             raise
-        return cls(connection, backend_pid, identity)
+        return cls(connection, backend_pid, identity, key)
 
     async def check_same_database(self, app: DatabaseIdentity) -> None:
         """Raise UnsafeLockConnectionError unless this connection reached the app's
@@ -350,23 +365,35 @@ class LockConnection:
 
     async def try_acquire(self) -> bool:
         """One non-blocking attempt at the key."""
-        acquired = await self._connection.fetchval("SELECT pg_try_advisory_lock($1)", self.key)
+        acquired = await self._connection.fetchval(
+            self.key.call("pg_try_advisory_lock"), *self.key.args
+        )
         return acquired is True
 
     async def wait_acquire(self) -> None:
         """Block until the key is ours. The server wakes us the moment it is released."""
-        await self._connection.execute("SELECT pg_advisory_lock($1)", self.key)
+        await self._connection.execute(self.key.call("pg_advisory_lock"), *self.key.args)
 
-    async def record_leadership(self, *, pid: int, host: str, since: datetime) -> int | None:
-        """Begin a leadership term: record who leads and move the term, on this
-        connection, while it holds the key. Returns the new term, or None when this
-        connection does not hold the key (nothing is written).
+    async def record_leadership(
+        self, *, pid: int, host: str, since: datetime, job_ids: Sequence[str] = ()
+    ) -> int | None:
+        """Begin a leadership term of this schedule: record who leads, the ids of the
+        leader-only jobs it fires, and move the term, on this connection, while it holds
+        the key. Returns the new term, or None when this connection does not hold the
+        key (nothing is written).
 
         Waits for every job transaction that took the term FOR SHARE (``ctx.fence``) to
         end. While it waits the connection runs a statement, so ``idle_session_timeout``
         does not cut it, and a connection that dies makes it raise.
         """
-        term: int | None = await self._connection.fetchval(_RECORD_LEADERSHIP, pid, host, since)
+        term: int | None = await self._connection.fetchval(
+            _record_leadership_sql(self.key),
+            self.key.schedule,
+            pid,
+            host,
+            since,
+            sorted(job_ids),
+        )
         return term
 
     async def previous_leader_gone(self, timeout: float) -> bool:
@@ -380,7 +407,7 @@ class LockConnection:
         """
         try:
             async with asyncio.timeout(timeout):
-                gone = await self._connection.fetchval(_PREVIOUS_LEADER_GONE)
+                gone = await self._connection.fetchval(_PREVIOUS_LEADER_GONE, self.key.schedule)
         except _CONNECTION_ERRORS:
             return False
         return gone is True
@@ -393,7 +420,7 @@ class LockConnection:
         """
         try:
             async with asyncio.timeout(timeout):
-                count = await self._connection.fetchval(OWNERSHIP_SQL)
+                count = await self._connection.fetchval(_ownership_sql(self.key))
         except _CONNECTION_ERRORS:
             return False
         return bool(count == 1)
@@ -403,7 +430,7 @@ class LockConnection:
         self._closing = True
         try:
             async with asyncio.timeout(timeout):
-                await self._connection.execute("SELECT pg_advisory_unlock($1)", self.key)
+                await self._connection.execute(self.key.call("pg_advisory_unlock"), *self.key.args)
                 await self._connection.close(timeout=timeout)
         except _CONNECTION_ERRORS:
             logger.debug("lock connection unlock failed; terminating it", exc_info=True)

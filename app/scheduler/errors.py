@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["InvalidJobError", "LeadershipLostError", "SchedulerError"]
+__all__ = [
+    "InvalidJobError",
+    "LeadershipLostError",
+    "ScheduleNameCollisionError",
+    "SchedulerError",
+]
 
 
 class SchedulerError(Exception):
@@ -39,4 +44,23 @@ class LeadershipLostError(SchedulerError):
             f"term {current_term} began since (this worker lost the leader key and another "
             "promoted); the transaction was rolled back, not committed: let this error end "
             "the run, the new leader runs the next slot"
+        )
+
+
+class ScheduleNameCollisionError(SchedulerError):
+    """Two schedule names in one database derive the same advisory key (or a name is
+    registered with another key than this code derives): their leaders would exclude
+    each other. ``name`` and ``other`` are the two names."""
+
+    def __init__(self, name: str, other: str) -> None:
+        self.name = name
+        self.other = other
+        super().__init__(
+            f"schedule names {name!r} and {other!r} derive the same leader key in this "
+            f"database (table scheduler_schedules), so one would never lead while the "
+            f"other does; rename one of them (Scheduler(name=...) or SCHEDULER_NAME)"
+            if name != other
+            else f"schedule {name!r} is registered in scheduler_schedules with another "
+            "leader key than this code derives; delete its row there if no worker of an "
+            "older release still runs it"
         )

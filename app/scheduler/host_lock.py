@@ -68,7 +68,7 @@ class HostLock:
         self._fd: int | None = None
 
     @classmethod
-    def for_key(cls, directory: Path, dsn: str, key: int) -> HostLock:
+    def for_key(cls, directory: Path, dsn: str, key: int | str) -> HostLock:
         """The host lock of ``key`` on the server ``dsn`` reaches, in ``directory``."""
         digest = hashlib.sha256(f"{dsn}\0{key}".encode()).hexdigest()[:16]
         return cls(directory / f"leader-{digest}.lock")

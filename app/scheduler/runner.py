@@ -129,7 +129,9 @@ class Runner:
         self.sessions = sessions
         self.sync_sessions = sync_sessions
         self.lease_seconds = lease_seconds
-        self.thread_store = ThreadStore(sync_sessions, lease_clock=store.lease_clock)
+        self.thread_store = ThreadStore(
+            sync_sessions, store.schedule, lease_clock=store.lease_clock
+        )
         # Per job, what is alive while its body runs: the run's task until the body
         # starts, then a future of the body (async) or the task watching its thread.
         self._alive: dict[str, asyncio.Future[Any]] = {}
@@ -425,6 +427,7 @@ class Runner:
             log=log,
             zone=self.zone,
             term=claim.term,
+            schedule=self.store.schedule,
             _sessions=self.sessions if spec.is_async else None,
             _sync_sessions=None if spec.is_async else self.sync_sessions,
         )

@@ -17,13 +17,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from .clock import Clock, SystemClock, lease_clock
 from .errors import SchedulerError
 from .events import Observers, RunFinished
+from .keys import DEFAULT_SCHEDULE, validate_schedule_name
 from .registry import JobSpec, Registry, ServiceSpec
 from .runner import Runner
 from .store import JobStore
 from .supervisor import Role, SchedulerConfig, Supervisor
 from .triggers import Trigger
 
-__all__ = ["Scheduler"]
+__all__ = ["DuplicateScheduleError", "Scheduler"]
 
 logger = logging.getLogger("app.scheduler")
 
@@ -31,15 +32,41 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _RESTART_DELAY_SECONDS = 5.0
 
+# The schedulers started in this process, by (lock DSN, schedule name).
+_STARTED: dict[tuple[str, str], Scheduler] = {}
+
+
+class DuplicateScheduleError(SchedulerError):
+    """A second Scheduler of one schedule name was started in this process on the same
+    database: both would queue for one leader key, and the jobs of whichever stands by
+    would run only when the other stops. ``name`` is the schedule's name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"a scheduler of schedule {name!r} is already started in this process "
+            f"(pid {os.getpid()}) on this database; two of one name would queue for one "
+            "leader key and one's jobs would not run; register every job on one Scheduler, "
+            "or give each its own name: Scheduler(name=...)"
+        )
+
 
 class Scheduler:
     """A set of jobs and services, and (once started) the supervisor that fires them.
 
     Declare at import time with ``@scheduler.job(...)`` and ``@scheduler.service(...)``;
     the app's lifespan calls ``start()`` and ``stop()``.
+
+    ``name`` names its schedule (see app/scheduler/keys.py): its leader key and its job
+    rows are its name's, so apps of different names share one database, each with its
+    own leader. None: the SCHEDULER_NAME setting the app starts it with (``default``).
+    Raises InvalidScheduleNameError for a name that is empty, longer than 63
+    characters or not letters, digits, ``_``, ``.``, ``:`` and ``-``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str | None = None) -> None:
+        self._name = validate_schedule_name(name) if name is not None else None
+        self._configured_name: str | None = None
         self.registry = Registry()
         self.observers = Observers()
         self.supervisor: Supervisor | None = None
@@ -114,6 +141,12 @@ class Scheduler:
             self.observers.on_role.append(on_role)
 
     @property
+    def name(self) -> str:
+        """The schedule's name: the one given, else the one ``start()`` was configured
+        with, else ``default``."""
+        return self._name or self._configured_name or DEFAULT_SCHEDULE
+
+    @property
     def jobs(self) -> dict[str, JobSpec]:
         """Registered jobs by id."""
         return dict(self.registry.jobs)
@@ -139,13 +172,25 @@ class Scheduler:
     ) -> Supervisor:
         """Start the supervisor task and return at once; the API never waits on it.
 
-        Raises SchedulerError when already started.
+        Raises SchedulerError when already started, and DuplicateScheduleError when
+        another Scheduler of the same name runs in this process on the same lock DSN
+        (unless ``config.simulated_workers``).
         """
         if self._task is not None and not self._task.done():
             raise SchedulerError("scheduler already started; call stop() first")
+        self._configured_name = config.schedule
+        started = (config.lock_dsn, self.name)
+        other = _STARTED.get(started)
+        if other is not None and other is not self and not config.simulated_workers:
+            raise DuplicateScheduleError(self.name)
+        _STARTED.setdefault(started, self)
         clock = clock or SystemClock()
         store = JobStore(
-            engine, pid=os.getpid(), host=socket.gethostname(), lease_clock=lease_clock(clock)
+            engine,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            lease_clock=lease_clock(clock),
+            schedule=self.name,
         )
         runner = Runner(
             store,
@@ -174,6 +219,9 @@ class Scheduler:
         """
         if self.supervisor is None or self._task is None:
             return
+        started = (self.supervisor.config.lock_dsn, self.name)
+        if _STARTED.get(started) is self:
+            del _STARTED[started]
         await self.supervisor.stop()
         grace = self.supervisor.config.shutdown_grace_seconds + 10
         try:

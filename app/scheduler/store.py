@@ -57,6 +57,7 @@ import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import Connection, text
@@ -65,13 +66,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import Clock
-from .keys import LEADER_KEY_LOCKS
+from .errors import ScheduleNameCollisionError
+from .keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from .registry import JobSpec
 
 __all__ = [
     "ClaimedSlot",
     "JobRow",
     "JobStore",
+    "LeaderJobs",
     "LeaderRow",
     "ReapedRun",
     "ThreadStore",
@@ -96,13 +99,14 @@ _UPSERT = text(
     ), kept AS (
         UPDATE scheduler_jobs j SET name = g.name, leader_only = true, updated_at = now()
         FROM given g
-        WHERE g.first_slot IS NULL AND j.id = g.id AND j.trigger = g.trigger
+        WHERE g.first_slot IS NULL AND j.schedule = :schedule AND j.id = g.id
+            AND j.trigger = g.trigger
         RETURNING j.id, j.next_run_at, j.paused, j.run_requested_at
     ), upserted AS (
-        INSERT INTO scheduler_jobs (id, name, trigger, leader_only, next_run_at)
-        SELECT id, name, trigger, true, first_slot FROM given
+        INSERT INTO scheduler_jobs (schedule, id, name, trigger, leader_only, next_run_at)
+        SELECT :schedule, id, name, trigger, true, first_slot FROM given
         WHERE first_slot IS NOT NULL ORDER BY id
-        ON CONFLICT (id) DO UPDATE SET
+        ON CONFLICT (schedule, id) DO UPDATE SET
             name = excluded.name,
             leader_only = excluded.leader_only,
             trigger = excluded.trigger,
@@ -124,10 +128,13 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
-_STORED_TRIGGERS = text("SELECT id, trigger FROM scheduler_jobs WHERE id = ANY(:ids)")
+_STORED_TRIGGERS = text(
+    "SELECT id, trigger FROM scheduler_jobs WHERE schedule = :schedule AND id = ANY(:ids)"
+)
 
 _LOAD = text(
-    "SELECT id, next_run_at, paused, run_requested_at FROM scheduler_jobs WHERE id = ANY(:ids)"
+    "SELECT id, next_run_at, paused, run_requested_at FROM scheduler_jobs"
+    " WHERE schedule = :schedule AND id = ANY(:ids)"
 )
 
 # Running leases are written and compared on the lease clock (see clock.lease_clock):
@@ -155,14 +162,14 @@ _CLAIM = """
         running_pid = CASE WHEN {starts} THEN CAST(:pid AS integer) ELSE running_pid END,
         running_host = CASE WHEN {starts} THEN CAST(:host AS text) ELSE running_host END,
         updated_at = now()
-    WHERE id = :job_id AND {due_column} = :due AND NOT paused {fence}
+    WHERE schedule = :schedule AND id = :job_id AND {due_column} = :due AND NOT paused {fence}
     RETURNING running_run_id IS NOT DISTINCT FROM CAST(:run_id AS bigint) AS started,
         next_run_at, running_run_id, running_until, running_pid, running_host,
-        COALESCE((SELECT term FROM scheduler_leadership WHERE id = 1), 0) AS term
+        COALESCE((SELECT term FROM scheduler_leadership WHERE schedule = :schedule), 0) AS term
     """
 _FENCE = f"""
       AND EXISTS (
-        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted AND pid = :fence_pid)
+        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted AND pid = :fence_pid)
     """
 # (manual, fenced) -> the claim statement: a slot (manual False) or a run-now request.
 _CLAIMS = {
@@ -186,13 +193,13 @@ _CLAIMS = {
 _INSERT_RUN = text(
     f"""
     INSERT INTO scheduler_runs
-        (id, job_id, scope, slot, manual, started_at, finished_at, status, lateness_ms,
-         jitter_ms, pid, host, error, running_until)
+        (id, schedule, job_id, scope, slot, manual, started_at, finished_at, status,
+         lateness_ms, jitter_ms, pid, host, error, running_until)
     VALUES (COALESCE(CAST(:id AS bigint), nextval(pg_get_serial_sequence('scheduler_runs', 'id'))),
-            :job_id, :scope, :slot, :manual, :started_at, :finished_at, :status, :lateness_ms,
-            :jitter_ms, :pid, :host, :error,
+            :schedule, :job_id, :scope, :slot, :manual, :started_at, :finished_at, :status,
+            :lateness_ms, :jitter_ms, :pid, :host, :error,
             CASE WHEN CAST(:lease_seconds AS double precision) IS NOT NULL THEN {_LEASE_END} END)
-    ON CONFLICT (job_id, slot, manual) WHERE scope = 'leader' DO NOTHING
+    ON CONFLICT (schedule, job_id, slot, manual) WHERE scope = 'leader' DO NOTHING
     RETURNING id
     """
 )
@@ -201,7 +208,8 @@ _INSERT_RUN = text(
 # back to it (a trigger change, a clock behind the last leader's); for a request, one
 # made at the very instant of an earlier one.
 _RECORDED_RUN = text(
-    "SELECT id, status FROM scheduler_runs WHERE job_id = :job_id AND slot = :slot"
+    "SELECT id, status FROM scheduler_runs WHERE schedule = :schedule AND job_id = :job_id"
+    " AND slot = :slot"
     " AND scope = 'leader' AND manual = :manual"
 )
 _UNDO_START = text(
@@ -209,7 +217,7 @@ _UNDO_START = text(
     UPDATE scheduler_jobs
     SET running_run_id = NULL, running_since = NULL, running_until = NULL,
         running_pid = NULL, running_host = NULL, last_status = :status
-    WHERE id = :job_id AND running_run_id = :run_id
+    WHERE schedule = :schedule AND id = :job_id AND running_run_id = :run_id
     """
 )
 
@@ -233,7 +241,7 @@ _FINISH_JOB = text(
         last_success_at = CASE WHEN CAST(:status AS text) = 'ok'
             THEN CAST(:finished_at AS timestamptz) ELSE last_success_at END,
         updated_at = now()
-    WHERE id = :job_id
+    WHERE schedule = :schedule AND id = :job_id
     """
 )
 _NEXT_RUN_ID = text("SELECT nextval(pg_get_serial_sequence('scheduler_runs', 'id'))")
@@ -241,7 +249,7 @@ _NEXT_RUN_ID = text("SELECT nextval(pg_get_serial_sequence('scheduler_runs', 'id
 _RENEW_LEASE = text(
     f"""
     UPDATE scheduler_jobs SET running_until = {_LEASE_END}
-    WHERE id = :job_id AND running_run_id = :run_id
+    WHERE schedule = :schedule AND id = :job_id AND running_run_id = :run_id
     """
 )
 
@@ -250,7 +258,7 @@ _RELEASE_LEASE = text(
     UPDATE scheduler_jobs
     SET running_run_id = NULL, running_since = NULL, running_until = NULL,
         running_pid = NULL, running_host = NULL
-    WHERE id = :job_id AND running_run_id = :run_id
+    WHERE schedule = :schedule AND id = :job_id AND running_run_id = :run_id
     """
 )
 
@@ -273,7 +281,7 @@ _REAP = text(
                    'running lease, which ran out at %s', running_pid, running_host,
                    running_until) AS note
         FROM scheduler_jobs
-        WHERE running_until <= {_LEASE_NOW}
+        WHERE schedule = :schedule AND running_until <= {_LEASE_NOW}
             AND (CAST(:job_id AS text) IS NULL OR id = CAST(:job_id AS text))
         FOR UPDATE SKIP LOCKED
     ), abandoned_runs AS (
@@ -290,7 +298,7 @@ _REAP = text(
         running_run_id = NULL, running_since = NULL, running_until = NULL,
         running_pid = NULL, running_host = NULL, updated_at = now()
     FROM expired e
-    WHERE j.id = e.id
+    WHERE j.schedule = :schedule AND j.id = e.id
     RETURNING j.id
     """
 )
@@ -306,7 +314,7 @@ _REAP_REPLICA_RUNS = text(
             format('abandoned: the worker that ran it (pid %s on %s) stopped renewing its '
                    'running lease, which ran out at %s', pid, host, running_until) AS note
         FROM scheduler_runs
-        WHERE running_until <= {_LEASE_NOW} AND scope = 'replica'
+        WHERE schedule = :schedule AND running_until <= {_LEASE_NOW} AND scope = 'replica'
             AND (CAST(:job_id AS text) IS NULL OR job_id = CAST(:job_id AS text))
         FOR UPDATE SKIP LOCKED
     ), reaped AS (
@@ -327,7 +335,8 @@ _REAP_REPLICA_RUNS = text(
         SET last_status = 'abandoned', last_finished_at = CAST(:now AS timestamptz),
             last_error = l.note, updated_at = now()
         FROM latest l
-        WHERE j.id = l.job_id AND j.last_status IS DISTINCT FROM 'running'
+        WHERE j.schedule = :schedule AND j.id = l.job_id
+            AND j.last_status IS DISTINCT FROM 'running'
             AND (j.last_finished_at IS NULL OR j.last_finished_at < l.lapsed_at)
     )
     SELECT id AS run_id, job_id, pid, host FROM reaped WHERE was = 'running' ORDER BY id
@@ -336,16 +345,48 @@ _REAP_REPLICA_RUNS = text(
 
 _MARK_BROKEN = text(
     """
-    INSERT INTO scheduler_broken_jobs (job_id, error, since, pid, host)
-    VALUES (:job_id, :error, :now, :pid, :host)
-    ON CONFLICT (job_id) DO UPDATE SET error = excluded.error, pid = excluded.pid,
+    INSERT INTO scheduler_broken_jobs (schedule, job_id, error, since, pid, host)
+    VALUES (:schedule, :job_id, :error, :now, :pid, :host)
+    ON CONFLICT (schedule, job_id) DO UPDATE SET error = excluded.error, pid = excluded.pid,
         host = excluded.host
     """
 )
-_CLEAR_BROKEN = text("DELETE FROM scheduler_broken_jobs WHERE job_id = ANY(:ids)")
+_CLEAR_BROKEN = text(
+    "DELETE FROM scheduler_broken_jobs WHERE schedule = :schedule AND job_id = ANY(:ids)"
+)
 
 _HEARTBEAT = text(
-    "UPDATE scheduler_leadership SET heartbeat_at = :now WHERE backend_pid = :backend_pid"
+    "UPDATE scheduler_leadership SET heartbeat_at = :now"
+    " WHERE schedule = :schedule AND backend_pid = :backend_pid"
+)
+
+# Register the schedule's name with its key's pg_locks coordinates, and read back every
+# registered name that has the name or the key. The UNIQUE key constraint makes a second
+# name with the same key a conflict (nothing inserted); the rows read are the
+# statement's snapshot, so a conflicting row committed meanwhile may be missing: the
+# caller asks again until a row answers.
+_REGISTER_SCHEDULE = text(
+    """
+    WITH registered AS (
+        INSERT INTO scheduler_schedules AS s (name, key_classid, key_objid, key_objsubid)
+        VALUES (:schedule, :key_classid, :key_objid, :key_objsubid) ON CONFLICT DO NOTHING
+        RETURNING s.name, s.key_classid, s.key_objid, s.key_objsubid)
+    SELECT * FROM registered
+    UNION ALL
+    SELECT name, key_classid, key_objid, key_objsubid FROM scheduler_schedules
+    WHERE name = :schedule OR (key_classid, key_objid, key_objsubid)
+        = (CAST(:key_classid AS bigint), CAST(:key_objid AS bigint), CAST(:key_objsubid AS int))
+    """
+)
+
+# The leader of this schedule that holds its key now, and the jobs it recorded firing.
+_LEADER_JOBS = text(
+    f"""
+    SELECT s.pid, s.host, s.job_ids FROM scheduler_leadership s
+    WHERE s.schedule = :schedule AND EXISTS (
+        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted
+            AND pid = s.backend_pid)
+    """
 )
 
 # Each worker keeps its own slots of a per-worker job; the row shows the soonest
@@ -353,15 +394,15 @@ _HEARTBEAT = text(
 _SHOW_REPLICA_SLOT = text(
     """
     UPDATE scheduler_jobs SET next_run_at = :slot
-    WHERE id = :job_id AND (next_run_at <= :now OR next_run_at > :slot)
+    WHERE schedule = :schedule AND id = :job_id AND (next_run_at <= :now OR next_run_at > :slot)
     """
 )
 
 _UPSERT_REPLICA = text(
     """
-    INSERT INTO scheduler_jobs (id, name, trigger, leader_only, next_run_at)
-    VALUES (:id, :name, :trigger, false, :first_slot)
-    ON CONFLICT (id) DO UPDATE SET
+    INSERT INTO scheduler_jobs (schedule, id, name, trigger, leader_only, next_run_at)
+    VALUES (:schedule, :id, :name, :trigger, false, :first_slot)
+    ON CONFLICT (schedule, id) DO UPDATE SET
         name = excluded.name, trigger = excluded.trigger, leader_only = false,
         updated_at = now()
     """
@@ -392,6 +433,16 @@ class ReapedRun:
     run_id: int
     pid: int
     host: str
+
+
+@dataclass(frozen=True)
+class LeaderJobs:
+    """The live leader of a schedule (process ``pid`` on ``host``) and the ids of the
+    leader-only jobs it recorded at its promotion."""
+
+    pid: int
+    host: str
+    job_ids: frozenset[str]
 
 
 @dataclass(frozen=True)
@@ -460,14 +511,22 @@ def storable(value: str) -> str:
 
 
 class JobStore:
-    """Reads and writes scheduler_jobs and scheduler_runs for one process.
+    """Reads and writes scheduler_jobs and scheduler_runs for one process, for the
+    schedule named ``schedule``: every statement is bound to it, so the rows of another
+    schedule in the same database are never read or written.
 
     ``lease_clock``: the clock running leases are written and compared on (see
     clock.lease_clock); None, the database server's. Leases are given as lengths in
     seconds, never as instants of this process's clock."""
 
     def __init__(
-        self, engine: AsyncEngine, *, pid: int, host: str, lease_clock: Clock | None = None
+        self,
+        engine: AsyncEngine,
+        *,
+        pid: int,
+        host: str,
+        lease_clock: Clock | None = None,
+        schedule: str = DEFAULT_SCHEDULE,
     ) -> None:
         # Read committed whatever the database or role defaults to: under repeatable
         # read an outcome write that meets a concurrent update of the job row (a lease
@@ -476,6 +535,8 @@ class JobStore:
         self.pid = pid
         self.host = host
         self.lease_clock = lease_clock
+        self.key = LeaderKey.of(schedule)
+        self.schedule = schedule
 
     def _lease_now(self, now: datetime | None = None) -> dict[str, object]:
         # On a test's clock, the caller's ``now`` (read before any wait) is the lease's.
@@ -504,7 +565,9 @@ class JobStore:
     async def stored_triggers(self, job_ids: Iterable[str]) -> dict[str, str]:
         """The stored trigger of each of these jobs that has a row."""
         async with self.engine.connect() as conn:
-            result = await conn.execute(_STORED_TRIGGERS, {"ids": list(job_ids)})
+            result = await conn.execute(
+                _STORED_TRIGGERS, {"ids": list(job_ids), "schedule": self.schedule}
+            )
             return {row.id: row.trigger for row in result}
 
     async def upsert_leader_rows(self, rows: Sequence[LeaderRow]) -> dict[str, JobRow]:
@@ -519,6 +582,7 @@ class JobStore:
             "triggers": [row.trigger for row in rows],
             "first_slots": [_iso(row.first_slot) for row in rows],
             "reset_slots": [_iso(row.reset_slot) for row in rows],
+            "schedule": self.schedule,
         }
         async with self.engine.begin() as conn:
             result = await conn.execute(_UPSERT, params)
@@ -544,20 +608,28 @@ class JobStore:
         async with self.engine.begin() as conn:
             await conn.execute(
                 _MARK_BROKEN,
-                {"job_id": job_id, "error": error, "now": now, "pid": self.pid, "host": self.host},
+                {
+                    "job_id": job_id,
+                    "error": error,
+                    "now": now,
+                    "pid": self.pid,
+                    "host": self.host,
+                    "schedule": self.schedule,
+                },
             )
 
     async def clear_broken(self, job_ids: Iterable[str]) -> None:
         """Forget that these jobs were broken: their registration or claim succeeded."""
         async with self.engine.begin() as conn:
-            await conn.execute(_CLEAR_BROKEN, {"ids": list(job_ids)})
+            await conn.execute(_CLEAR_BROKEN, {"ids": list(job_ids), "schedule": self.schedule})
 
     async def reap(self, now: datetime) -> list[str]:
         """Reap every running lease that ran out (on the lease clock), a leader run's on the job
         row and a per-worker run's on its run row (see the module docstring); return the
         ids of the jobs reaped, once per run."""
         async with self.engine.begin() as conn:
-            params = {"now": now, "job_id": None} | self._lease_now(now)
+            params: dict[str, object] = {"now": now, "job_id": None, "schedule": self.schedule}
+            params |= self._lease_now(now)
             reaped = [row.id for row in await conn.execute(_REAP, params)]
             replicas = await conn.execute(_REAP_REPLICA_RUNS, params)
             return reaped + [row.job_id for row in replicas]
@@ -565,13 +637,50 @@ class JobStore:
     async def heartbeat(self, backend_pid: int, now: datetime) -> None:
         """Note that the leader on lock backend ``backend_pid`` still fires, at ``now``."""
         async with self.engine.begin() as conn:
-            await conn.execute(_HEARTBEAT, {"backend_pid": backend_pid, "now": now})
+            await conn.execute(
+                _HEARTBEAT, {"backend_pid": backend_pid, "now": now, "schedule": self.schedule}
+            )
+
+    async def register_schedule(self) -> None:
+        """Register this schedule's name with its leader key in scheduler_schedules (once
+        per database; later calls only read), on the app's engine: the lock connection's
+        role may have no rights on the app's tables.
+
+        Raises ScheduleNameCollisionError when another name holds the same key there,
+        and ConnectionError when the app database does not answer.
+        """
+        params = {"schedule": self.schedule} | self.key.bind_params
+        try:
+            rows: list[Any] = []
+            while not rows:
+                async with self.engine.begin() as conn:
+                    rows = list(await conn.execute(_REGISTER_SCHEDULE, params))
+        except DBAPIError as exc:
+            raise ConnectionError(f"the app database did not answer: {exc}") from exc
+        coordinates = (self.key.classid, self.key.objid, self.key.objsubid)
+        for row in rows:
+            if row.name != self.schedule or tuple(row)[1:] != coordinates:
+                raise ScheduleNameCollisionError(self.schedule, row.name)
+
+    async def leader_jobs(self) -> LeaderJobs | None:
+        """The leader that holds this schedule's key now and the jobs it fires; None
+        when nobody holds it or the holder has not recorded its leadership yet."""
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(_LEADER_JOBS, {"schedule": self.schedule} | self.key.bind_params)
+            ).first()
+        if row is None:
+            return None
+        return LeaderJobs(row.pid, row.host, frozenset(row.job_ids))
 
     async def show_replica_slot(self, job_id: str, slot: datetime, now: datetime) -> None:
         """Show ``slot`` as the per-worker job's next run unless another worker's
         upcoming slot is sooner."""
         async with self.engine.begin() as conn:
-            await conn.execute(_SHOW_REPLICA_SLOT, {"job_id": job_id, "slot": slot, "now": now})
+            await conn.execute(
+                _SHOW_REPLICA_SLOT,
+                {"job_id": job_id, "slot": slot, "now": now, "schedule": self.schedule},
+            )
 
     async def register_replica_jobs(
         self, specs: Iterable[JobSpec], now: datetime, zone: ZoneInfo
@@ -591,13 +700,14 @@ class JobStore:
                     "name": spec.name,
                     "trigger": spec.trigger.describe(),
                     "first_slot": first_slot,
+                    "schedule": self.schedule,
                 },
             )
 
     async def load(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
         """The stored next slot, pause flag and run-now request of each job."""
         async with self.engine.connect() as conn:
-            result = await conn.execute(_LOAD, {"ids": list(job_ids)})
+            result = await conn.execute(_LOAD, {"ids": list(job_ids), "schedule": self.schedule})
             return {
                 row.id: JobRow(row.next_run_at, row.paused, row.run_requested_at) for row in result
             }
@@ -696,10 +806,11 @@ class JobStore:
             "lease_seconds": lease_seconds,
             "pid": self.pid,
             "host": self.host,
+            "schedule": self.schedule,
         } | self._lease_now(now)
         statement = _CLAIMS[(key.manual, fence_pid is not None)]
         if fence_pid is not None:
-            params |= {"fence_pid": fence_pid}
+            params |= {"fence_pid": fence_pid} | self.key.bind_params
         async with self.engine.begin() as conn:
             # History reads in id order: the passed-over slots' row gets the lower id,
             # though the claim below allocates the run's id (its lease token) first.
@@ -708,7 +819,11 @@ class JobStore:
                 missed_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             run_id: int | None = None
             if runs:
-                await conn.execute(_REAP, {"now": now, "job_id": spec.id} | self._lease_now(now))
+                await conn.execute(
+                    _REAP,
+                    {"now": now, "job_id": spec.id, "schedule": self.schedule}
+                    | self._lease_now(now),
+                )
                 run_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             params |= {"run_id": run_id}
             claimed = (await conn.execute(statement, params)).one_or_none()
@@ -754,12 +869,24 @@ class JobStore:
             # (the claim above moved next_run_at); a history row never blocks a claim.
             recorded = (
                 await conn.execute(
-                    _RECORDED_RUN, {"job_id": spec.id, "slot": run_slot, "manual": key.manual}
+                    _RECORDED_RUN,
+                    {
+                        "job_id": spec.id,
+                        "slot": run_slot,
+                        "manual": key.manual,
+                        "schedule": self.schedule,
+                    },
                 )
             ).one()
             if run_id is not None:
                 await conn.execute(
-                    _UNDO_START, {"job_id": spec.id, "run_id": run_id, "status": recorded.status}
+                    _UNDO_START,
+                    {
+                        "job_id": spec.id,
+                        "run_id": run_id,
+                        "status": recorded.status,
+                        "schedule": self.schedule,
+                    },
                 )
             return ClaimedSlot(
                 recorded.id,
@@ -777,7 +904,12 @@ class JobStore:
         when the run no longer holds it (it ran out, and another run took the job or
         the run was reaped)."""
         statement = _RENEW_REPLICA_LEASE if replica else _RENEW_LEASE
-        params = {"job_id": job_id, "run_id": run_id, "lease_seconds": lease_seconds}
+        params = {
+            "job_id": job_id,
+            "run_id": run_id,
+            "lease_seconds": lease_seconds,
+            "schedule": self.schedule,
+        }
         params |= self._lease_now()
         async with self.engine.begin() as conn:
             return (await conn.execute(statement, params)).rowcount == 1
@@ -787,7 +919,9 @@ class JobStore:
         if it still holds it."""
         statement = _RELEASE_REPLICA_LEASE if replica else _RELEASE_LEASE
         async with self.engine.begin() as conn:
-            await conn.execute(statement, {"job_id": job_id, "run_id": run_id})
+            await conn.execute(
+                statement, {"job_id": job_id, "run_id": run_id, "schedule": self.schedule}
+            )
 
     async def start_replica_run(
         self,
@@ -807,7 +941,9 @@ class JobStore:
             reaped = [
                 ReapedRun(row.job_id, row.run_id, row.pid, row.host)
                 for row in await conn.execute(
-                    _REAP_REPLICA_RUNS, {"now": now, "job_id": spec.id} | self._lease_now(now)
+                    _REAP_REPLICA_RUNS,
+                    {"now": now, "job_id": spec.id, "schedule": self.schedule}
+                    | self._lease_now(now),
                 )
             ]
             params = self._run_params(spec, "replica", slot, now, "running", jitter=jitter)
@@ -828,7 +964,9 @@ class JobStore:
     ) -> None:
         """Record a run's outcome on its run row and on the job row, and clear its
         running lease unless ``body_ended`` is False (a thread still running)."""
-        params = _outcome_params(run_id, job_id, status, finished_at, duration_ms, error)
+        params = _outcome_params(
+            self.schedule, run_id, job_id, status, finished_at, duration_ms, error
+        )
         params |= {"body_ended": body_ended}
         async with self.engine.begin() as conn:
             await conn.execute(_FINISH_RUN, params)
@@ -853,6 +991,7 @@ class JobStore:
         fire_at = slot + timedelta(seconds=jitter)
         return {
             "id": id,
+            "schedule": self.schedule,
             "job_id": spec.id,
             "scope": scope,
             "slot": slot,
@@ -874,9 +1013,14 @@ class ThreadStore:
     for a body's thread and its lease keeper once the event loop is gone."""
 
     def __init__(
-        self, sessions: sessionmaker[Session], *, lease_clock: Clock | None = None
+        self,
+        sessions: sessionmaker[Session],
+        schedule: str = DEFAULT_SCHEDULE,
+        *,
+        lease_clock: Clock | None = None,
     ) -> None:
         self.sessions = sessions
+        self.schedule = schedule
         self.lease_clock = lease_clock
 
     def renew_lease(
@@ -888,6 +1032,7 @@ class ThreadStore:
             "run_id": run_id,
             "lease_seconds": lease_seconds,
             "lease_now": None if self.lease_clock is None else self.lease_clock.now(),
+            "schedule": self.schedule,
         }
         statement = _RENEW_REPLICA_LEASE if replica else _RENEW_LEASE
         with self.sessions.begin() as session:
@@ -904,7 +1049,9 @@ class ThreadStore:
         error: str | None,
     ) -> None:
         """JobStore.finish of a body that ended: record the outcome, clear the lease."""
-        params = _outcome_params(run_id, job_id, status, finished_at, duration_ms, error)
+        params = _outcome_params(
+            self.schedule, run_id, job_id, status, finished_at, duration_ms, error
+        )
         params |= {"body_ended": True}
         with self.sessions.begin() as session:
             conn = _read_committed(session)
@@ -920,6 +1067,7 @@ def _read_committed(session: Session) -> Connection:
 
 
 def _outcome_params(
+    schedule: str,
     run_id: int,
     job_id: str,
     status: str,
@@ -928,6 +1076,7 @@ def _outcome_params(
     error: str | None,
 ) -> dict[str, object]:
     return {
+        "schedule": schedule,
         "run_id": run_id,
         "job_id": job_id,
         "status": status,

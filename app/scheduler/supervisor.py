@@ -43,13 +43,14 @@ import asyncpg
 
 from .clock import Clock
 from .election import LockConnection, UnsafeLockConnectionError, engine_identity
+from .errors import ScheduleNameCollisionError
 from .host_lock import HostLock, HostLockError
-from .keys import SCHEDULER_LEADER_KEY
+from .keys import DEFAULT_SCHEDULE, validate_schedule_name
 from .registry import JobSpec, Registry
 from .replicas import run_replica_jobs
 from .retry import backoff_delay, log_retry
 from .runner import Runner
-from .store import JobRow, JobStore, LeaderRow, format_error
+from .store import JobRow, JobStore, LeaderJobs, LeaderRow, format_error
 
 __all__ = ["Role", "SchedulerConfig", "Supervisor"]
 
@@ -95,6 +96,11 @@ class SchedulerConfig:
     ``host_lock_dir``: the runtime directory of this host's lock file (host_lock.py);
     only the worker holding its flock opens a lock connection. None: every worker
     queues in PostgreSQL itself.
+
+    ``schedule``: the schedule name of a Scheduler created without one (SCHEDULER_NAME).
+
+    ``simulated_workers``: several Schedulers of one name in this process stand for
+    several workers (tests, benchmarks); otherwise a second one is refused at start.
     """
 
     lock_dsn: str
@@ -106,8 +112,11 @@ class SchedulerConfig:
     connect_timeout_seconds: float = 10
     fail_closed: bool = False
     host_lock_dir: Path | None = None
+    schedule: str = DEFAULT_SCHEDULE
+    simulated_workers: bool = False
 
     def __post_init__(self) -> None:
+        validate_schedule_name(self.schedule)
         if self.lease_seconds < 2:
             raise ValueError("lease_seconds must be at least 2")
         if not 0 < self.leader_tick_seconds * 2 <= self.lease_seconds:
@@ -150,8 +159,11 @@ class Supervisor:
         self._firing = asyncio.Event()
         self._broken: set[str] = set()
         self.refusal: str | None = None
+        # Leader-only jobs of this worker that the live leader of its schedule does not
+        # fire (another app of the same name leads): they run nowhere.
+        self.unled_jobs: list[str] = []
         self._host_lock = (
-            HostLock.for_key(config.host_lock_dir, config.lock_dsn, SCHEDULER_LEADER_KEY)
+            HostLock.for_key(config.host_lock_dir, config.lock_dsn, store.key.host_lock_id)
             if config.host_lock_dir is not None
             else None
         )
@@ -190,13 +202,15 @@ class Supervisor:
             ),
             name="replica-jobs",
         )
+        watch = asyncio.create_task(self._watch_leader_jobs(), name="leader-jobs-watch")
         try:
             while not self._stopping.is_set():
                 await self.run_once()
         finally:
-            replicas.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await replicas
+            for task in (replicas, watch):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             if self._host_lock is not None:
                 self._host_lock.release()
             await self._set_role(Role.STOPPED)
@@ -213,7 +227,7 @@ class Supervisor:
         except _UNREACHABLE as exc:
             await self._back_off("scheduler.lock_unreachable", exc)
             return
-        except (UnsafeLockConnectionError, HostLockError) as exc:
+        except (UnsafeLockConnectionError, HostLockError, ScheduleNameCollisionError) as exc:
             # A set-up error, not a passing fault: stop, loudly; the API keeps serving.
             logger.error(
                 "scheduler.refused: %s (pid=%s)",
@@ -295,6 +309,7 @@ class Supervisor:
                 self.config.lock_dsn,
                 lease_seconds=self.config.lease_seconds,
                 timeout=self.config.connect_timeout_seconds,
+                schedule=self.store.schedule,
             )
         except (*_UNREACHABLE, UnsafeLockConnectionError):
             raise
@@ -303,6 +318,7 @@ class Supervisor:
             raise _LockCheckError(f"{exc.__class__.__name__}: {exc}") from exc
         try:
             await lock.check_same_database(await engine_identity(self.store.engine))
+            await self.store.register_schedule()
             if not await lock.try_acquire():
                 await self._set_role(Role.STANDBY)
                 logger.info(
@@ -311,7 +327,7 @@ class Supervisor:
                     extra={"action": "scheduler.standby", "pid": os.getpid()},
                 )
                 await lock.wait_acquire()
-        except (*_UNREACHABLE, UnsafeLockConnectionError):
+        except (*_UNREACHABLE, UnsafeLockConnectionError, ScheduleNameCollisionError):
             lock.close()
             raise
         except asyncpg.PostgresError as exc:
@@ -387,7 +403,12 @@ class Supervisor:
         waits for the job transactions a fence holds; False when stopped meanwhile or
         when the key is gone."""
         recording = asyncio.ensure_future(
-            lock.record_leadership(pid=self.store.pid, host=self.store.host, since=now)
+            lock.record_leadership(
+                pid=self.store.pid,
+                host=self.store.host,
+                since=now,
+                job_ids=[spec.id for spec in self.leader_jobs],
+            )
         )
         if await _first(recording, self._stopping.wait(), self._lost.wait()) != 0:
             return False
@@ -692,6 +713,67 @@ class Supervisor:
         woken = await _first(self.clock.sleep(seconds), changed.wait()) != 0
         changed.clear()
         return woken
+
+    async def _watch_leader_jobs(self) -> None:
+        """While a standby, every leader tick: compare this worker's leader-only jobs
+        with the jobs the live leader of its schedule recorded. Jobs it lacks run
+        nowhere (another app of the same name leads), so say so once per change
+        (``scheduler.jobs_not_led``, then ``scheduler.jobs_led`` once they are led
+        again) and keep them in ``unled_jobs`` for /health/scheduler. Never raises."""
+        ours = {spec.id for spec in self.leader_jobs}
+        if not ours:
+            return
+        while True:
+            # Only a standby asks (and sleeps on the clock): a leader fires its own jobs.
+            async with self._role_changed:
+                await self._role_changed.wait_for(lambda: self.role is Role.STANDBY)
+            unled, leader = self.unled_jobs, None
+            try:
+                leader = await self.store.leader_jobs()
+            except Exception:
+                logger.debug("scheduler: could not read the leader's jobs", exc_info=True)
+            # No live recorded leader (a handover, a failed read): nothing new is known.
+            if leader is not None:
+                unled = sorted(ours - leader.job_ids)
+            self._set_unled(unled, leader)
+            await _first(self.clock.sleep(self.config.leader_tick_seconds), self._left_standby())
+            if self.role is not Role.STANDBY:
+                self._set_unled([], None)
+
+    async def _left_standby(self) -> None:
+        async with self._role_changed:
+            await self._role_changed.wait_for(lambda: self.role is not Role.STANDBY)
+
+    def _set_unled(self, unled: list[str], leader: LeaderJobs | None) -> None:
+        if unled != self.unled_jobs:
+            self._report_unled(unled, leader)
+            self.unled_jobs = unled
+
+    def _report_unled(self, unled: list[str], leader: LeaderJobs | None) -> None:
+        schedule, pid = self.store.schedule, os.getpid()
+        if unled:
+            assert leader is not None, "only a live leader's record shows unled jobs"
+            logger.error(
+                "scheduler.jobs_not_led: the leader of schedule %s (pid %s on %s) does not fire "
+                "jobs %s of this worker, so they run nowhere while it leads; deploy the "
+                "same jobs in every app of schedule %s, or give this app its own schedule "
+                "name (Scheduler(name=...) or SCHEDULER_NAME) (pid=%s)",
+                schedule,
+                leader.pid,
+                leader.host,
+                ", ".join(unled),
+                schedule,
+                pid,
+                extra={"action": "scheduler.jobs_not_led", "job_ids": unled, "pid": pid},
+            )
+        else:
+            logger.info(
+                "scheduler.jobs_led: every job of this worker is fired by the leader of "
+                "schedule %s again, or this worker no longer stands by (pid=%s)",
+                schedule,
+                pid,
+                extra={"action": "scheduler.jobs_led", "pid": pid},
+            )
 
     def _mark_lost(self) -> None:
         if not self._lost.is_set():

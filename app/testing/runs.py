@@ -18,7 +18,9 @@ from app.scheduler.store import JobStore
 
 __all__ = ["RunRecord", "run_job"]
 
-_REQUEST = text("UPDATE scheduler_jobs SET run_requested_at = :now WHERE id = :job_id")
+_REQUEST = text(
+    "UPDATE scheduler_jobs SET run_requested_at = :now WHERE schedule = :schedule AND id = :job_id"
+)
 _RUN = text(
     "SELECT id, slot, status, error, duration_ms, started_at, finished_at"
     " FROM scheduler_runs WHERE id = :run_id"
@@ -76,7 +78,11 @@ async def run_job(
     now = at or clock.now()
     zone = zone or ZoneInfo("UTC")
     store = JobStore(
-        database.engine, pid=os.getpid(), host=socket.gethostname(), lease_clock=lease_clock(clock)
+        database.engine,
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        lease_clock=lease_clock(clock),
+        schedule=scheduler.name,
     )
     runner = Runner(
         store,
@@ -89,7 +95,7 @@ async def run_job(
     if spec.leader_only:
         await store.register_leader_jobs([spec], now, zone)
         async with database.engine.begin() as conn:
-            await conn.execute(_REQUEST, {"now": now, "job_id": job_id})
+            await conn.execute(_REQUEST, {"now": now, "job_id": job_id, "schedule": scheduler.name})
         claim = await runner.claim_request(spec, now, None)
         if claim is None:
             raise SchedulerError(f"job {job_id!r} could not be claimed: is it paused?")

@@ -274,10 +274,12 @@ async def test_health_is_200_with_a_leader_and_fresh_jobs(
     assert response.status_code == 200
     assert response.json() == {
         "status": "ok",
+        "schedule": "default",
         "leader": True,
         "firing": True,
         "broken_jobs": [],
         "stale_jobs": [],
+        "jobs_not_led": [],
     }
 
 

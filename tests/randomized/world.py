@@ -600,6 +600,8 @@ async def open_world(
         leader_tick_seconds=TICK,
         handover_grace_seconds=TICK,
         shutdown_grace_seconds=0.2,
+        # Every node of the world is a worker of one schedule, in this process.
+        simulated_workers=True,
     )
     world = World(
         scenario,

@@ -32,8 +32,9 @@ async def previous_leader(config: SchedulerConfig) -> AsyncIterator[asyncpg.Conn
     try:
         await connection.execute("SELECT pg_advisory_lock($1)", SCHEDULER_LEADER_KEY)
         await connection.execute(
-            "INSERT INTO scheduler_leadership (id, pid, host, backend_pid, since, heartbeat_at,"
-            " term) VALUES (1, 0, 'previous', pg_backend_pid(), now(), now(), 1)"
+            "INSERT INTO scheduler_leadership (schedule, pid, host, backend_pid, since,"
+            " heartbeat_at, term) VALUES ('default', 0, 'previous', pg_backend_pid(), now(),"
+            " now(), 1)"
         )
         yield connection
     finally:

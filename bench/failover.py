@@ -216,18 +216,23 @@ class Row:
     layout: Layout
     fault: str
     results: list[Result] = field(default_factory=list)
+    # Repeats that never settled or never fired (the cause, from the wait that timed
+    # out): printed beside the figures, never dropped in silence.
+    stalled: list[str] = field(default_factory=list)
 
 
 def _print(title: str, rows: list[Row], baseline: float) -> None:
-    if not any(row.results for row in rows):
+    if not any(row.results or row.stalled for row in rows):
         return
     print(f"\n{title}")
     print(
         f"{'case':<46} {'lock conns':>10} {'holder s':>9} {'ready s':>8} {'ready max':>10}"
-        f" {'x baseline':>11} {'slot s':>7} {'late s':>7} {'dup':>4}"
+        f" {'x baseline':>11} {'slot s':>7} {'late s':>7} {'dup':>4} {'stalled':>8}"
     )
     for row in rows:
         if not row.results:
+            if row.stalled:
+                print(f"{row.label:<46} {'-':>10} (every repeat stalled: {row.stalled[0]})")
             continue
         ready = [result.ready for result in row.results]
         median = statistics.median(ready)
@@ -238,7 +243,7 @@ def _print(title: str, rows: list[Row], baseline: float) -> None:
             f" {median:>8.3f} {max(ready):>10.3f} {median / baseline:>11.2f}"
             f" {statistics.median(result.fire for result in row.results):>7.3f}"
             f" {statistics.median(result.late for result in row.results):>7.3f}"
-            f" {sum(result.fired_twice for result in row.results):>4}"
+            f" {sum(result.fired_twice for result in row.results):>4} {len(row.stalled):>8}"
         )
 
 
@@ -282,12 +287,19 @@ def main() -> None:
                 if args.only not in row.label and row is not faults[0]:
                     continue
                 fault, any_process = FAULTS[row.fault]
-                row.results = [
-                    _measure(server, row.layout, fault, any_process, root) for _ in range(repeat)
-                ]
+                for _ in range(repeat):
+                    try:
+                        row.results.append(_measure(server, row.layout, fault, any_process, root))
+                    except AssertionError as exc:
+                        # A repeat that timed out (24 processes at a high load, say) is a
+                        # figure too: count it and go on with the other cases.
+                        row.stalled.append(str(exc))
+                        print(f"  stalled {row.label}: {exc}", file=sys.stderr)
                 print(f"  measured {row.label}: {row.results}", file=sys.stderr)
     finally:
         server.stop()
+    if not faults[0].results:
+        sys.exit(f"the baseline never completed: {faults[0].stalled}")
     baseline = statistics.median(result.ready for result in faults[0].results)
     print(
         f"\nload average before {load_before[0]:.2f} / after {os.getloadavg()[0]:.2f} "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ def migrated_database() -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def percentile(values: list[float], fraction: float) -> float:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import signal
 import statistics
 import sys
@@ -298,6 +299,7 @@ def main() -> None:
                 print(f"  measured {row.label}: {row.results}", file=sys.stderr)
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)
     if not faults[0].results:
         sys.exit(f"the baseline never completed: {faults[0].stalled}")
     baseline = statistics.median(result.ready for result in faults[0].results)

@@ -22,7 +22,7 @@ from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from app.storable import is_int64, is_storable_text
 
-from .errors import AdminError, Conflict, NotFound
+from .errors import AdminError, Conflict, NotFound, UnknownJobError
 
 __all__ = [
     "AdminError",
@@ -177,17 +177,13 @@ async def list_jobs(
         return _rows(await conn.execute(_JOBS, {"now": now, "schedule": schedule}))
 
 
-def _unknown_job(job_id: str) -> NotFound:
-    return NotFound(f"no job with id {job_id!r}; `python -m app jobs` lists them")
-
-
 async def _require_job(conn: Any, job_id: str, schedule: str) -> Any:
     # A value no text column can hold names no row; asking would be a driver error.
     if not is_storable_text(job_id):
-        raise _unknown_job(job_id)
+        raise UnknownJobError(job_id, schedule)
     row = (await conn.execute(_JOB, {"job_id": job_id, "schedule": schedule})).first()
     if row is None:
-        raise _unknown_job(job_id)
+        raise UnknownJobError(job_id, schedule)
     return row
 
 
@@ -200,7 +196,7 @@ async def job_runs(
     schedule: str = DEFAULT_SCHEDULE,
 ) -> list[dict[str, Any]]:
     """A page of the job's runs, newest first; ``before`` is the last id of the previous
-    page. Raises NotFound for an unknown job."""
+    page. Raises UnknownJobError (a NotFound) for an unknown job."""
     async with engine.connect() as conn:
         await _require_job(conn, job_id, schedule)
         params = {"job_id": job_id, "limit": limit, "before": before, "schedule": schedule}
@@ -216,9 +212,10 @@ async def run_job_now(
     whose slot is ``now``), fires it without jitter, and leaves the job's next slot
     where it was. A request still pending when asked again is the same request.
 
-    Raises NotFound for an unknown job, and Conflict while it runs (its running lease
-    holds), while it is paused, and for a per-worker job (``leader_only=False``): each
-    worker runs that on its own schedule, and no leader takes a request for it.
+    Raises UnknownJobError (a NotFound) for an unknown job, and Conflict while it runs
+    (its running lease holds), while it is paused, and for a per-worker job
+    (``leader_only=False``): each worker runs that on its own schedule, and no leader
+    takes a request for it.
     """
     async with engine.begin() as conn:
         row = await _require_job(conn, job_id, schedule)
@@ -240,12 +237,12 @@ async def set_paused(
 ) -> None:
     """Pause or resume a job: the leader claims no slot of a paused job, and every
     worker skips the slots of a paused per-worker job. Pausing drops a pending run-now
-    request. Raises NotFound for an unknown job."""
+    request. Raises UnknownJobError for an unknown job."""
     async with engine.begin() as conn:
         await _require_job(conn, job_id, schedule)
         params = {"job_id": job_id, "paused": paused, "schedule": schedule}
         if (await conn.execute(_PAUSE, params)).first() is None:
-            raise _unknown_job(job_id)
+            raise UnknownJobError(job_id, schedule)
         await conn.execute(_WAKE)
 
 

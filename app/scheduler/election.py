@@ -387,8 +387,8 @@ class LockConnection:
     ) -> int | None:
         """Begin a leadership term of this schedule: record who leads, the ids of the
         leader-only jobs it fires and of the services it runs, and move the term, on
-        this connection, while it holds the key. Returns the new term, or None when this connection does not hold the
-        key (nothing is written).
+        this connection, while it holds the key. Returns the new term, or None when
+        this connection does not hold the key (nothing is written).
 
         Waits for every job transaction that took the term FOR SHARE (``ctx.fence``) to
         end. While it waits the connection runs a statement, so ``idle_session_timeout``

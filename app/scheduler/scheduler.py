@@ -149,6 +149,12 @@ class Scheduler:
         with, else ``default``."""
         return self._name or self._configured_name or DEFAULT_SCHEDULE
 
+    def name_with(self, configured: str) -> str:
+        """The schedule's name once started with SCHEDULER_NAME ``configured``: the
+        name given to the constructor, else ``configured``. For a tool that reads a
+        schedule without starting it (the CLI, the test kit)."""
+        return self._name or validate_schedule_name(configured)
+
     @property
     def jobs(self) -> dict[str, JobSpec]:
         """Registered jobs by id."""

@@ -190,7 +190,7 @@ def schedule_of(args: argparse.Namespace, settings: Settings) -> str:
         # The shipped app's Scheduler takes its name from SCHEDULER_NAME.
         return settings.SCHEDULER_NAME
     scheduler = load_scheduler(target, "--app" if app else "REGENT_APP")
-    return scheduler.name_with(settings.SCHEDULER_NAME)
+    return scheduler.name if scheduler.name_is_set else settings.SCHEDULER_NAME
 
 
 async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:

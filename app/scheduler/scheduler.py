@@ -149,11 +149,13 @@ class Scheduler:
         with, else ``default``."""
         return self._name or self._configured_name or DEFAULT_SCHEDULE
 
-    def name_with(self, configured: str) -> str:
-        """The schedule's name once started with SCHEDULER_NAME ``configured``: the
-        name given to the constructor, else ``configured``. For a tool that reads a
-        schedule without starting it (the CLI, the test kit)."""
-        return self._name or validate_schedule_name(configured)
+    @property
+    def name_is_set(self) -> bool:
+        """True once the name is known: given to the constructor, or configured by
+        ``start()``. False while an unnamed scheduler would still take SCHEDULER_NAME
+        at its start (``name`` then says ``default``): a tool that reads a schedule
+        without starting it (the CLI, the test kit) reads SCHEDULER_NAME itself."""
+        return (self._name or self._configured_name) is not None
 
     @property
     def jobs(self) -> dict[str, JobSpec]:

@@ -5,8 +5,10 @@
                  +--(lock-check error, not production)--> UNGUARDED (one backoff period)
 
 STANDBY waits inside ``pg_advisory_lock`` on its own lock connection, so the server
-wakes it the moment the key is released. With a host lock (``host_lock_dir``), a
-worker first takes its host's flock: until then it is a STANDBY with no lock
+wakes it the moment the key is released. Before anything else a worker registers its
+schedule's name (a name whose key collides with another's is refused there, never
+left waiting on the host lock file the two keys share). With a host lock
+(``host_lock_dir``), a worker then takes its host's flock: until then it is a STANDBY with no lock
 connection, and only the flock holder queues in PostgreSQL. LEADER waits
 HANDOVER_GRACE_SECONDS (less once the previous leader's backend is gone), then runs
 one loop per leader-only job and one task per service, and checks every

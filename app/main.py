@@ -2,10 +2,11 @@
 
 The lifespan opens the database, refuses to start when the schema is not at head or
 when an outbox of its scheduler has a name another schedule's app drains in this
-database (outbox names are per database), and starts the scheduler's supervisor. A scheduler failure is logged and never blocks the
-API. At shutdown it stops the scheduler (the shutdown grace), then waits for job bodies
-still running in threads, which keep their running leases meanwhile, until they end or
-a second stop signal arrives (see ``_wait_for_job_threads``).
+database (outbox names are per database), and starts the scheduler's supervisor. A
+scheduler failure is logged and never blocks the API. At shutdown it stops the
+scheduler (the shutdown grace), then waits for job bodies still running in threads,
+which keep their running leases meanwhile, until they end or a second stop signal
+arrives (see ``_wait_for_job_threads``).
 """
 
 from __future__ import annotations

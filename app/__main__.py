@@ -4,9 +4,10 @@
     python -m app migrate
     python -m app jobs | jobs run ID | jobs pause ID | jobs resume ID
     python -m app jobs history ID [--limit N] [--full]
+        (each takes --schedule NAME, or --app module:attribute: see app/cli_admin.py)
     python -m app outbox list | outbox pending [NAME] | outbox stuck [NAME]
     python -m app outbox reset NAME ID
-    python -m app leader
+    python -m app leader [--schedule NAME]
 
 The read commands take --json (for scripts).
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import inspect
 import os
 import shutil
 import signal
@@ -33,14 +33,14 @@ from typing import NoReturn
 
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from .admin import AdminError
+from .admin import AdminError, UnknownJobError
 from .admin.auth import admin_key
+from .app_target import DEFAULT_APP, AppTargetError, load_scheduler
 from .cli_admin import COMMANDS, UsageError, add_commands, int_between, main_async
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
 from .localpg import LocalPostgresError
 from .redact import redact
-from .scheduler import Scheduler
 from .settings import Settings, SettingsError, load_settings
 
 
@@ -96,11 +96,6 @@ async def _check_at_head(url: str, timeout: float) -> None:
 
 
 _METRICS_PREFIX = "regent-metrics-"
-DEFAULT_APP = "app.main:app"
-
-
-class AppTargetError(Exception):
-    """--app (or REGENT_APP) does not name an importable ASGI app."""
 
 
 def _remove_orphaned_metrics_dirs() -> None:
@@ -116,32 +111,9 @@ def _remove_orphaned_metrics_dirs() -> None:
 
 def _app_target(args: argparse.Namespace, settings: Settings) -> str:
     """The app to serve, checked by importing it here so a typo fails in one line."""
-    from uvicorn.importer import ImportFromStringError, import_from_string
-
     target: str = args.app or settings.REGENT_APP
-    if target == DEFAULT_APP:
-        return target
-    option = "--app" if args.app else "REGENT_APP"
-    try:
-        app = import_from_string(target)
-    except ImportFromStringError as exc:
-        raise AppTargetError(f"{option}={target!r}: {exc}") from None
-    except Exception as exc:
-        raise AppTargetError(
-            f"{option}={target!r}: importing it raised {exc.__class__.__name__}: {exc}"
-        ) from None
-    if inspect.isclass(app) or not callable(app):
-        raise AppTargetError(
-            f"{option}={target!r} is a {type(app).__name__}, not an ASGI app; point it at "
-            "the object create_app(...) returned"
-        )
-    # create_app(...) keeps its scheduler on the app's state; an app without one (a
-    # plain ASGI app, or create_app() with no scheduler) would serve but fire no job.
-    if not isinstance(getattr(getattr(app, "state", None), "scheduler", None), Scheduler):
-        raise AppTargetError(
-            f"{option}={target!r} is an ASGI app without a Regent scheduler, so no job would "
-            "run; build it with create_app(scheduler=scheduler) around your Scheduler()"
-        )
+    if target != DEFAULT_APP:
+        load_scheduler(target, "--app" if args.app else "REGENT_APP")
     return target
 
 
@@ -211,6 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(main_async(settings, args))
         else:
             _serve(args, settings)
+    except UnknownJobError as exc:
+        # Most often the wrong schedule (its name is in the message): a usage error.
+        print(f"regent: error: {exc}", file=sys.stderr)
+        return 2
     except AdminError as exc:
         print(f"regent: error: {exc}", file=sys.stderr)
         return 1

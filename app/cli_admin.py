@@ -1,7 +1,10 @@
 """The operator commands of `python -m app`: jobs, outbox, leader.
 
-The jobs and leader commands show the schedule SCHEDULER_NAME names (``default``
-unless set; see app/scheduler/keys.py) and touch no other schedule's rows.
+The jobs and leader commands work on one schedule (app/scheduler/keys.py) and touch no
+other schedule's rows: the one ``--schedule`` names; else the name the app's Scheduler
+is given in code (``Scheduler(name=...)``), the app being ``--app`` or REGENT_APP (the
+same one `python -m app` serves, found inside ASGI middleware too); else SCHEDULER_NAME
+(``default`` unless set). Every confirmation names the schedule.
 
 They talk to the database (DATABASE_URL, or the embedded server of a running
 `python -m app`) through the same queries as the admin API, and print plain tables that
@@ -21,12 +24,14 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .admin import display, queries
+from .app_target import DEFAULT_APP, load_scheduler
 from .db import DatabaseUnreachableError, async_url, verify_schema_at_head
 from .embedded import default_data_dir, embedded_url
-from .scheduler import SystemClock
+from .scheduler import InvalidScheduleNameError, SystemClock
+from .scheduler.keys import validate_schedule_name
 from .settings import Settings
 
-__all__ = ["UsageError", "add_commands", "int_between", "run_command"]
+__all__ = ["UsageError", "add_commands", "int_between", "run_command", "schedule_of"]
 
 
 def int_between(low: int, high: int) -> Callable[[str], int]:
@@ -45,6 +50,35 @@ def int_between(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def _schedule_name(text: str) -> str:
+    """An argparse ``type``: a valid schedule name, else an error saying the rule."""
+    try:
+        return validate_schedule_name(text)
+    except InvalidScheduleNameError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+_schedule_name.__name__ = "schedule name"
+
+
+def _add_schedule_options(parser: argparse.ArgumentParser, *, inner: bool) -> None:
+    """--schedule and --app on a command. An ``inner`` (sub-)command leaves them unset
+    when not given, so the ones given before it (``jobs --schedule X pause ID``) hold."""
+    unset = argparse.SUPPRESS if inner else None
+    parser.add_argument(
+        "--schedule",
+        type=_schedule_name,
+        default=unset,
+        help="the schedule to work on (default: the name of the app's Scheduler, else "
+        "SCHEDULER_NAME)",
+    )
+    parser.add_argument(
+        "--app",
+        default=argparse.SUPPRESS,
+        help="module:attribute of the app whose schedule to work on (default: REGENT_APP)",
+    )
+
+
 def add_commands(commands: Any) -> None:
     """Add the jobs, outbox and leader sub-commands to an argparse sub-parser set.
 
@@ -54,15 +88,15 @@ def add_commands(commands: Any) -> None:
         "jobs", help="list the jobs; run, pause or resume one; show its history"
     )
     jobs.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_schedule_options(jobs, inner=False)
     job_commands = jobs.add_subparsers(dest="jobs_command", metavar="{run,pause,resume,history}")
     run = job_commands.add_parser("run", help="fire a job now (through the slot claim)")
-    run.add_argument("job_id")
     pause = job_commands.add_parser("pause", help="claim no slot of the job until resumed")
-    pause.add_argument("job_id")
     resume = job_commands.add_parser("resume", help="resume a paused job")
-    resume.add_argument("job_id")
     history = job_commands.add_parser("history", help="a job's run history, newest first")
-    history.add_argument("job_id")
+    for command in (run, pause, resume, history):
+        command.add_argument("job_id")
+        _add_schedule_options(command, inner=True)
     history.add_argument("--limit", type=int_between(1, 500), default=20)
     history.add_argument("--full", action="store_true", help="print each error whole")
     history.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -83,6 +117,7 @@ def add_commands(commands: Any) -> None:
     reset.add_argument("message_id", type=int)
     leader = commands.add_parser("leader", help="show the leader and the standbys waiting")
     leader.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_schedule_options(leader, inner=False)
 
 
 OUTBOX_COMMANDS = "{list,pending,stuck,reset}"
@@ -141,16 +176,36 @@ def _history(runs: Sequence[dict[str, Any]], full: bool) -> str:
     return "\n\n".join([table, *errors])
 
 
+def schedule_of(args: argparse.Namespace, settings: Settings) -> str:
+    """The schedule a jobs or leader command works on: ``--schedule``; else the name
+    the app's Scheduler (``--app``, else REGENT_APP) is given in code; else
+    SCHEDULER_NAME. Raises AppTargetError when the app cannot be imported or has no
+    Regent scheduler."""
+    if args.schedule is not None:
+        name: str = args.schedule
+        return name
+    app: str | None = getattr(args, "app", None)
+    target = app or settings.REGENT_APP
+    if target == DEFAULT_APP:
+        # The shipped app's Scheduler takes its name from SCHEDULER_NAME.
+        return settings.SCHEDULER_NAME
+    scheduler = load_scheduler(target, "--app" if app else "REGENT_APP")
+    return scheduler.name if scheduler.name_is_set else settings.SCHEDULER_NAME
+
+
 async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:
     now = SystemClock().now()
-    schedule = settings.SCHEDULER_NAME
+    schedule = schedule_of(args, settings)
     if args.jobs_command == "run":
         await queries.run_job_now(engine, args.job_id, now, schedule=schedule)
-        return f"job {args.job_id!r} queued: the leader fires it now, through its slot claim"
+        return (
+            f"queued {args.job_id} (schedule {schedule}): the leader fires it now, through "
+            "its slot claim"
+        )
     if args.jobs_command in ("pause", "resume"):
         paused = args.jobs_command == "pause"
         await queries.set_paused(engine, args.job_id, paused, schedule=schedule)
-        return f"job {args.job_id!r} {'paused' if paused else 'resumed'}"
+        return f"{'paused' if paused else 'resumed'} {args.job_id} (schedule {schedule})"
     if args.jobs_command == "history":
         runs = await queries.job_runs(engine, args.job_id, limit=args.limit, schedule=schedule)
         return _json(runs) if args.json else _history(runs, args.full)
@@ -196,7 +251,7 @@ async def _outbox(engine: AsyncEngine, args: argparse.Namespace, settings: Setti
 
 
 async def _leader(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:
-    info = await queries.leader(engine, schedule=settings.SCHEDULER_NAME)
+    info = await queries.leader(engine, schedule=schedule_of(args, settings))
     if args.json:
         return _json(info)
     if info["backend_pid"] is None:

@@ -1,10 +1,12 @@
 """The FastAPI app: ``create_app(settings=None, scheduler=None)``; ``app`` is the default.
 
-The lifespan opens the database, refuses to start when the schema is not at head, and
-starts the scheduler's supervisor. A scheduler failure is logged and never blocks the
-API. At shutdown it stops the scheduler (the shutdown grace), then waits for job bodies
-still running in threads, which keep their running leases meanwhile, until they end or
-a second stop signal arrives (see ``_wait_for_job_threads``).
+The lifespan opens the database, refuses to start when the schema is not at head or
+when an outbox of its scheduler has a name another schedule's app drains in this
+database (outbox names are per database), and starts the scheduler's supervisor. A
+scheduler failure is logged and never blocks the API. At shutdown it stops the
+scheduler (the shutdown grace), then waits for job bodies still running in threads,
+which keep their running leases meanwhile, until they end or a second stop signal
+arrives (see ``_wait_for_job_threads``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from .http_errors import validation_error_response
 from .logging import configure_logging
 from .metrics import instrument, measure_loop_lag
 from .metrics import router as metrics_router
-from .outbox import Outbox, OutboxError, UnregisteredDrainError
+from .outbox import Outbox, UnregisteredDrainError
 from .parent_death import worker_dies_with_parent
 from .scheduler import DuplicateScheduleError, Scheduler, SchedulerConfig, SystemClock
 from .scheduler.host_lock import default_runtime_dir
@@ -92,6 +94,18 @@ def _bind_outboxes(settings: Settings, database: Database, scheduler: Scheduler 
             listen_dsn=asyncpg_dsn(lock_url),
             default_max_attempts=settings.OUTBOX_MAX_ATTEMPTS,
         )
+
+
+async def _claim_outbox_names(settings: Settings, scheduler: Scheduler | None) -> None:
+    """Claim the name of every outbox on our scheduler for its schedule; raises
+    OutboxNameTakenError when an app of another schedule drains an outbox of that name
+    in this database (its rows would be delivered by both)."""
+    if scheduler is None:
+        return
+    schedule = scheduler.name if scheduler.name_is_set else settings.SCHEDULER_NAME
+    for outbox in Outbox.live():
+        if outbox.scheduler is scheduler:
+            await outbox.claim_name(schedule)
 
 
 async def _wait_for_job_threads(scheduler: Scheduler) -> None:
@@ -158,7 +172,8 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         app.state.database = database
         try:
             _bind_outboxes(resolved, database, scheduler)
-        except OutboxError:
+            await _claim_outbox_names(resolved, scheduler)
+        except Exception:
             await database.dispose()
             raise
         lag = asyncio.create_task(measure_loop_lag(), name="loop-lag")

@@ -341,3 +341,13 @@ def test_operator_commands_reach_the_running_embedded_server(embedded_app: Embed
     assert result.returncode == 0, result.stderr
     # The first line names the schedule the table is of (SCHEDULER_NAME).
     assert result.stdout.startswith("schedule default\nid "), result.stdout
+
+
+def test_serve_accepts_a_regent_app_inside_asgi_middleware() -> None:
+    import argparse
+
+    from app.__main__ import _app_target
+    from app.settings import load_settings
+
+    target = "tests.procs.billing_app:wrapped"
+    assert _app_target(argparse.Namespace(app=target), load_settings(_env_file=None)) == target

@@ -132,7 +132,7 @@ def test_a_job_id_that_is_not_text_is_not_found_in_one_line(database_url: str) -
         timeout=90,
         check=False,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2
     stderr = result.stderr.decode(errors="replace")
     assert "Traceback" not in stderr and "no job with id" in stderr
 

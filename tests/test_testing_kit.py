@@ -158,3 +158,33 @@ async def test_terminating_the_leader_connection_demotes_the_leader(
         assert roles == ["leader", "standby", "leader"]
     finally:
         await scheduler.stop()
+
+
+async def test_run_job_runs_the_job_of_the_schedule_scheduler_name_names(
+    scheduler: Scheduler, regent_database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SCHEDULER_NAME", "billing")
+    record = await run_job(scheduler, "writes", database=regent_database, at=AT)
+    async with regent_database.engine.connect() as conn:
+        schedule = (
+            await conn.execute(
+                text("SELECT schedule FROM scheduler_runs WHERE id = :id"), {"id": record.run_id}
+            )
+        ).scalar_one()
+    assert schedule == "billing"
+
+
+async def test_run_job_runs_the_job_of_the_name_the_scheduler_is_given(
+    regent_database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SCHEDULER_NAME", "billing")
+    named = Scheduler(name="reports")
+    named.job(every(hours=1), id="report")(lambda ctx: None)
+    record = await run_job(named, "report", database=regent_database, at=AT)
+    async with regent_database.engine.connect() as conn:
+        schedule = (
+            await conn.execute(
+                text("SELECT schedule FROM scheduler_runs WHERE id = :id"), {"id": record.run_id}
+            )
+        ).scalar_one()
+    assert schedule == "reports"

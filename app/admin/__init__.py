@@ -3,7 +3,7 @@ the CLI shares with them."""
 
 from .api import admin_error_response
 from .api import router as api_router
-from .errors import AdminError, Conflict, NotFound
+from .errors import AdminError, Conflict, NotFound, UnknownJobError
 from .health import router as health_router
 from .index import router as index_router
 from .page import router as page_router
@@ -12,6 +12,7 @@ __all__ = [
     "AdminError",
     "Conflict",
     "NotFound",
+    "UnknownJobError",
     "admin_error_response",
     "api_router",
     "health_router",

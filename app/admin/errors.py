@@ -3,7 +3,7 @@ the problem."""
 
 from __future__ import annotations
 
-__all__ = ["AdminError", "Conflict", "NotFound"]
+__all__ = ["AdminError", "Conflict", "NotFound", "UnknownJobError"]
 
 
 class AdminError(Exception):
@@ -16,6 +16,19 @@ class NotFound(AdminError):
     """An unknown job, outbox or message."""
 
     status = 404
+
+
+class UnknownJobError(NotFound):
+    """No job of that id in the schedule asked about; ``job_id`` and ``schedule`` name
+    them."""
+
+    def __init__(self, job_id: str, schedule: str) -> None:
+        self.job_id = job_id
+        self.schedule = schedule
+        super().__init__(
+            f"no job with id {job_id!r} in schedule {schedule!r}; `python -m app jobs "
+            f"--schedule {schedule}` lists them"
+        )
 
 
 class Conflict(AdminError):

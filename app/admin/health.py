@@ -2,15 +2,18 @@
 
 200 when all of these hold, 503 naming what failed otherwise:
 
-- a process holds the leader key (``leader``);
+- this worker's scheduler was not refused at start (``refusal``: why it was, e.g. a
+  schedule name whose key collides with another name's, see app/scheduler/keys.py);
+- a process holds the leader key of this schedule (``leader``); a key that
+  scheduler_schedules gives to another name is not this schedule's;
 - that leader fires (``firing``): it has registered its jobs and started its job loops
   (the leadership row names its lock backend) and its tick said so within one lease.
   A handover that never ends or a leader whose tick is stuck is not firing;
 - no job of this app is broken (``broken_jobs``): the leader could not handle its row
   or next slot, or its job loop died;
-- every leader-only job of this app is fired by the leader of its schedule
-  (``jobs_not_led``): another app of the same schedule name may lead with another job
-  set, and then this app's extra jobs run nowhere;
+- every leader-only job and every service of this app is run by the leader of its
+  schedule (``jobs_not_led``, their ids): another app of the same schedule name may
+  lead with another set, and then this app's extra ones run nowhere;
 - no leader-only job (not paused) is stale (``stale_jobs``): each must have succeeded
   since the slot before its last due slot, and at most ``GRACE_FLOOR`` before that
   last slot. The allowed age follows the job's own schedule, so a weekday cron is not
@@ -92,12 +95,16 @@ def _firing(holder: dict[str, Any], now: datetime, lease: timedelta) -> bool:
 
 
 def _not_led(scheduler: Scheduler, holder: dict[str, Any]) -> list[str]:
-    """Ids of this app's leader-only jobs that the firing leader of its schedule did not
-    record among the jobs it fires: they run nowhere while it leads."""
+    """Ids of this app's leader-only jobs and services that the firing leader of its
+    schedule did not record among the ones it runs: they run nowhere while it leads. A
+    leader of a release that records no services (``service_ids`` NULL) vouches for
+    none and is blamed for none."""
     led = set(holder["job_ids"] or ())
-    return sorted(
-        spec.id for spec in scheduler.jobs.values() if spec.leader_only and spec.id not in led
-    )
+    jobs = {spec.id for spec in scheduler.jobs.values() if spec.leader_only} - led
+    services = set()
+    if holder["service_ids"] is not None:
+        services = set(scheduler.services) - set(holder["service_ids"])
+    return sorted(jobs | services)
 
 
 @router.get("/health/scheduler")
@@ -118,10 +125,13 @@ async def scheduler_health(request: Request) -> JSONResponse:
     leads = holder["backend_pid"] is not None
     firing = leads and _firing(holder, now, timedelta(seconds=settings.LEASE_SECONDS))
     unled = _not_led(scheduler, holder) if firing and scheduler is not None else []
-    healthy = firing and not stale and not broken and not unled
+    supervisor = scheduler.supervisor if scheduler is not None else None
+    refusal = supervisor.refusal if supervisor is not None else None
+    healthy = firing and not stale and not broken and not unled and refusal is None
     body = {
         "status": "ok" if healthy else "unhealthy",
         "schedule": schedule,
+        "refusal": refusal,
         "leader": leads,
         "firing": firing,
         "broken_jobs": broken,

@@ -22,7 +22,7 @@ from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from app.storable import is_int64, is_storable_text
 
-from .errors import AdminError, Conflict, NotFound
+from .errors import AdminError, Conflict, NotFound, UnknownJobError
 
 __all__ = [
     "AdminError",
@@ -100,21 +100,34 @@ _PAUSE = text(
     """
 )
 _WAKE = text(f"NOTIFY {WAKE_CHANNEL}")
+# The key is the schedule's own unless scheduler_schedules gives it to another name: a
+# name refused for a colliding key would otherwise count the other name's leader and
+# standbys as its own.
+_KEY_IS_OURS = """
+    NOT EXISTS (
+        SELECT 1 FROM scheduler_schedules other
+        WHERE other.name <> CAST(:schedule AS text)
+            AND (other.key_classid, other.key_objid, other.key_objsubid) = (
+                CAST(:key_classid AS bigint), CAST(:key_objid AS bigint),
+                CAST(:key_objsubid AS int)))
+    """
 # The schedule's key holder, by the shared pg_locks predicate on bind parameters
 # (LeaderKey.bind_params); its leadership row is the schedule's.
 _LEADER = text(
     f"""
     SELECT a.pid AS backend_pid, a.application_name, a.client_addr::text AS client_addr,
-        s.pid, s.host, s.since, s.heartbeat_at, s.job_ids
+        s.pid, s.host, s.since, s.heartbeat_at, s.job_ids, s.service_ids
     FROM (SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted) l
     JOIN pg_stat_activity a ON a.pid = l.pid
     LEFT JOIN scheduler_leadership s
         ON s.schedule = CAST(:schedule AS text) AND s.backend_pid = l.pid
+    WHERE {_KEY_IS_OURS}
     """
 )
 _STANDBYS = text(
     f"""
-    SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND NOT granted
+    SELECT count(*) FROM pg_locks
+    WHERE {LEADER_KEY_LOCKS_BOUND} AND NOT granted AND {_KEY_IS_OURS}
     """
 )
 _OUTBOXES = text(
@@ -164,17 +177,13 @@ async def list_jobs(
         return _rows(await conn.execute(_JOBS, {"now": now, "schedule": schedule}))
 
 
-def _unknown_job(job_id: str) -> NotFound:
-    return NotFound(f"no job with id {job_id!r}; `python -m app jobs` lists them")
-
-
 async def _require_job(conn: Any, job_id: str, schedule: str) -> Any:
     # A value no text column can hold names no row; asking would be a driver error.
     if not is_storable_text(job_id):
-        raise _unknown_job(job_id)
+        raise UnknownJobError(job_id, schedule)
     row = (await conn.execute(_JOB, {"job_id": job_id, "schedule": schedule})).first()
     if row is None:
-        raise _unknown_job(job_id)
+        raise UnknownJobError(job_id, schedule)
     return row
 
 
@@ -187,7 +196,7 @@ async def job_runs(
     schedule: str = DEFAULT_SCHEDULE,
 ) -> list[dict[str, Any]]:
     """A page of the job's runs, newest first; ``before`` is the last id of the previous
-    page. Raises NotFound for an unknown job."""
+    page. Raises UnknownJobError (a NotFound) for an unknown job."""
     async with engine.connect() as conn:
         await _require_job(conn, job_id, schedule)
         params = {"job_id": job_id, "limit": limit, "before": before, "schedule": schedule}
@@ -203,9 +212,10 @@ async def run_job_now(
     whose slot is ``now``), fires it without jitter, and leaves the job's next slot
     where it was. A request still pending when asked again is the same request.
 
-    Raises NotFound for an unknown job, and Conflict while it runs (its running lease
-    holds), while it is paused, and for a per-worker job (``leader_only=False``): each
-    worker runs that on its own schedule, and no leader takes a request for it.
+    Raises UnknownJobError (a NotFound) for an unknown job, and Conflict while it runs
+    (its running lease holds), while it is paused, and for a per-worker job
+    (``leader_only=False``): each worker runs that on its own schedule, and no leader
+    takes a request for it.
     """
     async with engine.begin() as conn:
         row = await _require_job(conn, job_id, schedule)
@@ -227,28 +237,31 @@ async def set_paused(
 ) -> None:
     """Pause or resume a job: the leader claims no slot of a paused job, and every
     worker skips the slots of a paused per-worker job. Pausing drops a pending run-now
-    request. Raises NotFound for an unknown job."""
+    request. Raises UnknownJobError for an unknown job."""
     async with engine.begin() as conn:
         await _require_job(conn, job_id, schedule)
         params = {"job_id": job_id, "paused": paused, "schedule": schedule}
         if (await conn.execute(_PAUSE, params)).first() is None:
-            raise _unknown_job(job_id)
+            raise UnknownJobError(job_id, schedule)
         await conn.execute(_WAKE)
 
 
 async def leader(engine: AsyncEngine, *, schedule: str = DEFAULT_SCHEDULE) -> dict[str, Any]:
     """The holder of the schedule's leader key (None fields when nobody leads) and the
     number of standbys waiting for it, from pg_locks and pg_stat_activity; ``since``,
-    ``heartbeat_at`` (its last tick that found it firing) and ``job_ids`` (the
-    leader-only jobs it fires) when the holder has recorded its leadership.
+    ``heartbeat_at`` (its last tick that found it firing), ``job_ids`` (the
+    leader-only jobs it fires) and ``service_ids`` (the services it runs) when the
+    holder has recorded its leadership. A key that scheduler_schedules gives to another
+    name (a colliding name, refused at start) has no holder or standby of this schedule.
 
     A standby whose process died leaves the count within the lock connection's client
     check (CLIENT_CHECK_SECONDS), not at the next handover.
     """
     async with engine.connect() as conn:
         key = LeaderKey.of(schedule).bind_params
-        holder = (await conn.execute(_LEADER, key | {"schedule": schedule})).first()
-        standbys = (await conn.execute(_STANDBYS, key)).scalar_one()
+        params = key | {"schedule": schedule}
+        holder = (await conn.execute(_LEADER, params)).first()
+        standbys = (await conn.execute(_STANDBYS, params)).scalar_one()
     info: dict[str, Any] = {
         "pid": None,
         "application_name": None,
@@ -258,6 +271,7 @@ async def leader(engine: AsyncEngine, *, schedule: str = DEFAULT_SCHEDULE) -> di
         "since": None,
         "heartbeat_at": None,
         "job_ids": None,
+        "service_ids": None,
     }
     if holder is not None:
         info |= dict(holder._mapping)

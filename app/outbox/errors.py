@@ -8,6 +8,7 @@ __all__ = [
     "MessageDeliveredError",
     "MessageInFlightError",
     "OutboxError",
+    "OutboxNameTakenError",
     "PayloadError",
     "PermanentDeliveryError",
     "UnknownMessageError",
@@ -31,6 +32,26 @@ class PayloadError(OutboxError):
 class UnregisteredDrainError(OutboxError):
     """Raised at start-up for an outbox whose drain is not on the app's scheduler:
     without a drain, a failed delivery would stay pending forever."""
+
+
+class OutboxNameTakenError(OutboxError):
+    """Raised at start-up for an outbox whose name another schedule's app drains in this
+    database: outbox rows are per database, by name, so each app would deliver the
+    other's rows. ``name`` is the outbox, ``schedule`` the schedule that has it,
+    ``ours`` the one refused."""
+
+    def __init__(self, name: str, schedule: str, ours: str) -> None:
+        self.name = name
+        self.schedule = schedule
+        self.ours = ours
+        super().__init__(
+            f"outbox {name!r} is drained by schedule {schedule!r} in this database, so this "
+            f"app of schedule {ours!r} would deliver that app's rows and that app this "
+            "one's; outbox names are per database: give this outbox a name of its own "
+            "(Outbox(name, ...)); after renaming a schedule, with every worker of the old "
+            f"name stopped, hand the name over: UPDATE outbox_schedules SET schedule = "
+            f"'{ours}' WHERE outbox = '{name}'"
+        )
 
 
 class UnknownMessageError(OutboxError):

@@ -30,6 +30,7 @@ from .errors import (
     MessageDeliveredError,
     MessageInFlightError,
     OutboxError,
+    OutboxNameTakenError,
     UnknownMessageError,
 )
 from .message import DrainReport, Enqueued, Message
@@ -135,6 +136,26 @@ class Outbox:
         self._default_max_attempts = default_max_attempts
         if clock is not None:
             self.clock = clock
+
+    async def claim_name(self, schedule: str) -> None:
+        """Claim this outbox's name for the schedule named ``schedule`` in the bound
+        database (table outbox_schedules), once; later claims of the same schedule only
+        read. The app does this at start-up, before its scheduler starts.
+
+        Raises OutboxNameTakenError when another schedule claimed the name first: the
+        rows of an outbox name are one set per database, and two apps draining it would
+        deliver each other's rows.
+        """
+        owners: list[str] = []
+        while not owners:
+            async with self.engine.begin() as conn:
+                result = await conn.execute(
+                    sql.CLAIM_NAME, {"outbox": self.name, "schedule": schedule}
+                )
+                owners = list(result.scalars())
+        for owner in owners:
+            if owner != schedule:
+                raise OutboxNameTakenError(self.name, owner, schedule)
 
     @property
     def engine(self) -> AsyncEngine:

@@ -6,6 +6,7 @@ from sqlalchemy import text
 
 __all__ = [
     "CLAIM_DUE",
+    "CLAIM_NAME",
     "CLAIM_ONE",
     "INSERT",
     "MARK_DELIVERED",
@@ -20,6 +21,21 @@ __all__ = [
 ]
 
 NOTIFY_CHANNEL = "regent_outbox"
+
+# Claim the outbox's name for a schedule, once per database, and read back the schedule
+# it belongs to (its own, or the one that claimed it first). The primary key makes a
+# concurrent second claim a conflict, read back in a later statement (the caller asks
+# again until a row answers).
+CLAIM_NAME = text(
+    """
+    WITH claimed AS (
+        INSERT INTO outbox_schedules (outbox, schedule) VALUES (:outbox, :schedule)
+        ON CONFLICT (outbox) DO NOTHING RETURNING schedule)
+    SELECT schedule FROM claimed
+    UNION ALL
+    SELECT schedule FROM outbox_schedules WHERE outbox = :outbox
+    """
+)
 
 # A claim moves the row's next_attempt_at past the delivery lease and stamps it with
 # the drain's token, in a commit of its own: other drains skip the row while the lease

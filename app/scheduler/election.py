@@ -112,20 +112,22 @@ _LIVENESS = (
 
 
 def _record_leadership_sql(key: LeaderKey) -> str:
-    """Who leads, for operators, the jobs it fires, for its standbys, and the leadership
+    """Who leads, for operators, the jobs it fires and the services it runs, for its
+    standbys, and the leadership
     term, for the jobs' fence: one statement on the schedule's row, matching only while
     this connection holds the schedule's key. Its row lock waits for every transaction
     that holds the row FOR SHARE (ctx.fence), so the new term begins after the fenced
     commits under way. The term starts at 1 on the first promotion."""
     return f"""
     INSERT INTO scheduler_leadership AS led
-        (schedule, pid, host, backend_pid, since, heartbeat_at, term, job_ids)
-    SELECT $1, $2, $3, pg_backend_pid(), $4, $4, 1, $5
+        (schedule, pid, host, backend_pid, since, heartbeat_at, term, job_ids, service_ids)
+    SELECT $1, $2, $3, pg_backend_pid(), $4, $4, 1, $5, $6
     WHERE EXISTS (
         SELECT 1 FROM pg_locks WHERE {key.locks} AND granted AND pid = pg_backend_pid())
     ON CONFLICT (schedule) DO UPDATE SET pid = excluded.pid, host = excluded.host,
         backend_pid = excluded.backend_pid, since = excluded.since,
-        heartbeat_at = excluded.heartbeat_at, term = led.term + 1, job_ids = excluded.job_ids
+        heartbeat_at = excluded.heartbeat_at, term = led.term + 1, job_ids = excluded.job_ids,
+        service_ids = excluded.service_ids
     RETURNING term
     """
 
@@ -375,12 +377,18 @@ class LockConnection:
         await self._connection.execute(self.key.call("pg_advisory_lock"), *self.key.args)
 
     async def record_leadership(
-        self, *, pid: int, host: str, since: datetime, job_ids: Sequence[str] = ()
+        self,
+        *,
+        pid: int,
+        host: str,
+        since: datetime,
+        job_ids: Sequence[str] = (),
+        service_ids: Sequence[str] = (),
     ) -> int | None:
         """Begin a leadership term of this schedule: record who leads, the ids of the
-        leader-only jobs it fires, and move the term, on this connection, while it holds
-        the key. Returns the new term, or None when this connection does not hold the
-        key (nothing is written).
+        leader-only jobs it fires and of the services it runs, and move the term, on
+        this connection, while it holds the key. Returns the new term, or None when
+        this connection does not hold the key (nothing is written).
 
         Waits for every job transaction that took the term FOR SHARE (``ctx.fence``) to
         end. While it waits the connection runs a statement, so ``idle_session_timeout``
@@ -393,6 +401,7 @@ class LockConnection:
             host,
             since,
             sorted(job_ids),
+            sorted(service_ids),
         )
         return term
 

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import Clock, SystemClock, lease_clock
+from .election import DatabaseIdentity, engine_identity
 from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .keys import DEFAULT_SCHEDULE, validate_schedule_name
@@ -32,8 +33,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _RESTART_DELAY_SECONDS = 5.0
 
-# The schedulers started in this process, by (lock DSN, schedule name).
-_STARTED: dict[tuple[str, str], Scheduler] = {}
+# The schedulers started in this process, by (database server identity, schedule
+# name): two DSNs may spell one server differently (localhost, 127.0.0.1, a DNS alias).
+_STARTED: dict[tuple[DatabaseIdentity, str], Scheduler] = {}
 
 
 class DuplicateScheduleError(SchedulerError):
@@ -71,6 +73,7 @@ class Scheduler:
         self.observers = Observers()
         self.supervisor: Supervisor | None = None
         self._task: asyncio.Task[None] | None = None
+        self._started_as: tuple[DatabaseIdentity, str] | None = None
 
     def job(
         self,
@@ -147,6 +150,14 @@ class Scheduler:
         return self._name or self._configured_name or DEFAULT_SCHEDULE
 
     @property
+    def name_is_set(self) -> bool:
+        """True once the name is known: given to the constructor, or configured by
+        ``start()``. False while an unnamed scheduler would still take SCHEDULER_NAME
+        at its start (``name`` then says ``default``): a tool that reads a schedule
+        without starting it (the CLI, the test kit) reads SCHEDULER_NAME itself."""
+        return (self._name or self._configured_name) is not None
+
+    @property
     def jobs(self) -> dict[str, JobSpec]:
         """Registered jobs by id."""
         return dict(self.registry.jobs)
@@ -172,18 +183,21 @@ class Scheduler:
     ) -> Supervisor:
         """Start the supervisor task and return at once; the API never waits on it.
 
-        Raises SchedulerError when already started, and DuplicateScheduleError when
-        another Scheduler of the same name runs in this process on the same lock DSN
-        (unless ``config.simulated_workers``).
+        Raises SchedulerError when already started, DuplicateScheduleError when
+        another Scheduler of the same name runs in this process on the same database of
+        the same server, however its DSN names it (unless ``config.simulated_workers``),
+        and ConnectionError when ``engine``'s database does not answer (which server it
+        is must be asked).
         """
         if self._task is not None and not self._task.done():
             raise SchedulerError("scheduler already started; call stop() first")
         self._configured_name = config.schedule
-        started = (config.lock_dsn, self.name)
+        started = (await engine_identity(engine), self.name)
         other = _STARTED.get(started)
         if other is not None and other is not self and not config.simulated_workers:
             raise DuplicateScheduleError(self.name)
         _STARTED.setdefault(started, self)
+        self._started_as = started
         clock = clock or SystemClock()
         store = JobStore(
             engine,
@@ -219,9 +233,9 @@ class Scheduler:
         """
         if self.supervisor is None or self._task is None:
             return
-        started = (self.supervisor.config.lock_dsn, self.name)
-        if _STARTED.get(started) is self:
-            del _STARTED[started]
+        if self._started_as is not None and _STARTED.get(self._started_as) is self:
+            del _STARTED[self._started_as]
+        self._started_as = None
         await self.supervisor.stop()
         grace = self.supervisor.config.shutdown_grace_seconds + 10
         try:

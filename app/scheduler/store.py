@@ -379,10 +379,11 @@ _REGISTER_SCHEDULE = text(
     """
 )
 
-# The leader of this schedule that holds its key now, and the jobs it recorded firing.
+# The leader of this schedule that holds its key now, and the jobs and services it
+# recorded running.
 _LEADER_JOBS = text(
     f"""
-    SELECT s.pid, s.host, s.job_ids FROM scheduler_leadership s
+    SELECT s.pid, s.host, s.job_ids, s.service_ids FROM scheduler_leadership s
     WHERE s.schedule = :schedule AND EXISTS (
         SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted
             AND pid = s.backend_pid)
@@ -438,11 +439,13 @@ class ReapedRun:
 @dataclass(frozen=True)
 class LeaderJobs:
     """The live leader of a schedule (process ``pid`` on ``host``) and the ids of the
-    leader-only jobs it recorded at its promotion."""
+    leader-only jobs and of the services it recorded at its promotion; ``service_ids``
+    is None for a leader of a release that did not record them."""
 
     pid: int
     host: str
     job_ids: frozenset[str]
+    service_ids: frozenset[str] | None
 
 
 @dataclass(frozen=True)
@@ -663,15 +666,17 @@ class JobStore:
                 raise ScheduleNameCollisionError(self.schedule, row.name)
 
     async def leader_jobs(self) -> LeaderJobs | None:
-        """The leader that holds this schedule's key now and the jobs it fires; None
-        when nobody holds it or the holder has not recorded its leadership yet."""
+        """The leader that holds this schedule's key now and the jobs and services it
+        runs; None when nobody holds it or the holder has not recorded its leadership
+        yet."""
         async with self.engine.connect() as conn:
             row = (
                 await conn.execute(_LEADER_JOBS, {"schedule": self.schedule} | self.key.bind_params)
             ).first()
         if row is None:
             return None
-        return LeaderJobs(row.pid, row.host, frozenset(row.job_ids))
+        services = None if row.service_ids is None else frozenset(row.service_ids)
+        return LeaderJobs(row.pid, row.host, frozenset(row.job_ids), services)
 
     async def show_replica_slot(self, job_id: str, slot: datetime, now: datetime) -> None:
         """Show ``slot`` as the per-worker job's next run unless another worker's

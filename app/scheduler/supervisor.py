@@ -5,8 +5,10 @@
                  +--(lock-check error, not production)--> UNGUARDED (one backoff period)
 
 STANDBY waits inside ``pg_advisory_lock`` on its own lock connection, so the server
-wakes it the moment the key is released. With a host lock (``host_lock_dir``), a
-worker first takes its host's flock: until then it is a STANDBY with no lock
+wakes it the moment the key is released. Before anything else a worker registers its
+schedule's name (a name whose key collides with another's is refused there, never
+left waiting on the host lock file the two keys share). With a host lock
+(``host_lock_dir``), a worker then takes its host's flock: until then it is a STANDBY with no lock
 connection, and only the flock holder queues in PostgreSQL. LEADER waits
 HANDOVER_GRACE_SECONDS (less once the previous leader's backend is gone), then runs
 one loop per leader-only job and one task per service, and checks every
@@ -159,8 +161,9 @@ class Supervisor:
         self._firing = asyncio.Event()
         self._broken: set[str] = set()
         self.refusal: str | None = None
-        # Leader-only jobs of this worker that the live leader of its schedule does not
-        # fire (another app of the same name leads): they run nowhere.
+        # Ids of the leader-only jobs and the services of this worker that the live
+        # leader of its schedule does not run (another app of the same name leads):
+        # they run nowhere.
         self.unled_jobs: list[str] = []
         self._host_lock = (
             HostLock.for_key(config.host_lock_dir, config.lock_dsn, store.key.host_lock_id)
@@ -294,6 +297,9 @@ class Supervisor:
             return self.role
 
     async def _acquire(self) -> LockConnection:
+        # Registered before the host lock: two names whose keys collide share its file,
+        # so the second would otherwise wait on the file and never be refused.
+        await self.store.register_schedule()
         if self._host_lock is not None and not self._host_lock.try_acquire():
             await self._set_role(Role.STANDBY)
             logger.info(
@@ -318,7 +324,6 @@ class Supervisor:
             raise _LockCheckError(f"{exc.__class__.__name__}: {exc}") from exc
         try:
             await lock.check_same_database(await engine_identity(self.store.engine))
-            await self.store.register_schedule()
             if not await lock.try_acquire():
                 await self._set_role(Role.STANDBY)
                 logger.info(
@@ -408,6 +413,7 @@ class Supervisor:
                 host=self.store.host,
                 since=now,
                 job_ids=[spec.id for spec in self.leader_jobs],
+                service_ids=list(self.registry.services),
             )
         )
         if await _first(recording, self._stopping.wait(), self._lost.wait()) != 0:
@@ -716,12 +722,14 @@ class Supervisor:
 
     async def _watch_leader_jobs(self) -> None:
         """While a standby, every leader tick: compare this worker's leader-only jobs
-        with the jobs the live leader of its schedule recorded. Jobs it lacks run
-        nowhere (another app of the same name leads), so say so once per change
-        (``scheduler.jobs_not_led``, then ``scheduler.jobs_led`` once they are led
-        again) and keep them in ``unled_jobs`` for /health/scheduler. Never raises."""
-        ours = {spec.id for spec in self.leader_jobs}
-        if not ours:
+        and services with the ones the live leader of its schedule recorded. Those it
+        lacks run nowhere (another app of the same name leads), so say so once per
+        change (``scheduler.jobs_not_led``, then ``scheduler.jobs_led`` once they are
+        led again) and keep their ids in ``unled_jobs`` for /health/scheduler. Never
+        raises."""
+        jobs = {spec.id for spec in self.leader_jobs}
+        services = set(self.registry.services)
+        if not jobs and not services:
             return
         while True:
             # Only a standby asks (and sleeps on the clock): a leader fires its own jobs.
@@ -734,7 +742,9 @@ class Supervisor:
                 logger.debug("scheduler: could not read the leader's jobs", exc_info=True)
             # No live recorded leader (a handover, a failed read): nothing new is known.
             if leader is not None:
-                unled = sorted(ours - leader.job_ids)
+                # A leader of a release that records no services: nothing is known.
+                led_services = services if leader.service_ids is None else leader.service_ids
+                unled = sorted((jobs - leader.job_ids) | (services - led_services))
             self._set_unled(unled, leader)
             await _first(self.clock.sleep(self.config.leader_tick_seconds), self._left_standby())
             if self.role is not Role.STANDBY:
@@ -754,10 +764,10 @@ class Supervisor:
         if unled:
             assert leader is not None, "only a live leader's record shows unled jobs"
             logger.error(
-                "scheduler.jobs_not_led: the leader of schedule %s (pid %s on %s) does not fire "
+                "scheduler.jobs_not_led: the leader of schedule %s (pid %s on %s) does not run "
                 "jobs %s of this worker, so they run nowhere while it leads; deploy the "
-                "same jobs in every app of schedule %s, or give this app its own schedule "
-                "name (Scheduler(name=...) or SCHEDULER_NAME) (pid=%s)",
+                "same jobs and services in every app of schedule %s, or give this app its "
+                "own schedule name (Scheduler(name=...) or SCHEDULER_NAME) (pid=%s)",
                 schedule,
                 leader.pid,
                 leader.host,

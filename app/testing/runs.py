@@ -15,6 +15,7 @@ from app.scheduler import Clock, FakeClock, Scheduler, SchedulerError
 from app.scheduler.clock import lease_clock
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
+from app.settings import load_settings
 
 __all__ = ["RunRecord", "run_job"]
 
@@ -63,8 +64,11 @@ async def run_job(
     Returns the run's record; a body that raised is ``status == "error"``, not an
     exception here; a run refused because another body of the job still runs is
     ``"skipped_overlap"``.
+    The job is the one of the schedule the app would run it in: the name the
+    Scheduler is given in code, else the one it was started with, else SCHEDULER_NAME
+    (read as the app reads its settings).
     Raises SchedulerError for an unknown job id, or when the claim matched nothing
-    (the job is paused).
+    (the job is paused), and SettingsError for a bad SCHEDULER_NAME.
     """
     spec = scheduler.jobs.get(job_id)
     if spec is None:
@@ -77,12 +81,13 @@ async def run_job(
         clock.set(at)
     now = at or clock.now()
     zone = zone or ZoneInfo("UTC")
+    schedule = scheduler.name if scheduler.name_is_set else load_settings().SCHEDULER_NAME
     store = JobStore(
         database.engine,
         pid=os.getpid(),
         host=socket.gethostname(),
         lease_clock=lease_clock(clock),
-        schedule=scheduler.name,
+        schedule=schedule,
     )
     runner = Runner(
         store,
@@ -95,7 +100,7 @@ async def run_job(
     if spec.leader_only:
         await store.register_leader_jobs([spec], now, zone)
         async with database.engine.begin() as conn:
-            await conn.execute(_REQUEST, {"now": now, "job_id": job_id, "schedule": scheduler.name})
+            await conn.execute(_REQUEST, {"now": now, "job_id": job_id, "schedule": schedule})
         claim = await runner.claim_request(spec, now, None)
         if claim is None:
             raise SchedulerError(f"job {job_id!r} could not be claimed: is it paused?")

@@ -275,6 +275,7 @@ async def test_health_is_200_with_a_leader_and_fresh_jobs(
     assert response.json() == {
         "status": "ok",
         "schedule": "default",
+        "refusal": None,
         "leader": True,
         "firing": True,
         "broken_jobs": [],

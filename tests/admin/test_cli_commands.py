@@ -12,10 +12,12 @@ import pytest
 from app.localpg import free_port
 
 
-def _app(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _app(
+    database_url: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "app", *args],
-        env={**os.environ, "DATABASE_URL": database_url},
+        env={**os.environ, "DATABASE_URL": database_url, **(env or {})},
         capture_output=True,
         text=True,
         timeout=60,
@@ -59,7 +61,7 @@ def test_jobs_run_queues_the_job(seeded: str) -> None:
 
 def test_history_of_an_unknown_job_names_it(seeded: str) -> None:
     result = _app(seeded, "jobs", "history", "nope")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "no job with id 'nope'" in result.stderr
 
 
@@ -179,7 +181,7 @@ def test_jobs_pause_and_resume(seeded: str) -> None:
 
 def test_pausing_an_unknown_job_names_it(seeded: str) -> None:
     result = _app(seeded, "jobs", "pause", "nope")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "no job with id 'nope'" in result.stderr
 
 
@@ -243,3 +245,62 @@ def test_an_unreachable_embedded_server_names_regent_pg_port() -> None:
     assert result.returncode == 2
     assert "REGENT_PG_PORT" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+BILLING_APP = "tests.procs.billing_app:app"
+
+
+@pytest.fixture
+def two_reports(database_url: str) -> str:
+    """Job 'report' in schedule default and in schedule billing."""
+    for schedule in ("default", "billing"):
+        _execute(
+            database_url,
+            "INSERT INTO scheduler_jobs (schedule, id, name, trigger, next_run_at)"
+            " VALUES (%s, 'report', 'Report', 'every 1h', now())",
+            schedule,
+        )
+    return database_url
+
+
+def _paused(database_url: str) -> dict[str, bool]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        rows = conn.execute("SELECT schedule, paused FROM scheduler_jobs WHERE id = 'report'")
+        return dict(rows.fetchall())
+
+
+def test_jobs_pause_pauses_the_job_of_the_schedule_the_regent_app_names(two_reports: str) -> None:
+    result = _app(two_reports, "jobs", "pause", "report", env={"REGENT_APP": BILLING_APP})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "paused report (schedule billing)"
+    assert _paused(two_reports) == {"default": False, "billing": True}
+
+
+def test_jobs_pause_takes_the_schedule_of_the_app_option(two_reports: str) -> None:
+    result = _app(two_reports, "jobs", "pause", "report", "--app", BILLING_APP)
+    assert result.returncode == 0, result.stderr
+    assert _paused(two_reports) == {"default": False, "billing": True}
+
+
+def test_jobs_schedule_option_names_the_schedule(two_reports: str) -> None:
+    result = _app(two_reports, "jobs", "--schedule", "billing", "pause", "report")
+    assert result.returncode == 0, result.stderr
+    assert "(schedule billing)" in result.stdout
+    assert _paused(two_reports) == {"default": False, "billing": True}
+
+
+def test_a_job_unknown_in_the_apps_schedule_is_one_line_naming_it_and_exits_2(
+    two_reports: str,
+) -> None:
+    result = _app(two_reports, "jobs", "run", "nightly", env={"REGENT_APP": BILLING_APP})
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert "'nightly'" in line and "schedule 'billing'" in line
+
+
+def test_the_app_option_finds_the_scheduler_of_an_app_inside_middleware(
+    two_reports: str,
+) -> None:
+    result = _app(two_reports, "jobs", "pause", "report", "--app", f"{BILLING_APP[:-3]}wrapped")
+    assert result.returncode == 0, result.stderr
+    assert _paused(two_reports) == {"default": False, "billing": True}

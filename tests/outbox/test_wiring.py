@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 from app.db import asyncpg_dsn
 from app.main import create_app
-from app.outbox import Outbox, UnregisteredDrainError, sql
+from app.outbox import Outbox, OutboxNameTakenError, UnregisteredDrainError, sql
 from app.scheduler import Role, Scheduler
 from app.settings import Settings
 
@@ -87,3 +87,33 @@ async def test_a_woken_drain_claims_on_its_listen_connection_not_through_the_poo
         await enqueuer.close()
     assert [(m.key, m.payload) for m in receiver.calls] == [("k", {"amount": 5})]
     assert sent_statements.writing() == []
+
+
+async def test_a_second_schedule_with_an_outbox_of_the_same_name_stops_its_start_up(
+    settings: Settings, receiver: FakeReceiver
+) -> None:
+    first = Scheduler(name="alpha")
+    first_sms = Outbox("sms", receiver, scheduler=first)
+    first_app = create_app(settings, first)
+    async with first_app.router.lifespan_context(first_app):
+        second = Scheduler(name="beta")
+        second_sms = Outbox("sms", receiver, scheduler=second)
+        second_app = create_app(settings, second)
+        with pytest.raises(OutboxNameTakenError, match=r"'sms'.*'alpha'") as refused:
+            async with second_app.router.lifespan_context(second_app):
+                pass
+    assert (refused.value.name, refused.value.schedule) == ("sms", "alpha")
+    assert second.supervisor is None
+    del first_sms, second_sms
+
+
+async def test_an_outbox_restarted_under_its_own_schedule_name_starts(
+    settings: Settings, receiver: FakeReceiver
+) -> None:
+    for _ in range(2):
+        scheduler = Scheduler(name="alpha")
+        sms = Outbox("sms", receiver, scheduler=scheduler)
+        app = create_app(settings, scheduler)
+        async with app.router.lifespan_context(app):
+            assert scheduler.supervisor is not None
+        del sms

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin import queries
@@ -374,3 +375,89 @@ async def test_a_second_app_of_one_schedule_name_in_one_process_fails_its_start_
         with pytest.raises(DuplicateScheduleError, match="'default'"):
             async with second.router.lifespan_context(second):
                 pass
+
+
+async def test_a_colliding_schedule_name_is_refused_though_the_other_name_holds_its_host_lock(
+    start_scheduler: StartScheduler, tmp_path: Path
+) -> None:
+    first, second = _colliding_names()
+    leader = await start_scheduler(_scheduler(first, [], "job"), host_lock_dir=tmp_path)
+    await leader.wait_until_firing()
+    refused = await start_scheduler(_scheduler(second, [], "job"), host_lock_dir=tmp_path)
+    await refused.wait_for_role(Role.STOPPED)
+    assert refused.refusal is not None and repr(first) in refused.refusal
+
+
+async def test_health_of_a_refused_schedule_name_counts_no_leader_and_gives_the_refusal(
+    start_scheduler: StartScheduler, settings: Settings
+) -> None:
+    first, second = _colliding_names()
+    leader = await start_scheduler(_scheduler(first, [], "job"))
+    await leader.wait_until_firing()
+    scheduler = _scheduler(second, [], "job")
+    app = create_app(settings, scheduler)
+    async with app.router.lifespan_context(app):
+        assert scheduler.supervisor is not None
+        await scheduler.supervisor.wait_for_role(Role.STOPPED)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            response = await client.get("/health/scheduler")
+    assert response.status_code == 503
+    body = response.json()
+    assert (body["schedule"], body["leader"], body["firing"]) == (second, False, False)
+    assert body["refusal"] == scheduler.supervisor.refusal and repr(first) in body["refusal"]
+
+
+async def test_a_second_scheduler_of_one_name_is_refused_when_its_dsn_names_the_server_otherwise(
+    start_scheduler: StartScheduler, config: SchedulerConfig
+) -> None:
+    first = await start_scheduler(_scheduler("billing", [], "job"), simulated_workers=False)
+    await first.wait_until_firing()
+    host = make_url(config.lock_dsn).host
+    assert host == "127.0.0.1", f"the test server listens on {host}"
+    other_spelling = config.lock_dsn.replace("@127.0.0.1:", "@localhost:")
+    with pytest.raises(DuplicateScheduleError, match="'billing'"):
+        await start_scheduler(
+            _scheduler("billing", [], "other"), simulated_workers=False, lock_dsn=other_spelling
+        )
+
+
+async def test_health_on_a_standby_whose_leader_lacks_its_service_says_so_with_503(
+    settings: Settings, leader_without_extra: LockConnection
+) -> None:
+    scheduler = _scheduler(None, [], "shared")
+
+    @scheduler.service(id="consumer")
+    async def consumer(ctx: object) -> None:
+        await asyncio.Event().wait()
+
+    app = create_app(settings, scheduler)
+    async with app.router.lifespan_context(app):
+        assert scheduler.supervisor is not None
+        await scheduler.supervisor.wait_for_role(Role.STANDBY)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            response = await client.get("/health/scheduler")
+    assert response.status_code == 503
+    assert response.json()["jobs_not_led"] == ["consumer"]
+
+
+async def test_a_standby_reports_a_service_its_leader_does_not_run(
+    start_scheduler: StartScheduler,
+    leader_without_extra: LockConnection,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    scheduler = _scheduler(None, [], "shared")
+
+    @scheduler.service(id="consumer")
+    async def consumer(ctx: object) -> None:
+        await asyncio.Event().wait()
+
+    supervisor = await start_scheduler(scheduler, clock=FakeClock())
+
+    async def reported() -> bool:
+        return supervisor.unled_jobs == ["consumer"]
+
+    await eventually(reported, what="the standby's report of its unled service")
+    [report] = [r for r in caplog.records if r.message.startswith("scheduler.jobs_not_led")]
+    assert "consumer" in report.message

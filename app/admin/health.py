@@ -33,7 +33,7 @@ from app.scheduler import Clock, Scheduler, Trigger
 from app.settings import Settings
 
 from . import queries
-from .api import schedule_name
+from .api import lease_now_of, schedule_name
 
 __all__ = ["last_due_slots", "router", "stale_jobs"]
 
@@ -110,7 +110,7 @@ async def scheduler_health(request: Request) -> JSONResponse:
     now = clock.now()
     schedule = schedule_name(request)
     holder = await queries.leader(database.engine, schedule=schedule)
-    rows = await queries.list_jobs(database.engine, now, schedule=schedule)
+    rows = await queries.list_jobs(database.engine, lease_now_of(request), schedule=schedule)
     zone = request.app.state.zone
     stale = stale_jobs(scheduler, rows, now, zone) if scheduler is not None else []
     ours = set(scheduler.jobs) if scheduler is not None else set()

@@ -71,6 +71,7 @@ from .keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from .registry import JobSpec
 
 __all__ = [
+    "LEASE_NOW_SQL",
     "ClaimedSlot",
     "JobRow",
     "JobStore",
@@ -139,11 +140,11 @@ _LOAD = text(
 
 # Running leases are written and compared on the lease clock (see clock.lease_clock):
 # the database server's (:lease_now NULL), or a test's shared fake clock.
-_LEASE_NOW = "COALESCE(CAST(:lease_now AS timestamptz), clock_timestamp())"
-_LEASE_END = f"({_LEASE_NOW} + make_interval(secs => CAST(:lease_seconds AS double precision)))"
+LEASE_NOW_SQL = "COALESCE(CAST(:lease_now AS timestamptz), clock_timestamp())"
+_LEASE_END = f"({LEASE_NOW_SQL} + make_interval(secs => CAST(:lease_seconds AS double precision)))"
 # A run starts only when no other body holds an unexpired running lease on the job.
 _STARTS = f"""(CAST(:runs AS boolean)
-        AND (running_until IS NULL OR running_until <= {_LEASE_NOW}))"""
+        AND (running_until IS NULL OR running_until <= {LEASE_NOW_SQL}))"""
 # A slot claim moves the job's next slot; a run-now claim clears its request. A slot
 # that is not run never overwrites the status of a body that still runs.
 _CLAIM = """
@@ -176,7 +177,7 @@ _CLAIMS = {
     (manual, fenced): text(
         _CLAIM.format(
             starts=_STARTS,
-            lease_now=_LEASE_NOW,
+            lease_now=LEASE_NOW_SQL,
             lease_end=_LEASE_END,
             advance=advance,
             due_column=due_column,
@@ -281,7 +282,7 @@ _REAP = text(
                    'running lease, which ran out at %s', running_pid, running_host,
                    running_until) AS note
         FROM scheduler_jobs
-        WHERE schedule = :schedule AND running_until <= {_LEASE_NOW}
+        WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL}
             AND (CAST(:job_id AS text) IS NULL OR id = CAST(:job_id AS text))
         FOR UPDATE SKIP LOCKED
     ), abandoned_runs AS (
@@ -314,7 +315,7 @@ _REAP_REPLICA_RUNS = text(
             format('abandoned: the worker that ran it (pid %s on %s) stopped renewing its '
                    'running lease, which ran out at %s', pid, host, running_until) AS note
         FROM scheduler_runs
-        WHERE schedule = :schedule AND running_until <= {_LEASE_NOW} AND scope = 'replica'
+        WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL} AND scope = 'replica'
             AND (CAST(:job_id AS text) IS NULL OR job_id = CAST(:job_id AS text))
         FOR UPDATE SKIP LOCKED
     ), reaped AS (

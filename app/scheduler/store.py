@@ -234,6 +234,8 @@ _FINISH_RUN = text(
     """
 )
 
+# The job row takes a run's outcome unless a newer run holds the job's lease: a late
+# outcome of a reaped run is then recorded on its run row only.
 _FINISH_JOB = text(
     """
     UPDATE scheduler_jobs
@@ -242,6 +244,16 @@ _FINISH_JOB = text(
         last_success_at = CASE WHEN CAST(:status AS text) = 'ok'
             THEN CAST(:finished_at AS timestamptz) ELSE last_success_at END,
         updated_at = now()
+    WHERE schedule = :schedule AND id = :job_id
+        AND (running_run_id IS NULL OR running_run_id = :run_id)
+    """
+)
+# A per-worker start shows on the job row as a leader run's claim does; its outcome
+# settles it (_FINISH_JOB), and a reap of it turns it 'abandoned'.
+_START_REPLICA_JOB = text(
+    """
+    UPDATE scheduler_jobs
+    SET last_started_at = :started_at, last_status = 'running', updated_at = now()
     WHERE schedule = :schedule AND id = :job_id
     """
 )
@@ -271,6 +283,19 @@ _RENEW_REPLICA_LEASE = text(
     """
 )
 _RELEASE_REPLICA_LEASE = text("UPDATE scheduler_runs SET running_until = NULL WHERE id = :run_id")
+# The outcome of a run whose body ended after it was recorded (a thread past its
+# timeout), written again only where that record did not land: the run still reads
+# 'running', or a reap guessed 'abandoned' meanwhile. A run never stays 'running'
+# once its lease is released.
+_SETTLE_RUN = text(
+    """
+    UPDATE scheduler_runs
+    SET finished_at = :finished_at, status = :status, duration_ms = :duration_ms, error = :error,
+        running_until = NULL
+    WHERE id = :run_id AND status IN ('running', 'abandoned')
+    RETURNING id
+    """
+)
 
 # A lease that ran out: its owner died (or froze past it). Its run, if still recorded
 # as running, and the job's running status become 'abandoned'; the lease is cleared.
@@ -305,9 +330,11 @@ _REAP = text(
 )
 
 # The per-worker runs whose own lease ran out: their worker died (or froze past it).
-# A run still recorded as running becomes 'abandoned' and, unless the job recorded
-# another outcome after that lease ran out (or a leader run of it holds the job's
-# lease), so does the job's last status; every expired lease is cleared.
+# A run still recorded as running becomes 'abandoned', and so does the job's last
+# status while it still says 'running' (no outcome was recorded since the last start,
+# and no leader run of it holds the job's lease); every expired lease is cleared.
+# Statuses decide, never times: a finish is stamped on its worker's own clock, which
+# cannot be compared with a lease's end on the lease clock.
 _REAP_REPLICA_RUNS = text(
     f"""
     WITH expired AS (
@@ -337,8 +364,8 @@ _REAP_REPLICA_RUNS = text(
             last_error = l.note, updated_at = now()
         FROM latest l
         WHERE j.schedule = :schedule AND j.id = l.job_id
-            AND j.last_status IS DISTINCT FROM 'running'
-            AND (j.last_finished_at IS NULL OR j.last_finished_at < l.lapsed_at)
+            AND j.last_status = 'running'
+            AND NOT coalesce(j.running_until > {LEASE_NOW_SQL}, false)
     )
     SELECT id AS run_id, job_id, pid, host FROM reaped WHERE was = 'running' ORDER BY id
     """
@@ -915,14 +942,29 @@ class JobStore:
         async with self.engine.begin() as conn:
             return (await conn.execute(statement, params)).rowcount == 1
 
-    async def release_lease(self, job_id: str, run_id: int, *, replica: bool = False) -> None:
-        """Clear the running lease of run ``run_id`` (``replica``: its run row's own),
-        if it still holds it."""
-        statement = _RELEASE_REPLICA_LEASE if replica else _RELEASE_LEASE
+    async def release_lease(
+        self,
+        run_id: int,
+        job_id: str,
+        *,
+        status: str,
+        finished_at: datetime,
+        duration_ms: int,
+        error: str | None,
+        replica: bool = False,
+    ) -> None:
+        """Clear the running lease of run ``run_id`` (``replica``: its run row's own), if
+        it still holds it, as the body whose outcome was recorded before it ended (a
+        thread past its timeout) ends. That outcome (``status``, ``error``) is recorded
+        again, as finish() does, where its first record did not land, so the run is
+        never left 'running' without a lease."""
+        params = _outcome_params(
+            self.schedule, run_id, job_id, status, finished_at, duration_ms, error
+        )
         async with self.engine.begin() as conn:
-            await conn.execute(
-                statement, {"job_id": job_id, "run_id": run_id, "schedule": self.schedule}
-            )
+            if (await conn.execute(_SETTLE_RUN, params)).first() is not None:
+                await conn.execute(_FINISH_JOB, params)
+            await conn.execute(_RELEASE_REPLICA_LEASE if replica else _RELEASE_LEASE, params)
 
     async def start_replica_run(
         self,
@@ -950,6 +992,10 @@ class JobStore:
             params = self._run_params(spec, "replica", slot, now, "running", jitter=jitter)
             result = await conn.execute(_INSERT_RUN, params | {"lease_seconds": lease_seconds})
             run_id: int = result.scalar_one()
+            await conn.execute(
+                _START_REPLICA_JOB,
+                {"started_at": now, "job_id": spec.id, "schedule": self.schedule},
+            )
             return run_id, reaped
 
     async def finish(

@@ -127,7 +127,9 @@ async def resume(request: Request, job_id: JobId) -> dict[str, str]:
 async def leader(request: Request) -> dict[str, Any]:
     """The schedule's name and its key holder's pid, application_name, host, since when
     and the jobs it fires; standbys waiting."""
-    return await queries.leader(_engine(request), schedule=schedule_name(request))
+    return await queries.leader(
+        _engine(request), lease_now=lease_now_of(request), schedule=schedule_name(request)
+    )
 
 
 @router.get("/outboxes")

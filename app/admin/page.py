@@ -114,7 +114,9 @@ async def _page(
 ) -> HTMLResponse:
     engine = _engine(request)
     context = _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
-        "leader": await queries.leader(engine, schedule=schedule_name(request)),
+        "leader": await queries.leader(
+            engine, lease_now=lease_now_of(request), schedule=schedule_name(request)
+        ),
         "jobs": await queries.list_jobs(
             engine, lease_now_of(request), schedule=schedule_name(request)
         ),

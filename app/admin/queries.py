@@ -117,11 +117,13 @@ _PAUSE = text(
 )
 _WAKE = text(f"NOTIFY {WAKE_CHANNEL}")
 # The schedule's key holder, by the shared pg_locks predicate on bind parameters
-# (LeaderKey.bind_params); its leadership row is the schedule's.
+# (LeaderKey.bind_params); its leadership row is the schedule's. The heartbeat's age is
+# read on the lease clock, which the leader writes it on.
 _LEADER = text(
     f"""
     SELECT a.pid AS backend_pid, a.application_name, a.client_addr::text AS client_addr,
-        s.pid, s.host, s.since, s.heartbeat_at, s.job_ids
+        s.pid, s.host, s.since, s.heartbeat_at, s.job_ids,
+        extract(epoch FROM {LEASE_NOW_SQL} - s.heartbeat_at)::float AS heartbeat_age_seconds
     FROM (SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted) l
     JOIN pg_stat_activity a ON a.pid = l.pid
     LEFT JOIN scheduler_leadership s
@@ -270,18 +272,26 @@ async def set_paused(
         await conn.execute(_WAKE)
 
 
-async def leader(engine: AsyncEngine, *, schedule: str = DEFAULT_SCHEDULE) -> dict[str, Any]:
+async def leader(
+    engine: AsyncEngine,
+    *,
+    lease_now: datetime | None = None,
+    schedule: str = DEFAULT_SCHEDULE,
+) -> dict[str, Any]:
     """The holder of the schedule's leader key (None fields when nobody leads) and the
     number of standbys waiting for it, from pg_locks and pg_stat_activity; ``since``,
-    ``heartbeat_at`` (its last tick that found it firing) and ``job_ids`` (the
-    leader-only jobs it fires) when the holder has recorded its leadership.
+    ``heartbeat_at`` (its last tick that found it firing), ``heartbeat_age_seconds``
+    (read on the lease clock as in list_jobs: ``lease_now``, None for the database
+    server's) and ``job_ids`` (the leader-only jobs it fires) when the holder has
+    recorded its leadership.
 
     A standby whose process died leaves the count within the lock connection's client
     check (CLIENT_CHECK_SECONDS), not at the next handover.
     """
     async with engine.connect() as conn:
         key = LeaderKey.of(schedule).bind_params
-        holder = (await conn.execute(_LEADER, key | {"schedule": schedule})).first()
+        params = key | {"schedule": schedule, "lease_now": lease_now}
+        holder = (await conn.execute(_LEADER, params)).first()
         standbys = (await conn.execute(_STANDBYS, key)).scalar_one()
     info: dict[str, Any] = {
         "pid": None,
@@ -291,6 +301,7 @@ async def leader(engine: AsyncEngine, *, schedule: str = DEFAULT_SCHEDULE) -> di
         "backend_pid": None,
         "since": None,
         "heartbeat_at": None,
+        "heartbeat_age_seconds": None,
         "job_ids": None,
     }
     if holder is not None:

@@ -383,8 +383,10 @@ _CLEAR_BROKEN = text(
     "DELETE FROM scheduler_broken_jobs WHERE schedule = :schedule AND job_id = ANY(:ids)"
 )
 
+# On the lease clock, as the readers of the heartbeat compare it (app/admin/health.py):
+# a leader whose own clock runs behind still reads as firing.
 _HEARTBEAT = text(
-    "UPDATE scheduler_leadership SET heartbeat_at = :now"
+    f"UPDATE scheduler_leadership SET heartbeat_at = {LEASE_NOW_SQL}"
     " WHERE schedule = :schedule AND backend_pid = :backend_pid"
 )
 
@@ -663,11 +665,11 @@ class JobStore:
             return reaped + [row.job_id for row in replicas]
 
     async def heartbeat(self, backend_pid: int, now: datetime) -> None:
-        """Note that the leader on lock backend ``backend_pid`` still fires, at ``now``."""
+        """Note that the leader on lock backend ``backend_pid`` still fires, at ``now``
+        as the lease clock reads it (the database server's, see clock.lease_clock)."""
+        params = {"backend_pid": backend_pid, "schedule": self.schedule} | self._lease_now(now)
         async with self.engine.begin() as conn:
-            await conn.execute(
-                _HEARTBEAT, {"backend_pid": backend_pid, "now": now, "schedule": self.schedule}
-            )
+            await conn.execute(_HEARTBEAT, params)
 
     async def register_schedule(self) -> None:
         """Register this schedule's name with its leader key in scheduler_schedules (once

@@ -20,7 +20,7 @@ from app.main import create_app
 from app.scheduler import Clock, Interval, JobContext, Role, Scheduler, cron, every
 from app.settings import Settings
 
-from ..conftest import SkewedClock
+from ..conftest import SkewedClock, StartScheduler
 
 TOKEN = "truth-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -196,6 +196,40 @@ async def test_the_page_offers_no_run_now_for_a_timed_out_thread_whose_body_stil
     run_now = row[: row.index(">Run now</button>")]
     assert refused.status_code == 409
     assert run_now.rstrip().endswith("disabled"), row
+
+
+async def _beat_after_promotion(database: Database) -> None:
+    """Return once the leader's tick wrote its heartbeat after its promotion's."""
+    query = text("SELECT heartbeat_at > since FROM scheduler_leadership")
+    async with asyncio.timeout(10):
+        while True:
+            async with database.engine.connect() as conn:
+                if (await conn.execute(query)).scalar():
+                    return
+            await asyncio.sleep(0.05)
+
+
+async def test_health_read_on_a_host_whose_clock_runs_ahead_sees_the_leader_firing(
+    serve: Serve, database: Database
+) -> None:
+    async with serve(_hourly(), clock=AHEAD_OF_THE_LEASE) as client:
+        await _beat_after_promotion(database)
+        health = (await client.get("/health/scheduler")).json()
+    assert health["firing"] is True, health
+
+
+async def test_health_sees_a_leader_whose_clock_runs_behind_firing(
+    start_scheduler: StartScheduler, settings: Settings, database: Database
+) -> None:
+    supervisor = await start_scheduler(_hourly(), clock=SkewedClock(timedelta(minutes=-5)))
+    await supervisor.wait_until_firing()
+    await _beat_after_promotion(database)
+    app = create_app(settings, None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            health = (await client.get("/health/scheduler")).json()
+    assert health["firing"] is True, health
 
 
 FRIDAY_RUN = datetime(2026, 1, 2, 6, 0, 5, tzinfo=UTC)

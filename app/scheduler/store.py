@@ -35,9 +35,11 @@ cleared, by the leader every tick and by the claim that takes the job over.
 A per-worker run (``scope = 'replica'``) holds its lease on its own run row instead
 (``scheduler_runs.running_until``): every worker runs the job at once, so the job row
 cannot hold one lease for them. It is set by the insert that starts the run, renewed
-by the run id, and cleared by the outcome; it holds no claim back. A run whose lease
-ran out is reaped to ``abandoned`` by the leader's tick (the same reap) and by the
-job's next run on any worker, so it is reaped even while no worker leads.
+by the run id, and cleared by the outcome; it holds no claim back. The start also sets
+the job's last status to 'running' (the outcome settles it), and the job reads as
+running while any of its run leases holds. A run whose lease ran out is reaped to
+``abandoned`` by the leader's tick (the same reap) and by the job's next run on any
+worker, so it is reaped even while no worker leads.
 
 *Run now* is a request beside the schedule, never a move of it: the operator's request
 sets ``run_requested_at`` (app/admin/queries.py) and the leader claims it with the same

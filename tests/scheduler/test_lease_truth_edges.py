@@ -6,6 +6,7 @@ never takes the job row from a newer run that holds the lease; a run is never le
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -16,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.registry import JobSpec
+from app.scheduler.threads import keep_lease
 
 from .conftest import BlockingBodies, eventually, make_runner
 
@@ -180,3 +182,24 @@ async def test_a_timed_out_leader_thread_whose_timeout_write_failed_is_settled_a
     await task
     assert [status for _, status, _ in await _run_rows(engine, "long")] == ["timeout"]
     assert await _job_row(engine, "long") == ("timeout", None, None)
+
+
+def test_the_lease_keeper_thread_retries_a_failed_renewal_within_seconds() -> None:
+    """The keeper that renews a thread's lease once the event loop is gone: two failed
+    renewals must not push the next attempt a whole period (a third of the lease) on."""
+    attempts: list[int] = []
+    third_attempt, body_ended = threading.Event(), threading.Event()
+
+    def renew() -> bool:
+        attempts.append(1)
+        if len(attempts) <= 2:
+            raise ConnectionError("the database did not answer")
+        third_attempt.set()
+        return True
+
+    keeper = keep_lease(renew, period=60, until=body_ended, job_id="long", run_id=1)
+    try:
+        assert third_attempt.wait(10), f"{len(attempts)} attempts within 10 s"
+    finally:
+        body_ended.set()
+        keeper.join(10)

@@ -61,7 +61,8 @@ async def admin_error_response(request: Request, exc: Exception) -> JSONResponse
 async def jobs(request: Request) -> list[dict[str, Any]]:
     """Every job: schedule (``trigger`` as stored, ``trigger_description`` as a human
     reads it with the zone named), last start and finish, status, duration, lateness,
-    running (its running lease holds), paused, broken (with the error)."""
+    running (a running lease holds, the job's or one of its per-worker runs', on the
+    database's clock), paused, broken (with the error)."""
     zone = request.app.state.settings.TIMEZONE
     return [
         job | {"trigger_description": display.trigger(job["trigger"], zone)}

@@ -197,6 +197,7 @@ async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Setting
     now = SystemClock().now()
     schedule = schedule_of(args, settings)
     if args.jobs_command == "run":
+        # The CLI runs on the system clock: "running" is read on the database's.
         await queries.run_job_now(engine, args.job_id, now, schedule=schedule)
         return (
             f"queued {args.job_id} (schedule {schedule}): the leader fires it now, through "
@@ -209,11 +210,20 @@ async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Setting
     if args.jobs_command == "history":
         runs = await queries.job_runs(engine, args.job_id, limit=args.limit, schedule=schedule)
         return _json(runs) if args.json else _history(runs, args.full)
-    jobs = await queries.list_jobs(engine, now, schedule=schedule)
+    jobs = await queries.list_jobs(engine, schedule=schedule)
     if args.json:
         return _json(jobs)
     rows = [job | {"trigger": display.trigger(job["trigger"], settings.TIMEZONE)} for job in jobs]
-    columns = ["id", "name", "trigger", "next_run_at", "last_status", "last_finished_at", "paused"]
+    columns = [
+        "id",
+        "name",
+        "trigger",
+        "next_run_at",
+        "last_status",
+        "running",
+        "last_finished_at",
+        "paused",
+    ]
     return f"schedule {schedule}\n{_table(rows, columns)}"
 
 

@@ -7,14 +7,14 @@ import gc
 import os
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database, asyncpg_dsn
-from app.scheduler import Clock, FakeClock, Scheduler, SchedulerConfig
+from app.scheduler import Clock, FakeClock, Scheduler, SchedulerConfig, SystemClock
 from app.scheduler.election import LockConnection
 from app.scheduler.supervisor import Supervisor
 from app.settings import Settings, load_settings
@@ -106,6 +106,16 @@ def config(database_url: str) -> SchedulerConfig:
         shutdown_grace_seconds=2,
         simulated_workers=True,
     )
+
+
+class SkewedClock(SystemClock):
+    """A host's real clock set ``skew`` off the other hosts' (and the database's)."""
+
+    def __init__(self, skew: timedelta) -> None:
+        self.skew = skew
+
+    def now(self) -> datetime:
+        return super().now() + self.skew
 
 
 @pytest.fixture

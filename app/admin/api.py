@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from app.db import Database
 from app.http_errors import SafeJSONResponse
 from app.scheduler import Clock, Scheduler
+from app.scheduler.clock import lease_now
 from app.storable import INT64_MAX
 
 from . import display, queries
@@ -18,7 +19,7 @@ from .auth import require_admin
 from .errors import AdminError
 from .params import JobId, MessageId, OutboxName
 
-__all__ = ["admin_error_response", "router", "schedule_name"]
+__all__ = ["admin_error_response", "lease_now_of", "router", "schedule_name"]
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[Depends(require_admin)])
 
@@ -43,6 +44,13 @@ def _now(request: Request) -> datetime:
     return clock.now()
 
 
+def lease_now_of(request: Request) -> datetime | None:
+    """The lease clock's now for this app (clock.lease_now): None, the database
+    server's clock, which running leases are written and compared on."""
+    clock: Clock = request.app.state.clock
+    return lease_now(clock)
+
+
 async def admin_error_response(request: Request, exc: Exception) -> JSONResponse:
     """AdminError -> its status with the message as ``detail``."""
     assert isinstance(exc, AdminError)
@@ -53,12 +61,13 @@ async def admin_error_response(request: Request, exc: Exception) -> JSONResponse
 async def jobs(request: Request) -> list[dict[str, Any]]:
     """Every job: schedule (``trigger`` as stored, ``trigger_description`` as a human
     reads it with the zone named), last start and finish, status, duration, lateness,
-    running (its running lease holds), paused, broken (with the error)."""
+    running (a running lease holds, the job's or one of its per-worker runs', on the
+    database's clock), paused, broken (with the error)."""
     zone = request.app.state.settings.TIMEZONE
     return [
         job | {"trigger_description": display.trigger(job["trigger"], zone)}
         for job in await queries.list_jobs(
-            _engine(request), _now(request), schedule=schedule_name(request)
+            _engine(request), lease_now_of(request), schedule=schedule_name(request)
         )
     ]
 
@@ -91,7 +100,11 @@ async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
     holds), while it is paused, and for a per-worker job (each worker runs that on its
     own schedule)."""
     await queries.run_job_now(
-        _engine(request), job_id, _now(request), schedule=schedule_name(request)
+        _engine(request),
+        job_id,
+        _now(request),
+        lease_now=lease_now_of(request),
+        schedule=schedule_name(request),
     )
     return {"status": "queued"}
 
@@ -115,7 +128,9 @@ async def resume(request: Request, job_id: JobId) -> dict[str, str]:
 async def leader(request: Request) -> dict[str, Any]:
     """The schedule's name and its key holder's pid, application_name, host, since when
     and the jobs it fires; standbys waiting."""
-    return await queries.leader(_engine(request), schedule=schedule_name(request))
+    return await queries.leader(
+        _engine(request), lease_now=lease_now_of(request), schedule=schedule_name(request)
+    )
 
 
 @router.get("/outboxes")

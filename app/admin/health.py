@@ -36,7 +36,7 @@ from app.scheduler import Clock, Scheduler, Trigger
 from app.settings import Settings
 
 from . import queries
-from .api import schedule_name
+from .api import lease_now_of, schedule_name
 
 __all__ = ["last_due_slots", "router", "stale_jobs"]
 
@@ -88,10 +88,12 @@ def stale_jobs(
     return stale
 
 
-def _firing(holder: dict[str, Any], now: datetime, lease: timedelta) -> bool:
-    """True when the key holder's leadership row is its own and its tick is fresh."""
-    heartbeat = holder["heartbeat_at"]
-    return heartbeat is not None and now - heartbeat <= lease
+def _firing(holder: dict[str, Any], lease: timedelta) -> bool:
+    """True when the key holder's leadership row is its own and its tick is fresh: the
+    heartbeat's age on the lease clock (the database's), on which the leader writes it,
+    so neither the leader's clock nor this reader's decides."""
+    age = holder["heartbeat_age_seconds"]
+    return age is not None and age <= lease.total_seconds()
 
 
 def _not_led(scheduler: Scheduler, holder: dict[str, Any]) -> list[str]:
@@ -116,14 +118,16 @@ async def scheduler_health(request: Request) -> JSONResponse:
     clock: Clock = request.app.state.clock
     now = clock.now()
     schedule = schedule_name(request)
-    holder = await queries.leader(database.engine, schedule=schedule)
-    rows = await queries.list_jobs(database.engine, now, schedule=schedule)
+    holder = await queries.leader(
+        database.engine, lease_now=lease_now_of(request), schedule=schedule
+    )
+    rows = await queries.list_jobs(database.engine, lease_now_of(request), schedule=schedule)
     zone = request.app.state.zone
     stale = stale_jobs(scheduler, rows, now, zone) if scheduler is not None else []
     ours = set(scheduler.jobs) if scheduler is not None else set()
     broken = [row["id"] for row in rows if row["broken"] and row["id"] in ours]
     leads = holder["backend_pid"] is not None
-    firing = leads and _firing(holder, now, timedelta(seconds=settings.LEASE_SECONDS))
+    firing = leads and _firing(holder, timedelta(seconds=settings.LEASE_SECONDS))
     unled = _not_led(scheduler, holder) if firing and scheduler is not None else []
     supervisor = scheduler.supervisor if scheduler is not None else None
     refusal = supervisor.refusal if supervisor is not None else None

@@ -30,7 +30,7 @@ from app.scheduler import Clock
 from app.storable import INT64_MAX
 
 from . import display, queries, session, throttle
-from .api import schedule_name
+from .api import lease_now_of, schedule_name
 from .auth import admin_key, token_matches
 from .errors import AdminError, NotFound
 from .params import JobId, MessageId, OutboxName
@@ -114,8 +114,12 @@ async def _page(
 ) -> HTMLResponse:
     engine = _engine(request)
     context = _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
-        "leader": await queries.leader(engine, schedule=schedule_name(request)),
-        "jobs": await queries.list_jobs(engine, _now(request), schedule=schedule_name(request)),
+        "leader": await queries.leader(
+            engine, lease_now=lease_now_of(request), schedule=schedule_name(request)
+        ),
+        "jobs": await queries.list_jobs(
+            engine, lease_now_of(request), schedule=schedule_name(request)
+        ),
         "outboxes": await queries.outbox_summary(engine, _now(request)),
         "pending": await queries.outbox_messages(engine, status="pending", limit=_PENDING_SHOWN),
         "pending_shown": _PENDING_SHOWN,
@@ -137,7 +141,7 @@ async def _job_page(
     except NotFound as exc:
         context |= {"job": None, "flash": str(exc), "failed": True, "runs": [], "older": None}
         return templates.TemplateResponse(request, "job.html", context, status_code=exc.status)
-    jobs = await queries.list_jobs(engine, _now(request), schedule=schedule_name(request))
+    jobs = await queries.list_jobs(engine, lease_now_of(request), schedule=schedule_name(request))
     job = next((job for job in jobs if job["id"] == job_id), None)
     older = None
     if len(runs) == limit:
@@ -275,7 +279,11 @@ async def run_now(
         csrf,
         f"run-{job_id}",
         lambda: queries.run_job_now(
-            _engine(request), job_id, _now(request), schedule=schedule_name(request)
+            _engine(request),
+            job_id,
+            _now(request),
+            lease_now=lease_now_of(request),
+            schedule=schedule_name(request),
         ),
         _back(job_id, back),
     )

@@ -20,6 +20,7 @@ from app.outbox import (
 )
 from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
+from app.scheduler.store import LEASE_NOW_SQL
 from app.storable import is_int64, is_storable_text
 
 from .errors import AdminError, Conflict, NotFound, UnknownJobError
@@ -37,27 +38,37 @@ __all__ = [
     "stuck_messages",
 ]
 
-# "running" is the running lease, not last_status: a lease past running_until is not
-# running, and a 'running' status without a live lease is read as 'abandoned' (its
-# owner died; the leader reaps it at its next tick). A broken job is listed even when
-# it has no row (its first slot could not be computed).
+# "running" is a live running lease: the job row's (a leader run) or a per-worker run
+# row's, read on the lease clock (LEASE_NOW_SQL: the database server's, the clock every
+# lease is written on), never on the reader's. A 'running' status without a live lease
+# is read as 'abandoned' (its owner died; the leader reaps it at its next tick). A
+# broken job is listed even when it has no row (its first slot could not be computed).
 _JOBS = text(
-    """
+    f"""
+    WITH replica_running AS (
+        SELECT DISTINCT r.job_id FROM scheduler_runs r
+        WHERE r.schedule = :schedule AND r.scope = 'replica'
+            AND r.running_until > {LEASE_NOW_SQL}
+    ), listed AS (
+        SELECT j.*, b.job_id AS broken_id, b.error AS broken_error, b.since AS broken_since,
+            coalesce(j.running_until > {LEASE_NOW_SQL}, false)
+                OR rr.job_id IS NOT NULL AS is_running
+        FROM scheduler_jobs j
+        LEFT JOIN scheduler_broken_jobs b ON b.schedule = j.schedule AND b.job_id = j.id
+        LEFT JOIN replica_running rr ON rr.job_id = j.id
+        WHERE j.schedule = :schedule
+    )
     SELECT j.id, j.name, j.trigger, j.leader_only, j.next_run_at, j.last_started_at,
         j.last_finished_at,
-        CASE WHEN j.last_status = 'running'
-                AND NOT coalesce(j.running_until > CAST(:now AS timestamptz), false)
+        CASE WHEN j.last_status = 'running' AND NOT j.is_running
             THEN 'abandoned' ELSE j.last_status END AS last_status,
         j.last_error, j.last_duration_ms, j.last_success_at,
-        j.paused, j.created_at,
-        coalesce(j.running_until > CAST(:now AS timestamptz), false) AS running,
+        j.paused, j.created_at, j.is_running AS running,
         (SELECT r.lateness_ms FROM scheduler_runs r
          WHERE r.schedule = j.schedule AND r.job_id = j.id
          ORDER BY r.id DESC LIMIT 1) AS last_lateness_ms,
-        b.job_id IS NOT NULL AS broken, b.error AS broken_error, b.since AS broken_since
-    FROM scheduler_jobs j
-    LEFT JOIN scheduler_broken_jobs b ON b.schedule = j.schedule AND b.job_id = j.id
-    WHERE j.schedule = :schedule
+        j.broken_id IS NOT NULL AS broken, j.broken_error, j.broken_since
+    FROM listed j
     UNION ALL
     SELECT b.job_id, b.job_id, NULL, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
         false, b.since, false, NULL, true, b.error, b.since
@@ -77,9 +88,14 @@ _RUNS = text(
     ORDER BY r.id DESC LIMIT :limit
     """
 )
-_JOB = text(
-    "SELECT leader_only, paused, running_until FROM scheduler_jobs"
-    " WHERE schedule = :schedule AND id = :job_id"
+_JOB = text("SELECT 1 FROM scheduler_jobs WHERE schedule = :schedule AND id = :job_id")
+# Whether run-now may ask, read on the lease clock, and the row locked until the request
+# is written: a claim of the job waits for it, so "running" cannot change in between.
+_RUN_NOW_CHECK = text(
+    f"""
+    SELECT leader_only, paused, coalesce(running_until > {LEASE_NOW_SQL}, false) AS running
+    FROM scheduler_jobs WHERE schedule = :schedule AND id = :job_id FOR UPDATE
+    """
 )
 # A request beside the schedule (see app/scheduler/store.py): next_run_at is never
 # touched. A request still pending stays: asking twice before the leader takes it is
@@ -112,11 +128,13 @@ _KEY_IS_OURS = """
                 CAST(:key_objsubid AS int)))
     """
 # The schedule's key holder, by the shared pg_locks predicate on bind parameters
-# (LeaderKey.bind_params); its leadership row is the schedule's.
+# (LeaderKey.bind_params); its leadership row is the schedule's. The heartbeat's age is
+# read on the lease clock, which the leader writes it on.
 _LEADER = text(
     f"""
     SELECT a.pid AS backend_pid, a.application_name, a.client_addr::text AS client_addr,
-        s.pid, s.host, s.since, s.heartbeat_at, s.job_ids, s.service_ids
+        s.pid, s.host, s.since, s.heartbeat_at, s.job_ids, s.service_ids,
+        extract(epoch FROM {LEASE_NOW_SQL} - s.heartbeat_at)::float AS heartbeat_age_seconds
     FROM (SELECT pid FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted) l
     JOIN pg_stat_activity a ON a.pid = l.pid
     LEFT JOIN scheduler_leadership s
@@ -167,14 +185,20 @@ def _rows(result: Any) -> list[dict[str, Any]]:
 
 
 async def list_jobs(
-    engine: AsyncEngine, now: datetime, *, schedule: str = DEFAULT_SCHEDULE
+    engine: AsyncEngine,
+    lease_now: datetime | None = None,
+    *,
+    schedule: str = DEFAULT_SCHEDULE,
 ) -> list[dict[str, Any]]:
     """Every job of the schedule named ``schedule`` with its schedule state, last
-    outcome and whether it is broken; ``running`` and a crashed run's ``abandoned``
-    status are read as of ``now``. Every function here reads or changes only the rows
-    of the schedule it is given (app/scheduler/keys.py)."""
+    outcome and whether it is broken. ``running`` (a live running lease: the job's, or
+    one of its per-worker runs') and a crashed run's ``abandoned`` status are read on
+    the lease clock: ``lease_now`` as clock.lease_now gives it, None for the database
+    server's clock (the caller's own clock never decides). Every function here reads or
+    changes only the rows of the schedule it is given (app/scheduler/keys.py)."""
     async with engine.connect() as conn:
-        return _rows(await conn.execute(_JOBS, {"now": now, "schedule": schedule}))
+        params = {"lease_now": lease_now, "schedule": schedule}
+        return _rows(await conn.execute(_JOBS, params))
 
 
 async def _require_job(conn: Any, job_id: str, schedule: str) -> Any:
@@ -205,7 +229,12 @@ async def job_runs(
 
 
 async def run_job_now(
-    engine: AsyncEngine, job_id: str, now: datetime, *, schedule: str = DEFAULT_SCHEDULE
+    engine: AsyncEngine,
+    job_id: str,
+    now: datetime,
+    *,
+    lease_now: datetime | None = None,
+    schedule: str = DEFAULT_SCHEDULE,
 ) -> None:
     """Ask the leader to run the job once now, beside its schedule: the leader claims
     the request as it claims a slot (the running lease, one run row, marked ``manual``,
@@ -213,18 +242,24 @@ async def run_job_now(
     where it was. A request still pending when asked again is the same request.
 
     Raises UnknownJobError (a NotFound) for an unknown job, and Conflict while it runs
-    (its running lease holds), while it is paused, and for a per-worker job
+    (its running lease holds, read on the lease clock as in list_jobs: ``lease_now``,
+    None for the database server's), while it is paused, and for a per-worker job
     (``leader_only=False``): each worker runs that on its own schedule, and no leader
     takes a request for it.
     """
     async with engine.begin() as conn:
-        row = await _require_job(conn, job_id, schedule)
+        if not is_storable_text(job_id):
+            raise UnknownJobError(job_id, schedule)
+        params = {"job_id": job_id, "lease_now": lease_now, "schedule": schedule}
+        row = (await conn.execute(_RUN_NOW_CHECK, params)).first()
+        if row is None:
+            raise UnknownJobError(job_id, schedule)
         if not row.leader_only:
             raise Conflict(
                 f"job {job_id!r} runs on every worker on its own schedule (leader_only=False), "
                 "so it cannot be run now; each worker runs it at its next slot"
             )
-        if row.running_until is not None and row.running_until > now:
+        if row.running:
             raise Conflict(f"job {job_id!r} is running; try again when it has finished")
         if row.paused:
             raise Conflict(f"job {job_id!r} is paused; resume it first")
@@ -246,13 +281,20 @@ async def set_paused(
         await conn.execute(_WAKE)
 
 
-async def leader(engine: AsyncEngine, *, schedule: str = DEFAULT_SCHEDULE) -> dict[str, Any]:
+async def leader(
+    engine: AsyncEngine,
+    *,
+    lease_now: datetime | None = None,
+    schedule: str = DEFAULT_SCHEDULE,
+) -> dict[str, Any]:
     """The holder of the schedule's leader key (None fields when nobody leads) and the
     number of standbys waiting for it, from pg_locks and pg_stat_activity; ``since``,
-    ``heartbeat_at`` (its last tick that found it firing), ``job_ids`` (the
-    leader-only jobs it fires) and ``service_ids`` (the services it runs) when the
-    holder has recorded its leadership. A key that scheduler_schedules gives to another
-    name (a colliding name, refused at start) has no holder or standby of this schedule.
+    ``heartbeat_at`` (its last tick that found it firing), ``heartbeat_age_seconds``
+    (read on the lease clock as in list_jobs: ``lease_now``, None for the database
+    server's), ``job_ids`` (the leader-only jobs it fires) and ``service_ids`` (the
+    services it runs) when the holder has recorded its leadership. A key that
+    scheduler_schedules gives to another name (a colliding name, refused at start) has
+    no holder or standby of this schedule.
 
     A standby whose process died leaves the count within the lock connection's client
     check (CLIENT_CHECK_SECONDS), not at the next handover.
@@ -260,7 +302,7 @@ async def leader(engine: AsyncEngine, *, schedule: str = DEFAULT_SCHEDULE) -> di
     async with engine.connect() as conn:
         key = LeaderKey.of(schedule).bind_params
         params = key | {"schedule": schedule}
-        holder = (await conn.execute(_LEADER, params)).first()
+        holder = (await conn.execute(_LEADER, params | {"lease_now": lease_now})).first()
         standbys = (await conn.execute(_STANDBYS, params)).scalar_one()
     info: dict[str, Any] = {
         "pid": None,
@@ -270,6 +312,7 @@ async def leader(engine: AsyncEngine, *, schedule: str = DEFAULT_SCHEDULE) -> di
         "backend_pid": None,
         "since": None,
         "heartbeat_at": None,
+        "heartbeat_age_seconds": None,
         "job_ids": None,
         "service_ids": None,
     }

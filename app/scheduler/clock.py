@@ -13,7 +13,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-__all__ = ["Clock", "FakeClock", "SystemClock", "lease_clock"]
+__all__ = ["Clock", "FakeClock", "SystemClock", "lease_clock", "lease_now"]
 
 
 class Clock(Protocol):
@@ -118,3 +118,12 @@ def lease_clock(clock: Clock) -> Clock | None:
     processes it plays) measures the leases itself, so a test moves them with it.
     """
     return None if isinstance(clock, SystemClock) else clock
+
+
+def lease_now(clock: Clock) -> datetime | None:
+    """What a process whose clock is ``clock`` binds as the lease clock's now
+    (``:lease_now`` in the scheduler's SQL): None for the system clock, which leaves the
+    database server to read its own clock in the statement; the fake clock's now
+    otherwise (see lease_clock)."""
+    measured = lease_clock(clock)
+    return None if measured is None else measured.now()

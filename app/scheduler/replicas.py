@@ -12,8 +12,10 @@ operator sees and can do:
 - *Pause*: every worker reads the row's pause flag at each slot and skips the slot
   while the job is paused.
 - *Running*: each run holds a running lease on its own run row, renewed by its worker
-  while the body runs; a run whose worker died is reaped to ``abandoned`` once the
-  lease passes, by the leader's tick or by the job's next run on any worker.
+  while the body runs, and its start shows the job's last status as ``running``; the
+  job is listed running while any of those leases holds. A run whose worker died is
+  reaped to ``abandoned`` once the lease passes, by the leader's tick or by the job's
+  next run on any worker.
 - *Run now* is refused (see app/admin/queries.py): only the leader takes a run-now
   request, and it runs no per-worker job; each worker runs it at its own next slot.
 - *Broken*: a slot this worker cannot compute or record is logged once as

@@ -9,7 +9,8 @@ reaches the supervisor, so the next slot still fires.
 The runner lives as long as the process's scheduler, so it is what remembers which
 jobs have a body running here, across promotions. A leader run holds the job's running
 lease, a per-worker run a lease on its own run row (see store.py); the runner renews
-either every third of the lease while the body runs and clears it when the body ends.
+either every third of the lease while the body runs (a failed renewal is retried
+within seconds) and clears it when the body ends.
 Cancelling a run (demotion, shutdown) stops an async body at once; a thread cannot be
 stopped, so it runs on, still holding the lease, and its real outcome is recorded when
 it ends. ``wait_for_bodies()`` waits for those threads (the app's lifespan does, after
@@ -45,6 +46,7 @@ from .context import JobContext, ServiceContext
 from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
+from .retry import renewal_delay
 from .store import ClaimedSlot, JobStore, ThreadStore, format_error
 from .threads import ThreadBody, keep_lease
 from .triggers import COUNTED_SLOTS
@@ -640,11 +642,13 @@ class Runner:
         return asyncio.create_task(self._keep_lease(run), name=f"running-lease:{run.spec.id}")
 
     async def _keep_lease(self, run: _Run) -> None:
-        # A third of the lease: two renewals may fail before another leader may start.
+        # Every third of the lease, and a failed renewal again within seconds
+        # (retry.renewal_delay): a passing failure costs seconds of the margin, not a third.
         period = self.lease_seconds / 3
         spec, run_id = run.spec, run.claim.run_id
+        failures = 0
         while True:
-            await self.clock.sleep(period)
+            await self.clock.sleep(renewal_delay(period, failures))
             try:
                 # Shielded: the body may end mid-renewal; the statement still completes
                 # (it matches nothing once the lease is cleared) and its connection returns.
@@ -660,7 +664,9 @@ class Runner:
                     exc_info=True,
                     extra={"action": "job.lease_renew_failed", "job_id": spec.id},
                 )
+                failures += 1
                 continue
+            failures = 0
             if not held:
                 logger.warning(
                     'Job "%s" (run %s) lost its running lease while its body runs; '
@@ -672,10 +678,18 @@ class Runner:
                 return
 
     async def _release_lease(self, run: _Run) -> None:
+        """Clear the lease of a run whose thread ended after its timeout was recorded,
+        recording the timeout again if that record did not land."""
         try:
             async with asyncio.timeout(_RECORD_TIMEOUT):
                 await self.store.release_lease(
-                    run.spec.id, run.claim.run_id, replica=run.claim.replica
+                    run.claim.run_id,
+                    run.spec.id,
+                    status="timeout",
+                    finished_at=self.clock.now(),
+                    duration_ms=run.duration_ms(),
+                    error=run.timed_out,
+                    replica=run.claim.replica,
                 )
         except Exception:
             logger.warning(

@@ -35,9 +35,11 @@ cleared, by the leader every tick and by the claim that takes the job over.
 A per-worker run (``scope = 'replica'``) holds its lease on its own run row instead
 (``scheduler_runs.running_until``): every worker runs the job at once, so the job row
 cannot hold one lease for them. It is set by the insert that starts the run, renewed
-by the run id, and cleared by the outcome; it holds no claim back. A run whose lease
-ran out is reaped to ``abandoned`` by the leader's tick (the same reap) and by the
-job's next run on any worker, so it is reaped even while no worker leads.
+by the run id, and cleared by the outcome; it holds no claim back. The start also sets
+the job's last status to 'running' (the outcome settles it), and the job reads as
+running while any of its run leases holds. A run whose lease ran out is reaped to
+``abandoned`` by the leader's tick (the same reap) and by the job's next run on any
+worker, so it is reaped even while no worker leads.
 
 *Run now* is a request beside the schedule, never a move of it: the operator's request
 sets ``run_requested_at`` (app/admin/queries.py) and the leader claims it with the same
@@ -71,6 +73,7 @@ from .keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from .registry import JobSpec
 
 __all__ = [
+    "LEASE_NOW_SQL",
     "ClaimedSlot",
     "JobRow",
     "JobStore",
@@ -139,11 +142,11 @@ _LOAD = text(
 
 # Running leases are written and compared on the lease clock (see clock.lease_clock):
 # the database server's (:lease_now NULL), or a test's shared fake clock.
-_LEASE_NOW = "COALESCE(CAST(:lease_now AS timestamptz), clock_timestamp())"
-_LEASE_END = f"({_LEASE_NOW} + make_interval(secs => CAST(:lease_seconds AS double precision)))"
+LEASE_NOW_SQL = "COALESCE(CAST(:lease_now AS timestamptz), clock_timestamp())"
+_LEASE_END = f"({LEASE_NOW_SQL} + make_interval(secs => CAST(:lease_seconds AS double precision)))"
 # A run starts only when no other body holds an unexpired running lease on the job.
 _STARTS = f"""(CAST(:runs AS boolean)
-        AND (running_until IS NULL OR running_until <= {_LEASE_NOW}))"""
+        AND (running_until IS NULL OR running_until <= {LEASE_NOW_SQL}))"""
 # A slot claim moves the job's next slot; a run-now claim clears its request. A slot
 # that is not run never overwrites the status of a body that still runs.
 _CLAIM = """
@@ -176,7 +179,7 @@ _CLAIMS = {
     (manual, fenced): text(
         _CLAIM.format(
             starts=_STARTS,
-            lease_now=_LEASE_NOW,
+            lease_now=LEASE_NOW_SQL,
             lease_end=_LEASE_END,
             advance=advance,
             due_column=due_column,
@@ -233,6 +236,8 @@ _FINISH_RUN = text(
     """
 )
 
+# The job row takes a run's outcome unless a newer run holds the job's lease: a late
+# outcome of a reaped run is then recorded on its run row only.
 _FINISH_JOB = text(
     """
     UPDATE scheduler_jobs
@@ -241,6 +246,16 @@ _FINISH_JOB = text(
         last_success_at = CASE WHEN CAST(:status AS text) = 'ok'
             THEN CAST(:finished_at AS timestamptz) ELSE last_success_at END,
         updated_at = now()
+    WHERE schedule = :schedule AND id = :job_id
+        AND (running_run_id IS NULL OR running_run_id = :run_id)
+    """
+)
+# A per-worker start shows on the job row as a leader run's claim does; its outcome
+# settles it (_FINISH_JOB), and a reap of it turns it 'abandoned'.
+_START_REPLICA_JOB = text(
+    """
+    UPDATE scheduler_jobs
+    SET last_started_at = :started_at, last_status = 'running', updated_at = now()
     WHERE schedule = :schedule AND id = :job_id
     """
 )
@@ -270,6 +285,19 @@ _RENEW_REPLICA_LEASE = text(
     """
 )
 _RELEASE_REPLICA_LEASE = text("UPDATE scheduler_runs SET running_until = NULL WHERE id = :run_id")
+# The outcome of a run whose body ended after it was recorded (a thread past its
+# timeout), written again only where that record did not land: the run still reads
+# 'running', or a reap guessed 'abandoned' meanwhile. A run never stays 'running'
+# once its lease is released.
+_SETTLE_RUN = text(
+    """
+    UPDATE scheduler_runs
+    SET finished_at = :finished_at, status = :status, duration_ms = :duration_ms, error = :error,
+        running_until = NULL
+    WHERE id = :run_id AND status IN ('running', 'abandoned')
+    RETURNING id
+    """
+)
 
 # A lease that ran out: its owner died (or froze past it). Its run, if still recorded
 # as running, and the job's running status become 'abandoned'; the lease is cleared.
@@ -281,7 +309,7 @@ _REAP = text(
                    'running lease, which ran out at %s', running_pid, running_host,
                    running_until) AS note
         FROM scheduler_jobs
-        WHERE schedule = :schedule AND running_until <= {_LEASE_NOW}
+        WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL}
             AND (CAST(:job_id AS text) IS NULL OR id = CAST(:job_id AS text))
         FOR UPDATE SKIP LOCKED
     ), abandoned_runs AS (
@@ -304,9 +332,11 @@ _REAP = text(
 )
 
 # The per-worker runs whose own lease ran out: their worker died (or froze past it).
-# A run still recorded as running becomes 'abandoned' and, unless the job recorded
-# another outcome after that lease ran out (or a leader run of it holds the job's
-# lease), so does the job's last status; every expired lease is cleared.
+# A run still recorded as running becomes 'abandoned', and so does the job's last
+# status while it still says 'running' (no outcome was recorded since the last start,
+# and no leader run of it holds the job's lease); every expired lease is cleared.
+# Statuses decide, never times: a finish is stamped on its worker's own clock, which
+# cannot be compared with a lease's end on the lease clock.
 _REAP_REPLICA_RUNS = text(
     f"""
     WITH expired AS (
@@ -314,7 +344,7 @@ _REAP_REPLICA_RUNS = text(
             format('abandoned: the worker that ran it (pid %s on %s) stopped renewing its '
                    'running lease, which ran out at %s', pid, host, running_until) AS note
         FROM scheduler_runs
-        WHERE schedule = :schedule AND running_until <= {_LEASE_NOW} AND scope = 'replica'
+        WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL} AND scope = 'replica'
             AND (CAST(:job_id AS text) IS NULL OR job_id = CAST(:job_id AS text))
         FOR UPDATE SKIP LOCKED
     ), reaped AS (
@@ -336,8 +366,8 @@ _REAP_REPLICA_RUNS = text(
             last_error = l.note, updated_at = now()
         FROM latest l
         WHERE j.schedule = :schedule AND j.id = l.job_id
-            AND j.last_status IS DISTINCT FROM 'running'
-            AND (j.last_finished_at IS NULL OR j.last_finished_at < l.lapsed_at)
+            AND j.last_status = 'running'
+            AND NOT coalesce(j.running_until > {LEASE_NOW_SQL}, false)
     )
     SELECT id AS run_id, job_id, pid, host FROM reaped WHERE was = 'running' ORDER BY id
     """
@@ -355,8 +385,10 @@ _CLEAR_BROKEN = text(
     "DELETE FROM scheduler_broken_jobs WHERE schedule = :schedule AND job_id = ANY(:ids)"
 )
 
+# On the lease clock, as the readers of the heartbeat compare it (app/admin/health.py):
+# a leader whose own clock runs behind still reads as firing.
 _HEARTBEAT = text(
-    "UPDATE scheduler_leadership SET heartbeat_at = :now"
+    f"UPDATE scheduler_leadership SET heartbeat_at = {LEASE_NOW_SQL}"
     " WHERE schedule = :schedule AND backend_pid = :backend_pid"
 )
 
@@ -638,11 +670,11 @@ class JobStore:
             return reaped + [row.job_id for row in replicas]
 
     async def heartbeat(self, backend_pid: int, now: datetime) -> None:
-        """Note that the leader on lock backend ``backend_pid`` still fires, at ``now``."""
+        """Note that the leader on lock backend ``backend_pid`` still fires, at ``now``
+        as the lease clock reads it (the database server's, see clock.lease_clock)."""
+        params = {"backend_pid": backend_pid, "schedule": self.schedule} | self._lease_now(now)
         async with self.engine.begin() as conn:
-            await conn.execute(
-                _HEARTBEAT, {"backend_pid": backend_pid, "now": now, "schedule": self.schedule}
-            )
+            await conn.execute(_HEARTBEAT, params)
 
     async def register_schedule(self) -> None:
         """Register this schedule's name with its leader key in scheduler_schedules (once
@@ -919,14 +951,29 @@ class JobStore:
         async with self.engine.begin() as conn:
             return (await conn.execute(statement, params)).rowcount == 1
 
-    async def release_lease(self, job_id: str, run_id: int, *, replica: bool = False) -> None:
-        """Clear the running lease of run ``run_id`` (``replica``: its run row's own),
-        if it still holds it."""
-        statement = _RELEASE_REPLICA_LEASE if replica else _RELEASE_LEASE
+    async def release_lease(
+        self,
+        run_id: int,
+        job_id: str,
+        *,
+        status: str,
+        finished_at: datetime,
+        duration_ms: int,
+        error: str | None,
+        replica: bool = False,
+    ) -> None:
+        """Clear the running lease of run ``run_id`` (``replica``: its run row's own), if
+        it still holds it, as the body whose outcome was recorded before it ended (a
+        thread past its timeout) ends. That outcome (``status``, ``error``) is recorded
+        again, as finish() does, where its first record did not land, so the run is
+        never left 'running' without a lease."""
+        params = _outcome_params(
+            self.schedule, run_id, job_id, status, finished_at, duration_ms, error
+        )
         async with self.engine.begin() as conn:
-            await conn.execute(
-                statement, {"job_id": job_id, "run_id": run_id, "schedule": self.schedule}
-            )
+            if (await conn.execute(_SETTLE_RUN, params)).first() is not None:
+                await conn.execute(_FINISH_JOB, params)
+            await conn.execute(_RELEASE_REPLICA_LEASE if replica else _RELEASE_LEASE, params)
 
     async def start_replica_run(
         self,
@@ -954,6 +1001,10 @@ class JobStore:
             params = self._run_params(spec, "replica", slot, now, "running", jitter=jitter)
             result = await conn.execute(_INSERT_RUN, params | {"lease_seconds": lease_seconds})
             run_id: int = result.scalar_one()
+            await conn.execute(
+                _START_REPLICA_JOB,
+                {"started_at": now, "job_id": spec.id, "schedule": self.schedule},
+            )
             return run_id, reaped
 
     async def finish(

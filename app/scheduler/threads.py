@@ -9,7 +9,8 @@ the watcher is cancelled while its thread still runs, it *hands the run over* to
 thread's side, where nothing needs the event loop:
 
 - a daemon *lease keeper* thread renews the running lease at once and then every third
-  of the lease, on the sync engine, until the body's thread ends;
+  of the lease (a failed renewal again within seconds, as the loop's keeper does), on
+  the sync engine, until the body's thread ends;
 - the body's own thread, right after the body, records the run's real outcome and
   clears the lease (after a timeout already recorded, it only clears the lease). The
   record is written before the thread ends, so the process cannot exit before it lands.
@@ -24,6 +25,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+
+from .retry import renewal_delay
 
 __all__ = ["ThreadBody", "keep_lease"]
 
@@ -72,7 +75,7 @@ def keep_lease(
 ) -> threading.Thread:
     """Start a daemon thread that calls ``renew()`` now and every ``period`` seconds
     until ``until`` is set or ``renew()`` returns False (the run lost its lease). A
-    failed renewal is logged and retried at the next period."""
+    failed renewal is logged and retried after retry.renewal_delay's short backoff."""
     keeper = threading.Thread(
         target=_keep,
         args=(renew, period, until, job_id, run_id),
@@ -86,10 +89,12 @@ def keep_lease(
 def _keep(
     renew: Callable[[], bool], period: float, until: threading.Event, job_id: str, run_id: int
 ) -> None:
+    failures = 0
     while not until.is_set():
         try:
             held = renew()
         except Exception:
+            failures += 1
             logger.warning(
                 'Could not renew the running lease of job "%s" (run %s); retrying',
                 job_id,
@@ -98,6 +103,7 @@ def _keep(
                 extra={"action": "job.lease_renew_failed", "job_id": job_id},
             )
         else:
+            failures = 0
             if not held:
                 if until.is_set():
                     return  # the body ended and its outcome cleared the lease meanwhile
@@ -109,4 +115,4 @@ def _keep(
                     extra={"action": "job.lease_lost", "job_id": job_id},
                 )
                 return
-        until.wait(period)
+        until.wait(renewal_delay(period, failures))

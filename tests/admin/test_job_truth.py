@@ -17,8 +17,10 @@ from sqlalchemy import text
 from app.admin.health import stale_jobs
 from app.db import Database
 from app.main import create_app
-from app.scheduler import Interval, JobContext, Role, Scheduler, cron, every
+from app.scheduler import Clock, Interval, JobContext, Role, Scheduler, cron, every
 from app.settings import Settings
+
+from ..conftest import SkewedClock, StartScheduler
 
 TOKEN = "truth-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -49,9 +51,15 @@ def _hourly(*extra: tuple[str, Any]) -> Scheduler:
 @pytest.fixture
 def serve(settings: Settings) -> Serve:
     @asynccontextmanager
-    async def serve(scheduler: Scheduler, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+    async def serve(
+        scheduler: Scheduler, *, clock: Clock | None = None, **overrides: Any
+    ) -> AsyncIterator[httpx.AsyncClient]:
+        """The app of ``scheduler``, leading; ``clock``: the admin's own clock (the
+        scheduler keeps its own)."""
         update = {"ADMIN_TOKEN": SecretStr(TOKEN)} | overrides
         app = create_app(settings.model_copy(update=update), scheduler)
+        if clock is not None:
+            app.state.clock = clock
         async with app.router.lifespan_context(app):
             assert scheduler.supervisor is not None
             await scheduler.supervisor.wait_for_role(Role.LEADER)
@@ -144,6 +152,84 @@ async def test_a_running_status_whose_lease_ran_out_does_not_block_run_now(
         response = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
     assert job["running"] is False and job["last_status"] == "abandoned"
     assert response.status_code == 202
+
+
+# A reader whose clock runs ahead of the database's by more than a freshly renewed lease.
+AHEAD_OF_THE_LEASE = SkewedClock(timedelta(seconds=11))
+# A lease renewed just now (LEASE_SECONDS is 6 in the test settings), on the DB's clock.
+FRESH_LEASE = "clock_timestamp() + interval '6 seconds'"
+
+
+async def test_a_reader_whose_clock_runs_ahead_still_sees_a_live_run_running(
+    serve: Serve, database: Database
+) -> None:
+    async with serve(_hourly(), clock=AHEAD_OF_THE_LEASE) as client:
+        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
+        await _set_lease(database, FRESH_LEASE)
+        [job] = (await client.get("/admin/api/jobs", headers=AUTH)).json()
+    assert (job["running"], job["last_status"]) == (True, "running")
+
+
+async def test_run_now_from_a_host_whose_clock_runs_ahead_is_a_409_while_the_lease_holds(
+    serve: Serve, database: Database
+) -> None:
+    async with serve(_hourly(), clock=AHEAD_OF_THE_LEASE) as client:
+        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
+        await _set_lease(database, FRESH_LEASE)
+        response = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
+    assert response.status_code == 409 and "running" in response.json()["detail"], response.text
+
+
+async def test_the_page_offers_no_run_now_for_a_timed_out_thread_whose_body_still_runs(
+    serve: Serve, database: Database
+) -> None:
+    async with serve(_hourly()) as client:
+        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
+        await _set_lease(database, "now() + interval '1 hour'")
+        async with database.engine.begin() as conn:
+            # The outcome of a thread past its timeout: recorded, while its lease holds.
+            await conn.execute(text("UPDATE scheduler_jobs SET last_status = 'timeout'"))
+        await client.post("/admin/login", data={"token": TOKEN})
+        page = (await client.get("/admin")).text
+        refused = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
+    row = page[page.index('data-job="hourly"') :].split("</tr>")[0]
+    run_now = row[: row.index(">Run now</button>")]
+    assert refused.status_code == 409
+    assert run_now.rstrip().endswith("disabled"), row
+
+
+async def _beat_after_promotion(database: Database) -> None:
+    """Return once the leader's tick wrote its heartbeat after its promotion's."""
+    query = text("SELECT heartbeat_at > since FROM scheduler_leadership")
+    async with asyncio.timeout(10):
+        while True:
+            async with database.engine.connect() as conn:
+                if (await conn.execute(query)).scalar():
+                    return
+            await asyncio.sleep(0.05)
+
+
+async def test_health_read_on_a_host_whose_clock_runs_ahead_sees_the_leader_firing(
+    serve: Serve, database: Database
+) -> None:
+    async with serve(_hourly(), clock=AHEAD_OF_THE_LEASE) as client:
+        await _beat_after_promotion(database)
+        health = (await client.get("/health/scheduler")).json()
+    assert health["firing"] is True, health
+
+
+async def test_health_sees_a_leader_whose_clock_runs_behind_firing(
+    start_scheduler: StartScheduler, settings: Settings, database: Database
+) -> None:
+    supervisor = await start_scheduler(_hourly(), clock=SkewedClock(timedelta(minutes=-5)))
+    await supervisor.wait_until_firing()
+    await _beat_after_promotion(database)
+    app = create_app(settings, None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            health = (await client.get("/health/scheduler")).json()
+    assert health["firing"] is True, health
 
 
 FRIDAY_RUN = datetime(2026, 1, 2, 6, 0, 5, tzinfo=UTC)

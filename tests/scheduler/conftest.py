@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import psycopg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -23,6 +24,8 @@ from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
 
 from ..conftest import StartScheduler
+from ..procs.gated_app import GATE_KEY, GATED_TABLE_SQL
+from ..procs.replica_app import REPLICA_BODIES_SQL
 
 __all__ = [
     "BlockingBodies",
@@ -124,6 +127,17 @@ def bodies() -> Iterator[BlockingBodies]:
     blocking = BlockingBodies()
     yield blocking
     blocking.release.set()
+
+
+@pytest.fixture
+def gate(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """Held by the test: every gated body (tests/procs/gated_app.py, replica_app.py)
+    blocks in its thread until the gate opens; their tables are created."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(GATED_TABLE_SQL)
+        conn.execute(REPLICA_BODIES_SQL)
+        conn.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
+        yield conn
 
 
 class StandbyProcesses:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -21,19 +21,16 @@ from app.scheduler.registry import JobSpec
 from app.scheduler.runner import Claim, Runner
 from app.scheduler.store import JobStore
 
+from ..conftest import SkewedClock
 from .conftest import BlockingBodies, runs
 
 LEASE_SECONDS = 6
 UTC_ZONE = ZoneInfo("UTC")
 
 
-class AheadClock(SystemClock):
+def _ahead_clock() -> SkewedClock:
     """A host's own clock, set ahead of the other hosts' by more than the lease."""
-
-    ahead = timedelta(seconds=LEASE_SECONDS + 5)
-
-    def now(self) -> datetime:
-        return super().now() + self.ahead
+    return SkewedClock(timedelta(seconds=LEASE_SECONDS + 5))
 
 
 def _runner(database: Database, clock: SystemClock, pid: int) -> Runner:
@@ -76,14 +73,14 @@ async def test_a_reaper_whose_clock_runs_ahead_leaves_a_live_run_running(
     database: Database, engine: AsyncEngine, live_run: LiveRun
 ) -> None:
     reaper = JobStore(database.engine, pid=2, host="host-2")
-    assert await reaper.reap(AheadClock().now()) == []
+    assert await reaper.reap(_ahead_clock().now()) == []
     assert [status for status, _ in await runs(engine, "long")] == ["running"]
 
 
 async def test_a_leader_whose_clock_runs_ahead_starts_no_run_beside_a_live_one(
     database: Database, engine: AsyncEngine, live_run: LiveRun
 ) -> None:
-    ahead = _runner(database, AheadClock(), pid=2)
+    ahead = _runner(database, _ahead_clock(), pid=2)
     requested_at = ahead.clock.now()
     async with engine.begin() as conn:
         await conn.execute(

@@ -19,7 +19,7 @@ from app.scheduler.keys import LEADER_KEY_LOCKS
 from app.testing import TestServer
 
 from ..procs.cluster import LEASE_SECONDS, PROBE_TABLE_SQL, Cluster
-from ..procs.gated_app import GATE_KEY, GATED_TABLE_SQL
+from ..procs.gated_app import GATE_KEY
 
 pytestmark = pytest.mark.multiprocess
 
@@ -138,15 +138,6 @@ def test_postgres_restart_gives_exactly_one_leader_within_the_lease(
     )
     assert len(cluster.holders()) == 1
     assert cluster.slots_fired_twice() == []
-
-
-@pytest.fixture
-def gate(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
-    """Held by the test: every gated body blocks in its thread until the gate opens."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(GATED_TABLE_SQL)
-        conn.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
-        yield conn
 
 
 @pytest.fixture

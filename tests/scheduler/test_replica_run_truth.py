@@ -28,21 +28,11 @@ from app.scheduler.store import JobStore
 
 from ..procs.cluster import LEASE_SECONDS, Cluster
 from ..procs.gated_app import GATE_KEY
-from ..procs.replica_app import REPLICA_BODIES_SQL
 from .conftest import BlockingBodies, make_runner
 
 WORKERS = 2
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 UTC_ZONE = ZoneInfo("UTC")
-
-
-@pytest.fixture
-def gate(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
-    """Held by the test: every gated body blocks in its thread until the gate opens."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(REPLICA_BODIES_SQL)
-        conn.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
-        yield conn
 
 
 @pytest.fixture
@@ -239,4 +229,42 @@ async def test_a_reaped_per_worker_run_leaves_an_outcome_recorded_after_its_leas
     )
     assert await live.store.reap(clock.now()) == ["sweep"]
     assert [status for status, _, _ in await _history(engine)] == ["abandoned", "ok"]
+    assert await _job_outcome(engine) == ("ok", None)
+
+
+async def test_a_per_worker_job_whose_body_runs_is_listed_running(
+    database: Database, engine: AsyncEngine, bodies: BlockingBodies
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(every(minutes=1), id="sweep", leader_only=False)(bodies)
+    spec = scheduler.jobs["sweep"]
+    runner = make_runner(database, clock)
+    await runner.store.register_replica_jobs([spec], clock.now(), UTC_ZONE)
+    fire = asyncio.create_task(runner.fire_replica(spec, T0))
+    await bodies.entered()
+    [job] = await queries.list_jobs(engine, clock.now())
+    bodies.release.set()
+    await fire
+    assert (job["running"], job["last_status"]) == (True, "running")
+
+
+async def test_an_ok_from_a_worker_whose_clock_runs_behind_is_not_overwritten_by_a_reap(
+    database: Database, engine: AsyncEngine
+) -> None:
+    """The dead worker's lease ran out (on the lease clock) before the live worker's run
+    ended; the live worker's own clock, which stamps its finish, is 5 minutes behind."""
+    clock = FakeClock(T0)
+    spec = _noop_sweep()
+    dead = make_runner(database, clock, pid=999_999)
+    await dead.store.register_replica_jobs([spec], clock.now(), UTC_ZONE)
+    await dead.store.start_replica_run(spec, T0, T0, lease_seconds=dead.lease_seconds)
+    live = make_runner(database, clock, pid=2)
+    run_id, _ = await live.store.start_replica_run(spec, T0, T0, lease_seconds=live.lease_seconds)
+    clock.advance(dead.lease_seconds + 1)
+    behind = clock.now() - timedelta(minutes=5)
+    await live.store.finish(
+        run_id, "sweep", status="ok", finished_at=behind, duration_ms=0, error=None
+    )
+    assert await live.store.reap(clock.now()) == ["sweep"]
     assert await _job_outcome(engine) == ("ok", None)

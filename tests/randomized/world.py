@@ -158,8 +158,18 @@ class Node:
             first_run=plan.first_run,
         )(body)
 
+    def describe(self) -> str:
+        """The node's role and lock connection, as a failure report shows them."""
+        supervisor = self.scheduler.supervisor
+        lock = supervisor.lock if supervisor is not None else None
+        if lock is None:
+            return f"{self.label}: {self.role.value}"
+        closed = lock._connection.is_closed()  # a report, never a decision
+        return f"{self.label}: {self.role.value} on backend {lock.backend_pid} (closed {closed})"
+
     async def _service(self, ctx: object) -> None:
-        self.world.recorder.service_started(self.label)
+        nodes = "; ".join(node.describe() for node in self.world.nodes)
+        self.world.recorder.service_started(self.label, nodes)
         try:
             await asyncio.Event().wait()
         finally:
@@ -238,6 +248,7 @@ class World:
         """Advance the clock, do the step's action, settle, and check every guarantee."""
         self.steps += 1
         self.faults += step.is_fault
+        await self._quiesce()
         self.advance(step.advance)
         await getattr(self, f"_do_{step.action}")(step)
         await self.settle()
@@ -347,7 +358,15 @@ class World:
         Raises AssertionError naming what never came to rest (a stuck job)."""
         started = last_nudge = time.monotonic()
         nudges = 0
-        while reasons := await self._unsettled():
+        while True:
+            reasons = await self._unsettled()
+            # Work under way in real time (a receiver answering, an outcome being
+            # written) ends by itself; the clock stands still meanwhile, as it would.
+            # Asked last, so that no await lies between this answer and a nudge.
+            busy = await self._in_flight()
+            reasons += busy
+            if not reasons:
+                return
             now = time.monotonic()
             if now - started > _SETTLE_TIMEOUT or (
                 nudges == _MAX_NUDGES and now - last_nudge > _STILL_STUCK_SECONDS
@@ -355,11 +374,35 @@ class World:
                 raise AssertionError(
                     f"stuck after {nudges} tick(s) at {self.clock.now().isoformat()}: {reasons}"
                 )
-            if now - last_nudge > _QUIET_SECONDS and nudges < _MAX_NUDGES:
+            if busy:
+                last_nudge = now
+            elif now - last_nudge > _QUIET_SECONDS and nudges < _MAX_NUDGES:
                 self.advance(TICK)
                 nudges += 1
                 last_nudge = now
             await asyncio.sleep(0.02)
+
+    async def _quiesce(self) -> None:
+        """Return once no outbox work goes on in real time, so that the clock can move
+        (settle and check may have let a drain start meanwhile).
+
+        Raises AssertionError naming the work that never ended."""
+        started = time.monotonic()
+        while busy := await self._in_flight():
+            if time.monotonic() - started > _SETTLE_TIMEOUT:
+                raise AssertionError(f"still busy at {self.clock.now().isoformat()}: {busy}")
+            await asyncio.sleep(0.02)
+
+    async def _in_flight(self) -> list[str]:
+        """The outbox work going on in real time (see Receiver.in_flight)."""
+        held: dict[int, Any] = {}
+        if self.receiver.ended:
+            with contextlib.suppress(Exception):
+                rows = await self._fetch(
+                    "SELECT id, claimed_by FROM outbox_messages WHERE outbox = :o"
+                )
+                held = {row.id: row.claimed_by for row in rows}
+        return self.receiver.in_flight(held)
 
     async def _unsettled(self) -> list[str]:
         running = self.running_nodes()
@@ -538,6 +581,7 @@ class World:
             if not pending.n:
                 break
             wait = (pending.due - self.clock.now()).total_seconds() if pending.due else 0
+            await self._quiesce()
             self.advance(max(wait, 0) + 61)
             await self.settle()
             await self.check()

@@ -637,7 +637,13 @@ class Runner:
     def _renew_lease(self, run: _Run) -> asyncio.Task[None] | None:
         if not run.claim.leased:
             return None
-        return asyncio.create_task(self._keep_lease(run), name=f"running-lease:{run.spec.id}")
+        keeping = asyncio.create_task(self._keep_lease(run), name=f"running-lease:{run.spec.id}")
+        # While this task renews the lease, the body runs here: this process's reaps
+        # leave the lease alone even when a freeze let it run out (see JobStore.renewing).
+        run_id = run.claim.run_id
+        self.store.renewing.add(run_id)
+        keeping.add_done_callback(lambda _task: self.store.renewing.discard(run_id))
+        return keeping
 
     async def _keep_lease(self, run: _Run) -> None:
         # A third of the lease: two renewals may fail before another leader may start.

@@ -70,6 +70,11 @@ class Recorder:
         with self._lock:
             return dict(self.starts), set(self.completed)
 
+    def bodies_running(self) -> bool:
+        """True while any job body runs somewhere."""
+        with self._lock:
+            return any(self.active.values())
+
     def is_running(self, job: str, slot: datetime) -> bool:
         """True while a body of that slot runs somewhere."""
         with self._lock:

@@ -50,6 +50,10 @@ DELIVERY_TIMEOUT = 5.0
 _QUIET_SECONDS = 0.1
 _MAX_NUDGES = 60
 _SETTLE_TIMEOUT = 20.0
+# A running lease's length (config.lease_seconds, fake seconds: the lease clock is the
+# world's clock) and how often a live body's process renews it (a third of it).
+_LEASE_SECONDS = 30
+_RENEWAL_PERIOD = _LEASE_SECONDS / 3
 # A hung delivery holds its drain this long in real time.
 _STILL_STUCK_SECONDS = DELIVERY_TIMEOUT + 1
 _HEAL_ROUNDS = 12
@@ -228,6 +232,19 @@ class World:
         with self._time_moved:
             self._time_moved.notify_all()
 
+    async def pass_time(self, seconds: float) -> None:
+        """Let ``seconds`` pass as they pass for live processes, not as a freeze of all
+        of them: while a body runs, in steps no longer than a lease's renewal period,
+        each renewal that came due landing before the next step. (A jump is the fault
+        that freezes everything at once.) The outbox's real-time work ends first."""
+        left = seconds
+        while left > 0:
+            await self._quiesce()
+            step = min(left, _RENEWAL_PERIOD) if self.recorder.bodies_running() else left
+            self.advance(step)
+            left -= step
+            await self._renewed()
+
     def wait_in_thread(self, seconds: float) -> bool:
         """Block a worker thread for ``seconds`` of fake time; False when the run ends
         first and releases it."""
@@ -248,8 +265,7 @@ class World:
         """Advance the clock, do the step's action, settle, and check every guarantee."""
         self.steps += 1
         self.faults += step.is_fault
-        await self._quiesce()
-        self.advance(step.advance)
+        await self.pass_time(step.advance)
         await getattr(self, f"_do_{step.action}")(step)
         await self.settle()
         await self.check()
@@ -361,9 +377,10 @@ class World:
         while True:
             reasons = await self._unsettled()
             # Work under way in real time (a receiver answering, an outcome being
-            # written) ends by itself; the clock stands still meanwhile, as it would.
-            # Asked last, so that no await lies between this answer and a nudge.
-            busy = await self._in_flight()
+            # written, a lease renewal that came due) ends by itself; the clock stands
+            # still meanwhile, as it would. Asked last, so that no await lies between
+            # this answer and a nudge.
+            busy = await self._renewals_due() + await self._in_flight()
             reasons += busy
             if not reasons:
                 return
@@ -381,6 +398,38 @@ class World:
                 nudges += 1
                 last_nudge = now
             await asyncio.sleep(0.02)
+
+    async def _renewed(self) -> None:
+        """Return once the running lease of every body still running was renewed within
+        the last renewal period (its lease then outlasts the next step), or its body
+        ended. Raises AssertionError naming a lease whose renewal never landed."""
+        started = time.monotonic()
+        while True:
+            late = await self._renewals_due()
+            if not late:
+                return
+            if time.monotonic() - started > _SETTLE_TIMEOUT:
+                raise AssertionError(f"running leases never renewed: {late}")
+            await asyncio.sleep(0.02)
+
+    async def _renewals_due(self) -> list[str]:
+        if not self.recorder.bodies_running():
+            return []
+        try:
+            rows = await self._fetch(
+                "SELECT j.id, j.running_until, r.slot FROM scheduler_jobs j"
+                " JOIN scheduler_runs r ON r.id = j.running_run_id"
+                " WHERE j.running_until IS NOT NULL"
+            )
+        except Exception:
+            return []  # the server is away: nothing renews, nothing reaps
+        # Renewed within the last period: the lease ends more than lease - period ahead.
+        fresh = self.clock.now() + timedelta(seconds=_LEASE_SECONDS - _RENEWAL_PERIOD)
+        return [
+            f"{row.id} (slot {row.slot.isoformat()}) leased until {row.running_until.isoformat()}"
+            for row in rows
+            if row.running_until <= fresh and self.recorder.is_running(row.id, row.slot)
+        ]
 
     async def _quiesce(self) -> None:
         """Return once no outbox work goes on in real time, so that the clock can move
@@ -581,8 +630,7 @@ class World:
             if not pending.n:
                 break
             wait = (pending.due - self.clock.now()).total_seconds() if pending.due else 0
-            await self._quiesce()
-            self.advance(max(wait, 0) + 61)
+            await self.pass_time(max(wait, 0) + 61)
             await self.settle()
             await self.check()
         rows = await self._fetch("SELECT * FROM outbox_messages WHERE outbox = :o")
@@ -640,7 +688,7 @@ async def open_world(
         lock_dsn=asyncpg_dsn(database_url),
         # Real seconds on the server (idle_session_timeout): long enough that a slow
         # step on a loaded machine never drops a lock connection by itself.
-        lease_seconds=30,
+        lease_seconds=_LEASE_SECONDS,
         leader_tick_seconds=TICK,
         handover_grace_seconds=TICK,
         shutdown_grace_seconds=0.2,

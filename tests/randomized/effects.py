@@ -38,9 +38,12 @@ class Recorder:
         self.services: list[str] = []
         self.violations: list[str] = []
 
-    def body_started(self, job: str, slot: datetime, node: str, firing: list[str]) -> None:
+    def body_started(
+        self, job: str, slot: datetime, node: str, firing: list[str], nodes: str = ""
+    ) -> None:
         """A leader body of ``job`` for ``slot`` starts on ``node``; ``firing`` are the
-        nodes that lead (or fire unguarded) right now."""
+        nodes that lead (or fire unguarded) right now; ``nodes`` says what every node
+        was doing then (for the report)."""
         with self._lock:
             self.starts[(job, slot)] += 1
             if self.starts[(job, slot)] > 1:
@@ -52,10 +55,10 @@ class Recorder:
                 )
             if node not in firing:
                 self.violations.append(
-                    f"{job} {slot.isoformat()} ran on {node}, which does not lead"
+                    f"{job} {slot.isoformat()} ran on {node}, which does not lead ({nodes})"
                 )
             if len(firing) > 1:
-                self.violations.append(f"{firing} fire at once ({job} {slot.isoformat()})")
+                self.violations.append(f"{firing} fire at once ({job} {slot.isoformat()}; {nodes})")
             self.active[job].append((node, slot))
 
     def body_ended(self, job: str, slot: datetime, node: str, *, completed: bool) -> None:

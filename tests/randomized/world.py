@@ -51,9 +51,12 @@ _QUIET_SECONDS = 0.1
 _MAX_NUDGES = 60
 _SETTLE_TIMEOUT = 20.0
 # A running lease's length (config.lease_seconds, fake seconds: the lease clock is the
-# world's clock) and how often a live body's process renews it (a third of it).
+# world's clock); its owner renews it every third of it. While a body runs, time passes
+# in steps of at most _TIME_STEP, each one taken only when every live lease outlasts it:
+# a lease that would not has a renewal due (it ran for more than a period), so the world
+# waits for that renewal to land first.
 _LEASE_SECONDS = 30
-_RENEWAL_PERIOD = _LEASE_SECONDS / 3
+_TIME_STEP = _LEASE_SECONDS / 6
 # A hung delivery holds its drain this long in real time.
 _STILL_STUCK_SECONDS = DELIVERY_TIMEOUT + 1
 _HEAL_ROUNDS = 12
@@ -128,7 +131,9 @@ class Node:
         world, node = self.world, self.label
 
         def started(ctx: JobContext) -> None:
-            world.recorder.body_started(plan.id, ctx.scheduled_at, node, world.firing_nodes())
+            world.recorder.body_started(
+                plan.id, ctx.scheduled_at, node, world.firing_nodes(), world.describe_nodes()
+            )
 
         if plan.thread:
 
@@ -163,17 +168,21 @@ class Node:
         )(body)
 
     def describe(self) -> str:
-        """The node's role and lock connection, as a failure report shows them."""
+        """The node's role, whether it fires, its lock connection and the runs whose
+        lease it renews, as a failure report shows them."""
         supervisor = self.scheduler.supervisor
-        lock = supervisor.lock if supervisor is not None else None
-        if lock is None:
+        if supervisor is None:
             return f"{self.label}: {self.role.value}"
+        said = f"{self.label}: {self.role.value}, firing {supervisor.firing}"
+        said += f", renewing {sorted(supervisor.store.renewing)}"
+        lock = supervisor.lock
+        if lock is None:
+            return said
         closed = lock._connection.is_closed()  # a report, never a decision
-        return f"{self.label}: {self.role.value} on backend {lock.backend_pid} (closed {closed})"
+        return f"{said}, on backend {lock.backend_pid} (closed {closed})"
 
     async def _service(self, ctx: object) -> None:
-        nodes = "; ".join(node.describe() for node in self.world.nodes)
-        self.world.recorder.service_started(self.label, nodes)
+        self.world.recorder.service_started(self.label, self.world.describe_nodes())
         try:
             await asyncio.Event().wait()
         finally:
@@ -222,6 +231,10 @@ class World:
         """Nodes started and not stopped."""
         return [node for node in self.nodes if node.running]
 
+    def describe_nodes(self) -> str:
+        """Every node as a failure report shows it (Node.describe)."""
+        return "; ".join(node.describe() for node in self.nodes)
+
     def firing_nodes(self) -> list[str]:
         """Labels of the nodes that fire right now: leading, or unguarded."""
         return [node.label for node in self.nodes if node.role in (Role.LEADER, Role.UNGUARDED)]
@@ -234,16 +247,17 @@ class World:
 
     async def pass_time(self, seconds: float) -> None:
         """Let ``seconds`` pass as they pass for live processes, not as a freeze of all
-        of them: while a body runs, in steps no longer than a lease's renewal period,
-        each renewal that came due landing before the next step. (A jump is the fault
-        that freezes everything at once.) The outbox's real-time work ends first."""
+        of them: while a body runs, a step of at most _TIME_STEP at a time, each taken
+        once every live running lease outlasts it (the renewals that came due landed).
+        A jump is the fault that freezes everything at once. The outbox's real-time
+        work ends before each step."""
         left = seconds
         while left > 0:
             await self._quiesce()
-            step = min(left, _RENEWAL_PERIOD) if self.recorder.bodies_running() else left
+            step = min(left, _TIME_STEP) if self.recorder.bodies_running() else left
+            await self._leases_outlast(step)
             self.advance(step)
             left -= step
-            await self._renewed()
 
     def wait_in_thread(self, seconds: float) -> bool:
         """Block a worker thread for ``seconds`` of fake time; False when the run ends
@@ -380,7 +394,7 @@ class World:
             # written, a lease renewal that came due) ends by itself; the clock stands
             # still meanwhile, as it would. Asked last, so that no await lies between
             # this answer and a nudge.
-            busy = await self._renewals_due() + await self._in_flight()
+            busy = await self._leases_short_of(TICK) + await self._in_flight()
             reasons += busy
             if not reasons:
                 return
@@ -399,20 +413,19 @@ class World:
                 last_nudge = now
             await asyncio.sleep(0.02)
 
-    async def _renewed(self) -> None:
-        """Return once the running lease of every body still running was renewed within
-        the last renewal period (its lease then outlasts the next step), or its body
-        ended. Raises AssertionError naming a lease whose renewal never landed."""
+    async def _leases_outlast(self, seconds: float) -> None:
+        """Return once every live body's running lease outlasts ``seconds`` from now.
+        Raises AssertionError naming a lease whose renewal never landed."""
         started = time.monotonic()
-        while True:
-            late = await self._renewals_due()
-            if not late:
-                return
+        while short := await self._leases_short_of(seconds):
             if time.monotonic() - started > _SETTLE_TIMEOUT:
-                raise AssertionError(f"running leases never renewed: {late}")
+                raise AssertionError(
+                    f"running leases never renewed: {short} ({self.describe_nodes()})"
+                )
             await asyncio.sleep(0.02)
 
-    async def _renewals_due(self) -> list[str]:
+    async def _leases_short_of(self, seconds: float) -> list[str]:
+        """The running leases of bodies still running that end within ``seconds``."""
         if not self.recorder.bodies_running():
             return []
         try:
@@ -423,12 +436,11 @@ class World:
             )
         except Exception:
             return []  # the server is away: nothing renews, nothing reaps
-        # Renewed within the last period: the lease ends more than lease - period ahead.
-        fresh = self.clock.now() + timedelta(seconds=_LEASE_SECONDS - _RENEWAL_PERIOD)
+        horizon = self.clock.now() + timedelta(seconds=seconds)
         return [
             f"{row.id} (slot {row.slot.isoformat()}) leased until {row.running_until.isoformat()}"
             for row in rows
-            if row.running_until <= fresh and self.recorder.is_running(row.id, row.slot)
+            if row.running_until <= horizon and self.recorder.is_running(row.id, row.slot)
         ]
 
     async def _quiesce(self) -> None:

@@ -51,10 +51,10 @@ _QUIET_SECONDS = 0.1
 _MAX_NUDGES = 60
 _SETTLE_TIMEOUT = 20.0
 # A running lease's length (config.lease_seconds, fake seconds: the lease clock is the
-# world's clock); its owner renews it every third of it. While a body runs, time passes
-# in steps of at most _TIME_STEP, each one taken only when every live lease outlasts it:
-# a lease that would not has a renewal due (it ran for more than a period), so the world
-# waits for that renewal to land first.
+# world's clock); its owner renews it every third of it. While a lease is held, time
+# passes in steps of at most _TIME_STEP, each one taken only when every lease a node
+# renews outlasts it: a lease that would not has a renewal due (it was taken or renewed
+# more than a period ago), so the world waits for that renewal to land first.
 _LEASE_SECONDS = 30
 _TIME_STEP = _LEASE_SECONDS / 6
 # A hung delivery holds its drain this long in real time.
@@ -247,14 +247,14 @@ class World:
 
     async def pass_time(self, seconds: float) -> None:
         """Let ``seconds`` pass as they pass for live processes, not as a freeze of all
-        of them: while a body runs, a step of at most _TIME_STEP at a time, each taken
-        once every live running lease outlasts it (the renewals that came due landed).
-        A jump is the fault that freezes everything at once. The outbox's real-time
-        work ends before each step."""
+        of them: while a running lease is held, a step of at most _TIME_STEP at a time,
+        each taken once every lease a node renews outlasts it (the renewals that came
+        due landed). A jump is the fault that freezes everything at once. The outbox's
+        real-time work ends before each step."""
         left = seconds
         while left > 0:
             await self._quiesce()
-            step = min(left, _TIME_STEP) if self.recorder.bodies_running() else left
+            step = min(left, _TIME_STEP) if await self._leases_held() else left
             await self._leases_outlast(step)
             self.advance(step)
             left -= step
@@ -424,23 +424,40 @@ class World:
                 )
             await asyncio.sleep(0.02)
 
+    async def _leases_held(self) -> bool:
+        """True while a job row holds a running lease (a run claimed, maybe not yet
+        started: its body, and its renewals, begin a moment after the claim)."""
+        try:
+            rows = await self._fetch(
+                "SELECT count(*) AS n FROM scheduler_jobs WHERE running_until IS NOT NULL"
+            )
+        except Exception:
+            return True  # unknown: take small steps
+        return bool(rows[0].n)
+
     async def _leases_short_of(self, seconds: float) -> list[str]:
-        """The running leases of bodies still running that end within ``seconds``."""
-        if not self.recorder.bodies_running():
+        """The running leases a node renews that end within ``seconds``: each has a
+        renewal due (it was renewed, or taken, more than a period ago)."""
+        renewing = {
+            run_id
+            for node in self.nodes
+            if node.scheduler.supervisor is not None
+            for run_id in node.scheduler.supervisor.store.renewing
+        }
+        if not renewing:
             return []
         try:
             rows = await self._fetch(
-                "SELECT j.id, j.running_until, r.slot FROM scheduler_jobs j"
-                " JOIN scheduler_runs r ON r.id = j.running_run_id"
-                " WHERE j.running_until IS NOT NULL"
+                "SELECT id, running_run_id, running_until FROM scheduler_jobs"
+                " WHERE running_until IS NOT NULL"
             )
         except Exception:
             return []  # the server is away: nothing renews, nothing reaps
         horizon = self.clock.now() + timedelta(seconds=seconds)
         return [
-            f"{row.id} (slot {row.slot.isoformat()}) leased until {row.running_until.isoformat()}"
+            f"{row.id} (run {row.running_run_id}) leased until {row.running_until.isoformat()}"
             for row in rows
-            if row.running_until <= horizon and self.recorder.is_running(row.id, row.slot)
+            if row.running_until <= horizon and row.running_run_id in renewing
         ]
 
     async def _quiesce(self) -> None:

@@ -55,7 +55,7 @@ _SETTLE_TIMEOUT = 20.0
 # passes in steps of at most _TIME_STEP, each one taken only when every lease a node
 # renews outlasts it: a lease that would not has a renewal due (it was taken or renewed
 # more than a period ago), so the world waits for that renewal to land first.
-_LEASE_SECONDS = 30
+_LEASE_SECONDS = 300
 _TIME_STEP = _LEASE_SECONDS / 6
 # A hung delivery holds its drain this long in real time.
 _STILL_STUCK_SECONDS = DELIVERY_TIMEOUT + 1
@@ -716,7 +716,9 @@ async def open_world(
     config = SchedulerConfig(
         lock_dsn=asyncpg_dsn(database_url),
         # Real seconds on the server (idle_session_timeout): long enough that a slow
-        # step on a loaded machine never drops a lock connection by itself.
+        # step on a loaded machine never drops a lock connection by itself. Fake
+        # seconds for a running lease: longer than a step's advance and its nudges, so
+        # that a claim still under way when time passes keeps a live lease.
         lease_seconds=_LEASE_SECONDS,
         leader_tick_seconds=TICK,
         handover_grace_seconds=TICK,

@@ -106,10 +106,12 @@ class Recorder:
 
 class DrainRun:
     """One drain pass, as the receiver's calls see it: ended once the pass returned or
-    raised (its unwritten outcomes, if any, will never be written)."""
+    raised (its unwritten outcomes, if any, will never be written); ``died`` when it
+    raised or was cancelled (a demotion, a lost connection)."""
 
     def __init__(self) -> None:
         self.ended = False
+        self.died = False
 
 
 # The drain pass a receiver call belongs to: its delivery tasks inherit the context.
@@ -146,12 +148,20 @@ class Delivery:
     start: datetime
     end: datetime
     lease_until: datetime | None
+    run: DrainRun | None = None
 
     @property
     def overran_its_lease(self) -> bool:
         """Began inside its lease and ended after it: the clock jumped mid-call (a frozen
-        process), the one case where another drain may deliver the row again."""
+        process): another drain may deliver the row again."""
         return self.lease_until is not None and self.start < self.lease_until < self.end
+
+    @property
+    def may_come_again(self) -> bool:
+        """Another drain may deliver the row again: the call overran its lease, or its
+        pass died before writing the outcome (the design retries such rows, under the
+        same key, once the lease runs out)."""
+        return self.overran_its_lease or (self.run is not None and self.run.died)
 
 
 @dataclass
@@ -185,12 +195,12 @@ class Receiver:
             with self._busy(key):
                 claimed = await self._claim_of(message.id)
                 await self._answer(key)
-            delivery = Delivery(start, self.clock.now(), claimed.lease_until)
+            delivery = Delivery(start, self.clock.now(), claimed.lease_until, _DRAIN_RUN.get())
             earlier = self.accepted[key]
-            # Each delivery that overran its lease let one more drain deliver the key,
+            # Each delivery that may come again let one more drain deliver the key,
             # whichever of the two ended first.
-            overran = sum(d.overran_its_lease for d in (*earlier, delivery))
-            if len(earlier) > overran:
+            excused = sum(d.may_come_again for d in (*earlier, delivery))
+            if len(earlier) > excused:
                 self.recorder.violation(
                     f"outbox key {key} delivered {len(earlier) + 1} times: {earlier}, again "
                     f"{delivery}"
@@ -304,6 +314,9 @@ def _drain_run() -> Iterator[None]:
     reset = _DRAIN_RUN.set(run)
     try:
         yield
+    except BaseException:
+        run.died = True
+        raise
     finally:
         run.ended = True
         _DRAIN_RUN.reset(reset)

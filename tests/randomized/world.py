@@ -253,9 +253,11 @@ class World:
         real-time work ends before each step."""
         left = seconds
         while left > 0:
-            await self._quiesce()
             step = min(left, _TIME_STEP) if await self._leases_held() else left
             await self._leases_outlast(step)
+            # Last: no await lies between a quiet outbox and the clock's move (nor,
+            # after the last step, the step's action).
+            await self._quiesce()
             self.advance(step)
             left -= step
 

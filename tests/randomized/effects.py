@@ -39,11 +39,18 @@ class Recorder:
         self.violations: list[str] = []
 
     def body_started(
-        self, job: str, slot: datetime, node: str, firing: list[str], nodes: str = ""
+        self,
+        job: str,
+        slot: datetime,
+        node: str,
+        leading: list[str],
+        firing: list[str],
+        nodes: str = "",
     ) -> None:
-        """A leader body of ``job`` for ``slot`` starts on ``node``; ``firing`` are the
-        nodes that lead (or fire unguarded) right now; ``nodes`` says what every node
-        was doing then (for the report)."""
+        """A leader body of ``job`` for ``slot`` starts on ``node``; ``leading`` are the
+        nodes that lead (or fire unguarded) right now, ``firing`` those whose job loops
+        run (a body claimed before its node began to step down starts a moment later);
+        ``nodes`` says what every node was doing then (for the report)."""
         with self._lock:
             self.starts[(job, slot)] += 1
             if self.starts[(job, slot)] > 1:
@@ -53,7 +60,7 @@ class Recorder:
                     f"{job} overlaps itself: slot {slot.isoformat()} started on {node} while "
                     f"{[(n, s.isoformat()) for n, s in self.active[job]]} still run"
                 )
-            if node not in firing:
+            if node not in leading:
                 self.violations.append(
                     f"{job} {slot.isoformat()} ran on {node}, which does not lead ({nodes})"
                 )

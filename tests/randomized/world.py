@@ -132,7 +132,12 @@ class Node:
 
         def started(ctx: JobContext) -> None:
             world.recorder.body_started(
-                plan.id, ctx.scheduled_at, node, world.firing_nodes(), world.describe_nodes()
+                plan.id,
+                ctx.scheduled_at,
+                node,
+                world.leading_nodes(),
+                world.firing_nodes(),
+                world.describe_nodes(),
             )
 
         if plan.thread:
@@ -235,9 +240,19 @@ class World:
         """Every node as a failure report shows it (Node.describe)."""
         return "; ".join(node.describe() for node in self.nodes)
 
-    def firing_nodes(self) -> list[str]:
-        """Labels of the nodes that fire right now: leading, or unguarded."""
+    def leading_nodes(self) -> list[str]:
+        """Labels of the nodes whose role is to fire: leading (from promotion to the
+        end of stepping down), or unguarded."""
         return [node.label for node in self.nodes if node.role in (Role.LEADER, Role.UNGUARDED)]
+
+    def firing_nodes(self) -> list[str]:
+        """Labels of the nodes that fire right now: their job loops run (a promoted
+        node in its handover grace does not fire yet, one stepping down no longer)."""
+        return [
+            node.label
+            for node in self.nodes
+            if node.scheduler.supervisor is not None and node.scheduler.supervisor.firing
+        ]
 
     def advance(self, seconds: float) -> None:
         """Move the clock, and wake the thread bodies waiting on it."""

@@ -30,6 +30,7 @@ import asyncio
 import contextvars
 import functools
 import inspect
+import itertools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -56,6 +57,9 @@ __all__ = ["Claim", "Runner"]
 logger = logging.getLogger("app.scheduler")
 
 _RECORD_TIMEOUT = 10.0
+# The first pause before an outcome write is tried again (real time: a wait for the
+# database, as _RECORD_TIMEOUT is); it doubles up to 16 times that.
+_RECORD_RETRY_SECONDS = 0.05
 _CANCELLED = "cancelled: this worker stopped leading or shut down"
 _CANCELLED_BEFORE_START = (
     "cancelled before its body started: this worker stopped leading or shut down"
@@ -639,7 +643,13 @@ class Runner:
     def _renew_lease(self, run: _Run) -> asyncio.Task[None] | None:
         if not run.claim.leased:
             return None
-        return asyncio.create_task(self._keep_lease(run), name=f"running-lease:{run.spec.id}")
+        keeping = asyncio.create_task(self._keep_lease(run), name=f"running-lease:{run.spec.id}")
+        # While this task renews the lease, the body runs here: this process's reaps
+        # leave the lease alone even when a freeze let it run out (see JobStore.renewing).
+        run_id = run.claim.run_id
+        self.store.renewing.add(run_id)
+        keeping.add_done_callback(lambda _task: self.store.renewing.discard(run_id))
+        return keeping
 
     async def _keep_lease(self, run: _Run) -> None:
         # Every third of the lease, and a failed renewal again within seconds
@@ -719,17 +729,28 @@ class Runner:
     async def _write_outcome(
         self, run: _Run, status: str, error: str | None, body_ended: bool
     ) -> None:
+        finished_at, duration_ms = self.clock.now(), run.duration_ms()
         try:
             async with asyncio.timeout(_RECORD_TIMEOUT):
-                await self.store.finish(
-                    run.claim.run_id,
-                    run.spec.id,
-                    status=status,
-                    finished_at=self.clock.now(),
-                    duration_ms=run.duration_ms(),
-                    error=error,
-                    body_ended=body_ended,
-                )
+                for attempt in itertools.count():
+                    try:
+                        await self.store.finish(
+                            run.claim.run_id,
+                            run.spec.id,
+                            status=status,
+                            finished_at=finished_at,
+                            duration_ms=duration_ms,
+                            error=error,
+                            body_ended=body_ended,
+                        )
+                        return
+                    except Exception:
+                        # A write cut off by a lost connection (a server restart, a
+                        # terminated backend) would leave the run 'running' until its
+                        # lease ran out, then 'abandoned': the outcome is idempotent,
+                        # so it is written again, on a fresh connection, until it lands.
+                        logger.debug("outcome write failed; retrying", exc_info=True)
+                        await asyncio.sleep(_RECORD_RETRY_SECONDS * 2 ** min(attempt, 4))
         except Exception:
             logger.warning(
                 'Could not record the outcome %s of job "%s" (run %s)',

@@ -30,7 +30,8 @@ host's run still lives.
 The lease is also the truth for "running": a skipped or missed slot never overwrites
 the job's ``running`` status while a lease holds, and a lease that ran out (its owner
 died) is *reaped*: its run and the job's status become ``abandoned`` and the lease is
-cleared, by the leader every tick and by the claim that takes the job over.
+cleared, by the leader every tick and by the claim that takes the job over. A process
+never reaps a lease it renews itself (``JobStore.renewing``): the body runs there.
 
 A per-worker run (``scope = 'replica'``) holds its lease on its own run row instead
 (``scheduler_runs.running_until``): every worker runs the job at once, so the job row
@@ -299,8 +300,14 @@ _SETTLE_RUN = text(
     """
 )
 
+# The runs whose lease the reaping process renews itself (JobStore.renewing), as text[]
+# (see _UPSERT): their bodies run in that process, so a lease of theirs that ran out
+# only says the process froze past it, and its renewal is on its way.
+_RENEWING = "CAST(CAST(:renewing AS text[]) AS bigint[])"
+
 # A lease that ran out: its owner died (or froze past it). Its run, if still recorded
 # as running, and the job's running status become 'abandoned'; the lease is cleared.
+# Never a lease the reaping process renews itself.
 _REAP = text(
     f"""
     WITH expired AS (
@@ -311,6 +318,7 @@ _REAP = text(
         FROM scheduler_jobs
         WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL}
             AND (CAST(:job_id AS text) IS NULL OR id = CAST(:job_id AS text))
+            AND running_run_id <> ALL({_RENEWING})
         FOR UPDATE SKIP LOCKED
     ), abandoned_runs AS (
         UPDATE scheduler_runs r
@@ -346,6 +354,7 @@ _REAP_REPLICA_RUNS = text(
         FROM scheduler_runs
         WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL} AND scope = 'replica'
             AND (CAST(:job_id AS text) IS NULL OR job_id = CAST(:job_id AS text))
+            AND id <> ALL({_RENEWING})
         FOR UPDATE SKIP LOCKED
     ), reaped AS (
         UPDATE scheduler_runs r
@@ -572,6 +581,17 @@ class JobStore:
         self.lease_clock = lease_clock
         self.key = LeaderKey.of(schedule)
         self.schedule = schedule
+        # The run ids whose running lease this process renews, kept by its Runner: no
+        # reap of this store takes them, whatever the lease clock says.
+        self.renewing: set[int] = set()
+
+    def _reap_params(self, now: datetime, job_id: str | None = None) -> dict[str, object]:
+        return {
+            "now": now,
+            "job_id": job_id,
+            "schedule": self.schedule,
+            "renewing": [str(run_id) for run_id in sorted(self.renewing)],
+        } | self._lease_now(now)
 
     def _lease_now(self, now: datetime | None = None) -> dict[str, object]:
         # On a test's clock, the caller's ``now`` (read before any wait) is the lease's.
@@ -661,10 +681,10 @@ class JobStore:
     async def reap(self, now: datetime) -> list[str]:
         """Reap every running lease that ran out (on the lease clock), a leader run's on the job
         row and a per-worker run's on its run row (see the module docstring); return the
-        ids of the jobs reaped, once per run."""
+        ids of the jobs reaped, once per run. A lease this process renews itself
+        (``renewing``) is never reaped: its body runs here."""
         async with self.engine.begin() as conn:
-            params: dict[str, object] = {"now": now, "job_id": None, "schedule": self.schedule}
-            params |= self._lease_now(now)
+            params = self._reap_params(now)
             reaped = [row.id for row in await conn.execute(_REAP, params)]
             replicas = await conn.execute(_REAP_REPLICA_RUNS, params)
             return reaped + [row.job_id for row in replicas]
@@ -856,11 +876,7 @@ class JobStore:
                 missed_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             run_id: int | None = None
             if runs:
-                await conn.execute(
-                    _REAP,
-                    {"now": now, "job_id": spec.id, "schedule": self.schedule}
-                    | self._lease_now(now),
-                )
+                await conn.execute(_REAP, self._reap_params(now, spec.id))
                 run_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
             params |= {"run_id": run_id}
             claimed = (await conn.execute(statement, params)).one_or_none()
@@ -992,11 +1008,7 @@ class JobStore:
         async with self.engine.begin() as conn:
             reaped = [
                 ReapedRun(row.job_id, row.run_id, row.pid, row.host)
-                for row in await conn.execute(
-                    _REAP_REPLICA_RUNS,
-                    {"now": now, "job_id": spec.id, "schedule": self.schedule}
-                    | self._lease_now(now),
-                )
+                for row in await conn.execute(_REAP_REPLICA_RUNS, self._reap_params(now, spec.id))
             ]
             params = self._run_params(spec, "replica", slot, now, "running", jitter=jitter)
             result = await conn.execute(_INSERT_RUN, params | {"lease_seconds": lease_seconds})

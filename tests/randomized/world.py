@@ -50,6 +50,13 @@ DELIVERY_TIMEOUT = 5.0
 _QUIET_SECONDS = 0.1
 _MAX_NUDGES = 60
 _SETTLE_TIMEOUT = 20.0
+# A running lease's length (config.lease_seconds, fake seconds: the lease clock is the
+# world's clock); its owner renews it every third of it. While a lease is held, time
+# passes in steps of at most _TIME_STEP, each one taken only when every lease a node
+# renews outlasts it: a lease that would not has a renewal due (it was taken or renewed
+# more than a period ago), so the world waits for that renewal to land first.
+_LEASE_SECONDS = 300
+_TIME_STEP = _LEASE_SECONDS / 6
 # A hung delivery holds its drain this long in real time.
 _STILL_STUCK_SECONDS = DELIVERY_TIMEOUT + 1
 _HEAL_ROUNDS = 12
@@ -124,7 +131,14 @@ class Node:
         world, node = self.world, self.label
 
         def started(ctx: JobContext) -> None:
-            world.recorder.body_started(plan.id, ctx.scheduled_at, node, world.firing_nodes())
+            world.recorder.body_started(
+                plan.id,
+                ctx.scheduled_at,
+                node,
+                world.leading_nodes(),
+                world.firing_nodes(),
+                world.describe_nodes(),
+            )
 
         if plan.thread:
 
@@ -158,8 +172,22 @@ class Node:
             first_run=plan.first_run,
         )(body)
 
+    def describe(self) -> str:
+        """The node's role, whether it fires, its lock connection and the runs whose
+        lease it renews, as a failure report shows them."""
+        supervisor = self.scheduler.supervisor
+        if supervisor is None:
+            return f"{self.label}: {self.role.value}"
+        said = f"{self.label}: {self.role.value}, firing {supervisor.firing}"
+        said += f", renewing {sorted(supervisor.store.renewing)}"
+        lock = supervisor.lock
+        if lock is None:
+            return said
+        closed = lock._connection.is_closed()  # a report, never a decision
+        return f"{said}, on backend {lock.backend_pid} (closed {closed})"
+
     async def _service(self, ctx: object) -> None:
-        self.world.recorder.service_started(self.label)
+        self.world.recorder.service_started(self.label, self.world.describe_nodes())
         try:
             await asyncio.Event().wait()
         finally:
@@ -208,15 +236,45 @@ class World:
         """Nodes started and not stopped."""
         return [node for node in self.nodes if node.running]
 
-    def firing_nodes(self) -> list[str]:
-        """Labels of the nodes that fire right now: leading, or unguarded."""
+    def describe_nodes(self) -> str:
+        """Every node as a failure report shows it (Node.describe)."""
+        return "; ".join(node.describe() for node in self.nodes)
+
+    def leading_nodes(self) -> list[str]:
+        """Labels of the nodes whose role is to fire: leading (from promotion to the
+        end of stepping down), or unguarded."""
         return [node.label for node in self.nodes if node.role in (Role.LEADER, Role.UNGUARDED)]
+
+    def firing_nodes(self) -> list[str]:
+        """Labels of the nodes that fire right now: their job loops run (a promoted
+        node in its handover grace does not fire yet, one stepping down no longer)."""
+        return [
+            node.label
+            for node in self.nodes
+            if node.scheduler.supervisor is not None and node.scheduler.supervisor.firing
+        ]
 
     def advance(self, seconds: float) -> None:
         """Move the clock, and wake the thread bodies waiting on it."""
         self.clock.advance(seconds)
         with self._time_moved:
             self._time_moved.notify_all()
+
+    async def pass_time(self, seconds: float) -> None:
+        """Let ``seconds`` pass as they pass for live processes, not as a freeze of all
+        of them: while a running lease is held, a step of at most _TIME_STEP at a time,
+        each taken once every lease a node renews outlasts it (the renewals that came
+        due landed). A jump is the fault that freezes everything at once. The outbox's
+        real-time work ends before each step."""
+        left = seconds
+        while left > 0:
+            step = min(left, _TIME_STEP) if await self._leases_held() else left
+            await self._leases_outlast(step)
+            # Last: no await lies between a quiet outbox and the clock's move (nor,
+            # after the last step, the step's action).
+            await self._quiesce()
+            self.advance(step)
+            left -= step
 
     def wait_in_thread(self, seconds: float) -> bool:
         """Block a worker thread for ``seconds`` of fake time; False when the run ends
@@ -238,7 +296,7 @@ class World:
         """Advance the clock, do the step's action, settle, and check every guarantee."""
         self.steps += 1
         self.faults += step.is_fault
-        self.advance(step.advance)
+        await self.pass_time(step.advance)
         await getattr(self, f"_do_{step.action}")(step)
         await self.settle()
         await self.check()
@@ -347,7 +405,16 @@ class World:
         Raises AssertionError naming what never came to rest (a stuck job)."""
         started = last_nudge = time.monotonic()
         nudges = 0
-        while reasons := await self._unsettled():
+        while True:
+            reasons = await self._unsettled()
+            # Work under way in real time (a receiver answering, an outcome being
+            # written, a lease renewal that came due) ends by itself; the clock stands
+            # still meanwhile, as it would. Asked last, so that no await lies between
+            # this answer and a nudge.
+            busy = await self._leases_short_of(TICK) + await self._in_flight()
+            reasons += busy
+            if not reasons:
+                return
             now = time.monotonic()
             if now - started > _SETTLE_TIMEOUT or (
                 nudges == _MAX_NUDGES and now - last_nudge > _STILL_STUCK_SECONDS
@@ -355,11 +422,82 @@ class World:
                 raise AssertionError(
                     f"stuck after {nudges} tick(s) at {self.clock.now().isoformat()}: {reasons}"
                 )
-            if now - last_nudge > _QUIET_SECONDS and nudges < _MAX_NUDGES:
+            if busy:
+                last_nudge = now
+            elif now - last_nudge > _QUIET_SECONDS and nudges < _MAX_NUDGES:
                 self.advance(TICK)
                 nudges += 1
                 last_nudge = now
             await asyncio.sleep(0.02)
+
+    async def _leases_outlast(self, seconds: float) -> None:
+        """Return once every live body's running lease outlasts ``seconds`` from now.
+        Raises AssertionError naming a lease whose renewal never landed."""
+        started = time.monotonic()
+        while short := await self._leases_short_of(seconds):
+            if time.monotonic() - started > _SETTLE_TIMEOUT:
+                raise AssertionError(
+                    f"running leases never renewed: {short} ({self.describe_nodes()})"
+                )
+            await asyncio.sleep(0.02)
+
+    async def _leases_held(self) -> bool:
+        """True while a job row holds a running lease (a run claimed, maybe not yet
+        started: its body, and its renewals, begin a moment after the claim)."""
+        try:
+            rows = await self._fetch(
+                "SELECT count(*) AS n FROM scheduler_jobs WHERE running_until IS NOT NULL"
+            )
+        except Exception:
+            return True  # unknown: take small steps
+        return bool(rows[0].n)
+
+    async def _leases_short_of(self, seconds: float) -> list[str]:
+        """The running leases a node renews that end within ``seconds``: each has a
+        renewal due (it was renewed, or taken, more than a period ago)."""
+        renewing = {
+            run_id
+            for node in self.nodes
+            if node.scheduler.supervisor is not None
+            for run_id in node.scheduler.supervisor.store.renewing
+        }
+        if not renewing:
+            return []
+        try:
+            rows = await self._fetch(
+                "SELECT id, running_run_id, running_until FROM scheduler_jobs"
+                " WHERE running_until IS NOT NULL"
+            )
+        except Exception:
+            return []  # the server is away: nothing renews, nothing reaps
+        horizon = self.clock.now() + timedelta(seconds=seconds)
+        return [
+            f"{row.id} (run {row.running_run_id}) leased until {row.running_until.isoformat()}"
+            for row in rows
+            if row.running_until <= horizon and row.running_run_id in renewing
+        ]
+
+    async def _quiesce(self) -> None:
+        """Return once no outbox work goes on in real time, so that the clock can move
+        (settle and check may have let a drain start meanwhile).
+
+        Raises AssertionError naming the work that never ended."""
+        started = time.monotonic()
+        while busy := await self._in_flight():
+            if time.monotonic() - started > _SETTLE_TIMEOUT:
+                raise AssertionError(f"still busy at {self.clock.now().isoformat()}: {busy}")
+            await asyncio.sleep(0.02)
+
+    async def _in_flight(self) -> list[str]:
+        """The outbox work going on in real time (see Receiver.in_flight)."""
+        held: dict[int, Any] = {}
+        if self.receiver.ended:
+            with contextlib.suppress(Exception):
+                rows = await self._fetch(
+                    "SELECT id, claimed_by FROM outbox_messages WHERE outbox = :o"
+                )
+                held = {row.id: row.claimed_by for row in rows}
+        return self.receiver.in_flight(held)
 
     async def _unsettled(self) -> list[str]:
         running = self.running_nodes()
@@ -538,7 +676,7 @@ class World:
             if not pending.n:
                 break
             wait = (pending.due - self.clock.now()).total_seconds() if pending.due else 0
-            self.advance(max(wait, 0) + 61)
+            await self.pass_time(max(wait, 0) + 61)
             await self.settle()
             await self.check()
         rows = await self._fetch("SELECT * FROM outbox_messages WHERE outbox = :o")
@@ -595,8 +733,10 @@ async def open_world(
     config = SchedulerConfig(
         lock_dsn=asyncpg_dsn(database_url),
         # Real seconds on the server (idle_session_timeout): long enough that a slow
-        # step on a loaded machine never drops a lock connection by itself.
-        lease_seconds=30,
+        # step on a loaded machine never drops a lock connection by itself. Fake
+        # seconds for a running lease: longer than a step's advance and its nudges, so
+        # that a claim still under way when time passes keeps a live lease.
+        lease_seconds=_LEASE_SECONDS,
         leader_tick_seconds=TICK,
         handover_grace_seconds=TICK,
         shutdown_grace_seconds=0.2,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database
-from app.scheduler import Scheduler, SystemClock, every
+from app.scheduler import FakeClock, Scheduler, SystemClock, every
 from app.scheduler.registry import JobSpec
 from app.scheduler.runner import Claim, Runner
 from app.scheduler.store import JobStore
@@ -90,3 +90,39 @@ async def test_a_leader_whose_clock_runs_ahead_starts_no_run_beside_a_live_one(
     claim = await ahead.claim_request(live_run.spec, requested_at, None)
     assert claim is not None and not claim.runs
     assert [status for status, _ in await runs(engine, "long")] == ["running", "skipped_overlap"]
+
+
+async def test_a_process_never_reaps_the_running_lease_of_a_body_it_runs_itself(
+    database: Database, engine: AsyncEngine, bodies: BlockingBodies
+) -> None:
+    clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC_ZONE))
+    scheduler = Scheduler()
+    scheduler.job(every(hours=1), id="long", first_run=0)(bodies)
+    spec = scheduler.jobs["long"]
+    owner = Runner(
+        JobStore(database.engine, pid=1, host="host-1", lease_clock=clock),
+        clock=clock,
+        zone=UTC_ZONE,
+        sessions=database.sessions,
+        sync_sessions=database.sync_sessions,
+        lease_seconds=LEASE_SECONDS,
+    )
+    rows = await owner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    claim = await owner.claim_leader(spec, rows["long"].next_run_at, None)
+    assert claim is not None and claim.runs
+    task = owner.start(spec, claim)
+    await bodies.entered()
+    # The process froze past the lease, and its leader tick came round before its
+    # renewal did: in the database the lease has run out while the body runs here.
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE scheduler_jobs SET running_until = :at WHERE id = 'long'"),
+            {"at": clock.now() - timedelta(seconds=1)},
+        )
+    try:
+        assert await owner.store.reap(clock.now()) == []
+        assert [status for status, _ in await runs(engine, "long")] == ["running"]
+    finally:
+        bodies.release.set()
+        await task
+    assert [status for status, _ in await runs(engine, "long")] == ["ok"]

@@ -2,6 +2,8 @@
 "running", a skipped or missed slot never hides a body that still runs, and a run
 whose owner died is reaped to ``abandoned`` once its lease has passed."""
 
+import asyncio
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -108,3 +110,50 @@ async def test_a_leader_runs_lateness_counts_from_its_jittered_fire_time(
     async with engine.connect() as conn:
         run = (await conn.execute(text("SELECT lateness_ms, jitter_ms FROM scheduler_runs"))).one()
     assert (run.lateness_ms, run.jitter_ms) == (0, int(jitter * 1000))
+
+
+async def test_an_outcome_whose_write_lost_its_connection_is_still_recorded(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    release = asyncio.Event()
+
+    @scheduler.job(every(hours=1), id="brief", first_run=0)
+    async def brief(ctx: JobContext) -> None:
+        await release.wait()
+
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    await wait_for_runs(engine, "brief", 1, finished=False)
+    async with engine.connect() as blocker:
+        # The job row locked: the outcome write waits on it, mid-transaction.
+        await blocker.execute(text("SELECT 1 FROM scheduler_jobs WHERE id = 'brief' FOR UPDATE"))
+        release.set()
+
+        async def writer() -> int | None:
+            async with engine.connect() as conn:
+                pid: int | None = (await conn.execute(_OUTCOME_WRITER)).scalar_one_or_none()
+                return pid
+
+        await eventually(lambda: _is_not_none(writer()), what="the outcome write waiting")
+        # Its connection is lost there (a server restart, a terminated backend).
+        async with engine.begin() as conn:
+            await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": await writer()})
+        await blocker.rollback()
+
+    async def recorded() -> bool:
+        return [status for status, _ in await runs(engine, "brief")] == ["ok"]
+
+    await eventually(recorded, what="the run's outcome recorded")
+
+
+# The backend of the outcome write, while it waits on the job row's lock.
+_OUTCOME_WRITER = text(
+    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+    " AND query LIKE '%UPDATE scheduler_jobs%last_finished_at%'"
+)
+
+
+async def _is_not_none(value: Awaitable[object]) -> bool:
+    return await value is not None

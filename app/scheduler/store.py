@@ -210,8 +210,8 @@ _INSERT_LEADER_RUNS = text(
     FROM unnest(CAST(CAST(:ids AS text[]) AS bigint[]), CAST(:job_ids AS text[]),
             CAST(CAST(:slots AS text[]) AS timestamptz[]),
             CAST(CAST(:manuals AS text[]) AS boolean[]), CAST(:statuses AS text[]),
-            CAST(CAST(:lateness_ms AS text[]) AS integer[]),
-            CAST(CAST(:jitter_ms AS text[]) AS integer[]), CAST(:errors AS text[]))
+            CAST(CAST(:lateness_ms AS text[]) AS bigint[]),
+            CAST(CAST(:jitter_ms AS text[]) AS bigint[]), CAST(:errors AS text[]))
         WITH ORDINALITY AS r(id, job_id, slot, manual, status, lateness_ms, jitter_ms, error, n)
     ORDER BY r.n
     ON CONFLICT (schedule, job_id, slot, manual) WHERE scope = 'leader' DO NOTHING

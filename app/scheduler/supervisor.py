@@ -609,11 +609,15 @@ class Supervisor:
                         if timetable.planned(job_id) is None:
                             timetable.plan(job_id, retry)
                 continue
-            waits: list[Awaitable[object]] = [timetable.changed.wait()]
             soonest = timetable.soonest()
-            if soonest is not None:
-                waits.append(self.clock.sleep((soonest - self.clock.now()).total_seconds()))
-            await _first(*waits)
+            # With nothing planned (every job paused) it still parks on the clock, a
+            # tick at a time, as every waiting part of a leader does.
+            delay = (
+                self.config.leader_tick_seconds
+                if soonest is None
+                else (soonest - self.clock.now()).total_seconds()
+            )
+            await _first(self.clock.sleep(delay), timetable.changed.wait())
             timetable.changed.clear()
 
     def _plan_row(self, job_id: str) -> None:

@@ -8,8 +8,10 @@ STANDBY waits inside ``pg_advisory_lock`` on its own lock connection, so the ser
 wakes it the moment the key is released. With a host lock (``host_lock_dir``), a
 worker first takes its host's flock: until then it is a STANDBY with no lock
 connection, and only the flock holder queues in PostgreSQL. LEADER waits
-HANDOVER_GRACE_SECONDS (less once the previous leader's backend is gone), then runs
-one loop per leader-only job and one task per service, and checks every
+HANDOVER_GRACE_SECONDS (less once the previous leader's backend is gone), then fires
+every leader-only job from one timer (a heap keyed by when each job is next due: one
+wake claims every job due by then in one statement) and runs one task per service,
+started only once the whole grace has passed (a service has no fence), and checks every
 LEADER_TICK_SECONDS that its lock connection still owns the key, through the handover
 and shutdown graces too (the check is what keeps the idle connection inside its
 lease). The termination listener of that connection demotes at once; the fence in
@@ -48,7 +50,7 @@ from .election import LockConnection, UnsafeLockConnectionError, engine_identity
 from .errors import ScheduleNameCollisionError
 from .host_lock import HostLock, HostLockError
 from .keys import DEFAULT_SCHEDULE, validate_schedule_name
-from .registry import JobSpec, Registry
+from .registry import JobSpec, Registry, ServiceSpec
 from .replicas import run_replica_jobs
 from .retry import backoff_delay, log_retry
 from .runner import Claim, Due, Runner
@@ -364,7 +366,8 @@ class Supervisor:
         reason = "stopped"
         fired, failure = False, None
         try:
-            if not await self._handover(lock):
+            grace_ends = self.clock.now() + timedelta(seconds=self.config.handover_grace_seconds)
+            if not await self._handover(lock, grace_ends):
                 reason = "lock lost during handover"
                 return None
             if self._stopping.is_set():
@@ -383,7 +386,9 @@ class Supervisor:
                 # Services (long-poll consumers) run on one process at most: never
                 # unguarded, where another worker may lead.
                 loops += [
-                    asyncio.create_task(self.runner.run_service(spec), name=f"service:{spec.id}")
+                    asyncio.create_task(
+                        self._service_after(spec, grace_ends), name=f"service:{spec.id}"
+                    )
                     for spec in self.registry.services.values()
                 ]
             self._firing.set()
@@ -791,10 +796,21 @@ class Supervisor:
         )
         self._retry_in(job_id, self.config.leader_tick_seconds)
 
-    async def _handover(self, lock: LockConnection | None) -> bool:
+    async def _service_after(self, spec: ServiceSpec, grace_ends: datetime) -> None:
+        """Run a service once the whole handover grace has passed. The grace ends early
+        for jobs when the previous leader's backend is gone, since their claims are
+        fenced; a service has no fence, and the old leader's copy of it runs until that
+        leader notices its loss, which the grace gives it time to do."""
+        wait = (grace_ends - self.clock.now()).total_seconds()
+        if wait > 0:
+            await self.clock.sleep(wait)
+        await self.runner.run_service(spec)
+
+    async def _handover(self, lock: LockConnection | None, deadline: datetime) -> bool:
         """The handover grace: wait until the previous leader's backend is gone, for at
-        most HANDOVER_GRACE_SECONDS on the clock (less after stop()). False once the
-        lock is lost.
+        most until ``deadline`` (HANDOVER_GRACE_SECONDS on the clock; less after
+        stop()). False once the lock is lost. Services wait for the deadline whatever
+        (_service_after).
 
         The grace lets an old leader that is about to notice its loss stop before we
         fire. A leader whose backend left the server (kill -9, terminated, its lease
@@ -805,7 +821,6 @@ class Supervisor:
         listed (a graceful handover) the grace runs to its end, ownership checked every
         leader tick (the checks keep the idle lock connection inside its lease).
         """
-        deadline = self.clock.now() + timedelta(seconds=self.config.handover_grace_seconds)
         checked = self.clock.now()
         tick = self.config.leader_tick_seconds
         while (left := (deadline - self.clock.now()).total_seconds()) > 0:

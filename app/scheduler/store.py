@@ -3,7 +3,10 @@
 The claim is the heart of at-most-once: a conditional UPDATE that moves a job's
 ``next_run_at`` from the due slot to the next one, committed with the run's history row
 before the body runs. Two processes that both think a slot is due race on that
-UPDATE, and PostgreSQL lets exactly one of them match the row. A guarded leader adds a
+UPDATE, and PostgreSQL lets exactly one of them match the row. A leader claims every
+slot due at one wake of its timer in ONE such UPDATE over the jobs' rows
+(``claim_many``), each row under the conditions it would meet alone; the one-job
+claim is its one-row case. A guarded leader adds a
 fence to the same statement: the claim matches only while the leader's own lock
 connection (by backend pid) still holds the key, so a leader that lost its lock while
 paused cannot claim a slot after it wakes.

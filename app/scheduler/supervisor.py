@@ -551,14 +551,13 @@ class Supervisor:
                 logger.warning("scheduler: could not reload the job rows", exc_info=True)
                 continue
             if timer.done():
-                # A bug, not a passing fault (the timer outlives those): lead anew.
-                logger.error(
-                    "scheduler.timer_died: %s; stepping down to lead anew (pid=%s)",
-                    _loop_death(timer),
-                    os.getpid(),
-                    extra={"action": "scheduler.timer_died", "pid": os.getpid()},
-                )
-                return "the job timer ended"
+                # A bug, not a passing fault (a wake's failure is retried): no leader
+                # job fires for the rest of this leadership, so each is marked broken
+                # (health says so) until a later registration or claim of it succeeds.
+                death = _loop_death(timer)
+                for spec in self.leader_jobs:
+                    if spec.id not in self._broken:
+                        await self._mark_broken(spec.id, death)
 
     async def _step_down(
         self, lock: LockConnection | None, loops: list[asyncio.Task[None]], reason: str
@@ -1013,11 +1012,11 @@ class _Timetable:
 
 
 def _loop_death(loop: asyncio.Task[None]) -> str:
-    """Why a job loop that should run for the whole leadership ended."""
+    """Why the job timer, which should run for the whole leadership, ended."""
     if loop.cancelled():
-        return "its job loop was cancelled while this worker leads"
+        return "the job timer was cancelled while this worker leads"
     exc = loop.exception()
-    return format_error(exc) if exc is not None else "its job loop returned"
+    return format_error(exc) if exc is not None else "the job timer returned"
 
 
 async def _first(*awaitables: Awaitable[object]) -> int:

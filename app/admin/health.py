@@ -3,11 +3,11 @@
 200 when all of these hold, 503 naming what failed otherwise:
 
 - a process holds the leader key (``leader``);
-- that leader fires (``firing``): it has registered its jobs and started its job loops
+- that leader fires (``firing``): it has registered its jobs and started its job timer
   (the leadership row names its lock backend) and its tick said so within one lease.
   A handover that never ends or a leader whose tick is stuck is not firing;
 - no job of this app is broken (``broken_jobs``): the leader could not handle its row
-  or next slot, or its job loop died;
+  or next slot, or its job timer died;
 - every leader-only job of this app is fired by the leader of its schedule
   (``jobs_not_led``): another app of the same schedule name may lead with another job
   set, and then this app's extra jobs run nowhere;

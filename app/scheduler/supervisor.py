@@ -188,7 +188,7 @@ class Supervisor:
 
     @property
     def firing(self) -> bool:
-        """True while this worker leads with its job loops running; False from the moment
+        """True while this worker leads with its job timer running; False from the moment
         it starts to step down."""
         return self._firing.is_set()
 
@@ -291,7 +291,7 @@ class Supervisor:
             self._acquiring.cancel()
 
     async def wait_until_firing(self, timeout: float = 10) -> None:
-        """Return once this worker leads with its job rows registered and loops running."""
+        """Return once this worker leads with its job rows registered and timer running."""
         async with asyncio.timeout(timeout):
             await self._firing.wait()
 

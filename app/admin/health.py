@@ -6,11 +6,11 @@
   schedule name whose key collides with another name's, see app/scheduler/keys.py);
 - a process holds the leader key of this schedule (``leader``); a key that
   scheduler_schedules gives to another name is not this schedule's;
-- that leader fires (``firing``): it has registered its jobs and started its job loops
+- that leader fires (``firing``): it has registered its jobs and started its job timer
   (the leadership row names its lock backend) and its tick said so within one lease.
   A handover that never ends or a leader whose tick is stuck is not firing;
 - no job of this app is broken (``broken_jobs``): the leader could not handle its row
-  or next slot, or its job loop died;
+  or next slot, or its job timer died;
 - every leader-only job and every service of this app is run by the leader of its
   schedule (``jobs_not_led``, their ids): another app of the same schedule name may
   lead with another set, and then this app's extra ones run nowhere;

@@ -110,7 +110,7 @@ A sync body runs in a thread, and a thread cannot be cancelled: on demotion (or 
 a timeout) it runs on. Two things keep the next slot from starting beside it:
 
 - *In the process*: the Runner, which lives as long as the scheduler, knows which jobs
-  have a body running here; a job loop of any later leadership claims the job's slots
+  have a body running here; the job timer of any later leadership claims the job's slots
   as ``skipped_overlap`` until the thread ends.
 - *In the cluster*: the claim that starts a run also takes the job row's *running
   lease* in the same UPDATE (``running_run_id``, ``running_since``, ``running_until``

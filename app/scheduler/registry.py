@@ -124,7 +124,7 @@ class JobSpec:
         """Seconds to wait after ``slot`` before firing it, in [0, jitter).
 
         Drawn once per (job id, slot): a hash, not a random draw, so every wake-up of the
-        job loop and every leader after a failover waits the same delay for the same
+        job timer and every leader after a failover waits the same delay for the same
         slot, and the delays of successive slots spread uniformly over the jitter.
         ``salt`` spreads the workers of a ``leader_only=False`` job apart (their pid).
         """

@@ -33,7 +33,7 @@ import inspect
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -48,11 +48,11 @@ from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
 from .retry import renewal_delay
-from .store import ClaimedSlot, JobStore, ThreadStore, format_error
+from .store import ClaimedSlot, JobStore, SlotClaim, ThreadStore, format_error
 from .threads import ThreadBody, keep_lease
-from .triggers import COUNTED_SLOTS
+from .triggers import COUNTED_SLOTS, Trigger
 
-__all__ = ["Claim", "Runner"]
+__all__ = ["Claim", "Due", "Runner"]
 
 logger = logging.getLogger("app.scheduler")
 
@@ -68,6 +68,32 @@ _SERVICE_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _BUSY_HERE = "the previous run was still going in this process"
 # Claim outcomes that start no body.
 _NOT_RUN = ("already_recorded", "skipped_overlap")
+
+
+@dataclass(frozen=True)
+class Due:
+    """What a leader claims for a job: its slot ``due`` (the job's next_run_at), or
+    with ``manual`` its run-now request made at ``due``."""
+
+    spec: JobSpec
+    due: datetime
+    manual: bool = False
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A claim about to be made: the job and what its claim writes."""
+
+    spec: JobSpec
+    item: SlotClaim
+
+
+def _one(claims: list[Claim | Exception | None]) -> Claim | None:
+    """The only claim of a one-job claim_many(); raises its trigger's exception."""
+    (claim,) = claims
+    if isinstance(claim, Exception):
+        raise claim
+    return claim
 
 
 @dataclass(frozen=True)
@@ -199,20 +225,86 @@ class Runner:
     async def claim_leader(
         self, spec: JobSpec, due: datetime, fence_pid: int | None
     ) -> Claim | None:
-        """Claim slot ``due`` of a leader-only job; the claim commits before any body runs.
+        """Claim slot ``due`` of a leader-only job: claim_many() of that one slot.
+        Raises what the job's trigger raises."""
+        return _one(await self.claim_many([Due(spec, due)], fence_pid))
 
-        Late slots coalesce into one run of the latest slot; with ``misfire_grace`` a
-        slot later than the grace is claimed as ``missed`` instead of run. Returns None
-        when the claim matched nothing: another process fired the slot, the job is
-        paused, or this process no longer holds the lock.
+    async def claim_request(
+        self, spec: JobSpec, requested_at: datetime, fence_pid: int | None
+    ) -> Claim | None:
+        """Claim the run-now request made at ``requested_at`` of a leader-only job:
+        claim_many() of that one request."""
+        return _one(await self.claim_many([Due(spec, requested_at, manual=True)], fence_pid))
+
+    async def claim_many(
+        self, dues: Sequence[Due], fence_pid: int | None
+    ) -> list[Claim | Exception | None]:
+        """Claim every slot and run-now request in ``dues`` (one per job) in one commit
+        of a few statements (JobStore.claim_many); each claim commits before any body
+        runs. Returns, in order, each one's Claim, or None where the claim matched
+        nothing (another process took it, the job is paused, or this process no longer
+        holds the lock), or the exception its job's trigger raised (that job was not
+        claimed; the others were).
+
+        A slot: late slots coalesce into one run of the latest slot; with
+        ``misfire_grace`` a slot later than the grace is claimed as ``missed`` instead of
+        run; while a body of the job runs in this process it is claimed as
+        ``skipped_overlap``. Jobs that share a trigger and a due slot share its slot
+        math, computed once.
+
+        A run-now request: one more run, whose slot is the request time, that fires at
+        once (no jitter, no misfire grace, nothing coalesced) and leaves the job's next
+        slot alone; like a slot, it is recorded skipped_overlap while a body of the job
+        runs here or holds the running lease elsewhere.
         """
+        # Read right before the claim: the running lease starts at this instant.
         now = self.clock.now()
-        latest, passed = spec.trigger.latest_slot(due, now, self.zone)
-        next_slot = spec.trigger.next_after(latest, self.zone)
+        slots: dict[tuple[Trigger, datetime], tuple[datetime, int, datetime]] = {}
+        plans: list[_Planned | Exception] = []
+        for due in dues:
+            try:
+                plans.append(self._plan(due, now, slots))
+            except Exception as exc:
+                plans.append(exc)
+        items = [plan.item for plan in plans if isinstance(plan, _Planned)]
+        claimed = iter(await self.store.claim_many(items, now=now, fence_pid=fence_pid))
+        return [
+            plan if isinstance(plan, Exception) else self._claimed(plan, next(claimed), now)
+            for plan in plans
+        ]
+
+    def _plan(
+        self,
+        due: Due,
+        now: datetime,
+        slots: dict[tuple[Trigger, datetime], tuple[datetime, int, datetime]],
+    ) -> _Planned:
+        """What claiming ``due`` at ``now`` writes; raises what the job's trigger raises."""
+        spec = due.spec
+        busy_here = self.is_running(spec.id)
+        if due.manual:
+            item = SlotClaim.request(
+                spec.id,
+                due.due,
+                status="skipped_overlap" if busy_here else "running",
+                lease_seconds=None if busy_here else self.lease_seconds,
+                error=_BUSY_HERE if busy_here else None,
+            )
+            return _Planned(spec, item)
+        key = (spec.trigger, due.due)
+        if key not in slots:
+            latest, passed = spec.trigger.latest_slot(due.due, now, self.zone)
+            slots[key] = (latest, passed, spec.trigger.next_after(latest, self.zone))
+        latest, passed, next_slot = slots[key]
+        if busy_here:
+            item = SlotClaim(
+                spec.id, due.due, latest, next_slot, "skipped_overlap", error=_BUSY_HERE
+            )
+            return _Planned(spec, item)
         grace = spec.misfire_grace
+        jitter = spec.jitter_delay(latest)
         # Lateness counts from when the schedule meant to fire: the slot plus its jitter.
-        fire_at = latest + timedelta(seconds=spec.jitter_delay(latest))
-        missed = grace is not None and (now - fire_at).total_seconds() > grace
+        missed = grace is not None and (now - latest).total_seconds() - jitter > grace
         error = missed_before = None
         # Past COUNTED_SLOTS the trigger stopped counting: the note says "at least".
         at_least = "at least " if passed >= COUNTED_SLOTS else ""
@@ -220,81 +312,51 @@ class Runner:
             error = f"{at_least}{passed + 1} slot(s) later than misfire_grace ({grace:g} s) skipped"
         elif grace is not None and passed:
             missed_before = (
-                due,
+                due.due,
                 f"{at_least}{passed} slot(s) later than misfire_grace ({grace:g} s)",
             )
-        jitter = spec.jitter_delay(latest)
-        claimed = await self.store.claim(
-            spec,
-            due=due,
-            next_slot=next_slot,
-            run_slot=latest,
-            now=now,
-            status="missed" if missed else "running",
-            fence_pid=fence_pid,
-            lease_seconds=self.lease_seconds,
+        item = SlotClaim(
+            spec.id,
+            due.due,
+            latest,
+            next_slot,
+            "missed" if missed else "running",
+            lease_seconds=None if missed else self.lease_seconds,
             error=error,
             missed_before=missed_before,
             jitter=jitter,
         )
+        return _Planned(spec, item)
+
+    def _claimed(self, plan: _Planned, claimed: ClaimedSlot | None, now: datetime) -> Claim | None:
+        """The Claim of a planned claim the store answered; logs and counts what starts
+        no body."""
         if claimed is None:
             return None
+        spec, item = plan.spec, plan.item
+        next_slot = claimed.next_slot if item.next_slot is None else item.next_slot
         if claimed.status in _NOT_RUN:
-            return self._not_run(spec, claimed, latest, next_slot, now)
-        if missed:
+            return self._not_run(spec, claimed, item.run_slot, next_slot, now, manual=item.manual)
+        if item.status == "missed":
             logger.warning(
                 'Missed job "%s" (id=%s, slot=%s, pid=%s)',
                 spec.name,
                 spec.id,
-                latest.isoformat(),
+                item.run_slot.isoformat(),
                 self.store.pid,
                 extra={"action": "job.missed", "job_id": spec.id, "pid": self.store.pid},
             )
-            self._observe(spec, "missed", 0.0, now - latest)
+            self._observe(spec, "missed", 0.0, now - item.run_slot)
+        runs = item.status == "running"
         return Claim(
             claimed.run_id,
-            latest,
+            item.run_slot,
             next_slot,
-            runs=not missed,
-            leased=not missed,
-            jitter=jitter,
+            runs=runs,
+            leased=runs,
+            jitter=item.jitter,
             term=claimed.term,
-        )
-
-    async def claim_request(
-        self, spec: JobSpec, requested_at: datetime, fence_pid: int | None
-    ) -> Claim | None:
-        """Claim the run-now request made at ``requested_at`` of a leader-only job: one
-        more run, whose slot is the request time, that fires at once (no jitter, no
-        misfire grace, nothing coalesced) and leaves the job's next slot alone. Like a
-        slot, it is recorded skipped_overlap while a body of the job runs here or holds
-        the running lease elsewhere. Returns None when the claim matched nothing:
-        another process took the request, the job is paused, or this process no longer
-        holds the lock.
-        """
-        now = self.clock.now()
-        busy_here = self.is_running(spec.id)
-        claimed = await self.store.claim_request(
-            spec,
-            requested_at=requested_at,
-            now=now,
-            status="skipped_overlap" if busy_here else "running",
-            fence_pid=fence_pid,
-            lease_seconds=None if busy_here else self.lease_seconds,
-            error=_BUSY_HERE if busy_here else None,
-        )
-        if claimed is None:
-            return None
-        if claimed.status in _NOT_RUN:
-            return self._not_run(spec, claimed, requested_at, claimed.next_slot, now, manual=True)
-        return Claim(
-            claimed.run_id,
-            requested_at,
-            claimed.next_slot,
-            runs=True,
-            leased=True,
-            term=claimed.term,
-            manual=True,
+            manual=item.manual,
         )
 
     def _not_run(
@@ -330,28 +392,6 @@ class Runner:
             )
             self._observe(spec, "skipped_overlap", 0.0, now - slot)
         return Claim(claimed.run_id, slot, next_slot, runs=False, manual=manual)
-
-    async def skip_overlap(
-        self, spec: JobSpec, due: datetime, fence_pid: int | None
-    ) -> Claim | None:
-        """Claim slot ``due`` while the job still runs, recorded as skipped_overlap."""
-        now = self.clock.now()
-        latest, _ = spec.trigger.latest_slot(due, now, self.zone)
-        next_slot = spec.trigger.next_after(latest, self.zone)
-        claimed = await self.store.claim(
-            spec,
-            due=due,
-            next_slot=next_slot,
-            run_slot=latest,
-            now=now,
-            status="skipped_overlap",
-            fence_pid=fence_pid,
-            error=_BUSY_HERE,
-        )
-        if claimed is None:
-            return None
-        self._observe(spec, "skipped_overlap", 0.0, now - latest)
-        return Claim(claimed.run_id, latest, next_slot, runs=False)
 
     async def fire_replica(self, spec: JobSpec, slot: datetime, *, jitter: float = 0.0) -> int:
         """Run a per-replica job's slot on this worker: no claim, no lock; the run holds

@@ -3,7 +3,10 @@
 The claim is the heart of at-most-once: a conditional UPDATE that moves a job's
 ``next_run_at`` from the due slot to the next one, committed with the run's history row
 before the body runs. Two processes that both think a slot is due race on that
-UPDATE, and PostgreSQL lets exactly one of them match the row. A guarded leader adds a
+UPDATE, and PostgreSQL lets exactly one of them match the row. A leader claims every
+slot due at one wake of its timer in ONE such UPDATE over the jobs' rows
+(``claim_many``), each row under the conditions it would meet alone; the one-job
+claim is its one-row case. A guarded leader adds a
 fence to the same statement: the claim matches only while the leader's own lock
 connection (by backend pid) still holds the key, so a leader that lost its lock while
 paused cannot claim a slot after it wakes.
@@ -65,13 +68,14 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import Clock
 from .errors import ScheduleNameCollisionError
 from .keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from .registry import JobSpec
+from .triggers import Trigger
 
 __all__ = [
     "LEASE_NOW_SQL",
@@ -81,6 +85,7 @@ __all__ = [
     "LeaderJobs",
     "LeaderRow",
     "ReapedRun",
+    "SlotClaim",
     "ThreadStore",
     "format_error",
     "storable",
@@ -146,53 +151,80 @@ _LOAD = text(
 LEASE_NOW_SQL = "COALESCE(CAST(:lease_now AS timestamptz), clock_timestamp())"
 _LEASE_END = f"({LEASE_NOW_SQL} + make_interval(secs => CAST(:lease_seconds AS double precision)))"
 # A run starts only when no other body holds an unexpired running lease on the job.
-_STARTS = f"""(CAST(:runs AS boolean)
-        AND (running_until IS NULL OR running_until <= {LEASE_NOW_SQL}))"""
-# A slot claim moves the job's next slot; a run-now claim clears its request. A slot
-# that is not run never overwrites the status of a body that still runs.
+_STARTS = f"""(c.runs AND (j.running_until IS NULL OR j.running_until <= {LEASE_NOW_SQL}))"""
+# Every slot and run-now request a wake claims, in ONE conditional UPDATE: each given
+# row (c) matches its job only while the job is unpaused, its slot (next_run_at) or
+# request (run_requested_at, ``manual``) is still the one given, and (fenced) this
+# process's lock connection holds the key. A slot claim moves the job's next slot; a
+# run-now claim clears its request. A slot that is not run never overwrites the status
+# of a body that still runs. Arrays travel as text[] (see _UPSERT).
 _CLAIM = """
-    UPDATE scheduler_jobs
-    SET {advance},
+    UPDATE scheduler_jobs j
+    SET next_run_at = CASE WHEN c.manual THEN j.next_run_at ELSE c.next_slot END,
+        run_requested_at = CASE WHEN c.manual THEN NULL ELSE j.run_requested_at END,
         last_started_at = CASE WHEN {starts}
-            THEN CAST(:now AS timestamptz) ELSE last_started_at END,
+            THEN CAST(:now AS timestamptz) ELSE j.last_started_at END,
         last_status = CASE WHEN {starts} THEN 'running'
-            WHEN running_until > {lease_now} THEN last_status
-            WHEN CAST(:runs AS boolean) THEN 'skipped_overlap' ELSE CAST(:status AS text) END,
-        running_run_id = CASE WHEN {starts}
-            THEN CAST(:run_id AS bigint) ELSE running_run_id END,
+            WHEN j.running_until > {lease_now} THEN j.last_status
+            WHEN c.runs THEN 'skipped_overlap' ELSE c.status END,
+        running_run_id = CASE WHEN {starts} THEN c.run_id ELSE j.running_run_id END,
         running_since = CASE WHEN {starts}
-            THEN CAST(:now AS timestamptz) ELSE running_since END,
-        running_until = CASE WHEN {starts} THEN {lease_end} ELSE running_until END,
-        running_pid = CASE WHEN {starts} THEN CAST(:pid AS integer) ELSE running_pid END,
-        running_host = CASE WHEN {starts} THEN CAST(:host AS text) ELSE running_host END,
+            THEN CAST(:now AS timestamptz) ELSE j.running_since END,
+        running_until = CASE WHEN {starts}
+            THEN {lease_now} + make_interval(secs => c.lease_seconds) ELSE j.running_until END,
+        running_pid = CASE WHEN {starts} THEN CAST(:pid AS integer) ELSE j.running_pid END,
+        running_host = CASE WHEN {starts} THEN CAST(:host AS text) ELSE j.running_host END,
         updated_at = now()
-    WHERE schedule = :schedule AND id = :job_id AND {due_column} = :due AND NOT paused {fence}
-    RETURNING running_run_id IS NOT DISTINCT FROM CAST(:run_id AS bigint) AS started,
-        next_run_at, running_run_id, running_until, running_pid, running_host,
+    FROM unnest(CAST(:ids AS text[]), CAST(CAST(:dues AS text[]) AS timestamptz[]),
+            CAST(CAST(:next_slots AS text[]) AS timestamptz[]),
+            CAST(CAST(:manuals AS text[]) AS boolean[]), CAST(CAST(:runs AS text[]) AS boolean[]),
+            CAST(:statuses AS text[]), CAST(CAST(:run_ids AS text[]) AS bigint[]),
+            CAST(CAST(:lease_seconds AS text[]) AS double precision[]))
+        AS c(id, due, next_slot, manual, runs, status, run_id, lease_seconds)
+    WHERE j.schedule = :schedule AND j.id = c.id AND NOT j.paused
+        AND CASE WHEN c.manual THEN j.run_requested_at ELSE j.next_run_at END = c.due {fence}
+    RETURNING c.id, j.running_run_id IS NOT DISTINCT FROM c.run_id AS started,
+        j.next_run_at, j.running_run_id, j.running_until, j.running_pid, j.running_host,
         COALESCE((SELECT term FROM scheduler_leadership WHERE schedule = :schedule), 0) AS term
     """
 _FENCE = f"""
       AND EXISTS (
         SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted AND pid = :fence_pid)
     """
-# (manual, fenced) -> the claim statement: a slot (manual False) or a run-now request.
+# fenced -> the claim statement.
 _CLAIMS = {
-    (manual, fenced): text(
-        _CLAIM.format(
-            starts=_STARTS,
-            lease_now=LEASE_NOW_SQL,
-            lease_end=_LEASE_END,
-            advance=advance,
-            due_column=due_column,
-            fence=_FENCE if fenced else "",
-        )
-    )
-    for manual, advance, due_column in (
-        (False, "next_run_at = :next_slot", "next_run_at"),
-        (True, "run_requested_at = NULL", "run_requested_at"),
+    fenced: text(
+        _CLAIM.format(starts=_STARTS, lease_now=LEASE_NOW_SQL, fence=_FENCE if fenced else "")
     )
     for fenced in (False, True)
 }
+# Run ids for a claim's rows, allocated before its UPDATE (a run's id is its lease token).
+_NEXT_RUN_IDS = text(
+    "SELECT nextval(pg_get_serial_sequence('scheduler_runs', 'id')) AS id"
+    " FROM generate_series(1, CAST(:count AS integer))"
+)
+# The leader run rows of a claim, in one statement; a slot that already has its run
+# keeps it (the row given is left out of RETURNING).
+_INSERT_LEADER_RUNS = text(
+    """
+    INSERT INTO scheduler_runs
+        (id, schedule, job_id, scope, slot, manual, started_at, finished_at, status,
+         lateness_ms, jitter_ms, pid, host, error)
+    SELECT COALESCE(r.id, nextval(pg_get_serial_sequence('scheduler_runs', 'id'))),
+        :schedule, r.job_id, 'leader', r.slot, r.manual, CAST(:now AS timestamptz),
+        CASE WHEN r.status = 'running' THEN NULL ELSE CAST(:now AS timestamptz) END,
+        r.status, r.lateness_ms, r.jitter_ms, :pid, :host, r.error
+    FROM unnest(CAST(CAST(:ids AS text[]) AS bigint[]), CAST(:job_ids AS text[]),
+            CAST(CAST(:slots AS text[]) AS timestamptz[]),
+            CAST(CAST(:manuals AS text[]) AS boolean[]), CAST(:statuses AS text[]),
+            CAST(CAST(:lateness_ms AS text[]) AS bigint[]),
+            CAST(CAST(:jitter_ms AS text[]) AS bigint[]), CAST(:errors AS text[]))
+        WITH ORDINALITY AS r(id, job_id, slot, manual, status, lateness_ms, jitter_ms, error, n)
+    ORDER BY r.n
+    ON CONFLICT (schedule, job_id, slot, manual) WHERE scope = 'leader' DO NOTHING
+    RETURNING id, job_id, slot, manual
+    """
+)
 
 _INSERT_RUN = text(
     f"""
@@ -260,7 +292,6 @@ _START_REPLICA_JOB = text(
     WHERE schedule = :schedule AND id = :job_id
     """
 )
-_NEXT_RUN_ID = text("SELECT nextval(pg_get_serial_sequence('scheduler_runs', 'id'))")
 
 _RENEW_LEASE = text(
     f"""
@@ -317,7 +348,7 @@ _REAP = text(
                    running_until) AS note
         FROM scheduler_jobs
         WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL}
-            AND (CAST(:job_id AS text) IS NULL OR id = CAST(:job_id AS text))
+            AND (CAST(:job_ids AS text[]) IS NULL OR id = ANY(CAST(:job_ids AS text[])))
             AND running_run_id <> ALL({_RENEWING})
         FOR UPDATE SKIP LOCKED
     ), abandoned_runs AS (
@@ -503,15 +534,26 @@ class LeaderRow:
 
     @classmethod
     def of(
-        cls, spec: JobSpec, now: datetime, zone: ZoneInfo, *, stored_trigger: str | None = None
+        cls,
+        spec: JobSpec,
+        now: datetime,
+        zone: ZoneInfo,
+        *,
+        stored_trigger: str | None = None,
+        first_slots: dict[Trigger, datetime] | None = None,
     ) -> LeaderRow:
         """The row of ``spec`` registered at ``now``; raises what its trigger raises.
         ``stored_trigger``: the trigger its stored row has; when it is the job's own,
-        no slot is computed (a cron's slot math is what 10,000 jobs would wait on)."""
+        no slot is computed (a cron's slot math is what 10,000 jobs would wait on).
+        ``first_slots``: each trigger's first slot at ``now``, filled in as computed,
+        shared by the rows of one registration so a trigger is computed once."""
         trigger = spec.trigger.describe()
         if stored_trigger == trigger:
             return cls(spec.id, spec.name, trigger, None, None)
-        own_first_slot = spec.trigger.first_slot(now, zone)
+        slots = {} if first_slots is None else first_slots
+        if spec.trigger not in slots:
+            slots[spec.trigger] = spec.trigger.first_slot(now, zone)
+        own_first_slot = slots[spec.trigger]
         first_slot = own_first_slot
         if spec.first_run is not None:
             first_slot = now + timedelta(seconds=spec.first_run)
@@ -529,15 +571,75 @@ class JobRow:
 
 
 @dataclass(frozen=True)
-class _ClaimKey:
-    """What a claim matches and records: ``due`` is the slot in next_run_at (or the
-    request in run_requested_at, ``manual``); ``run_slot`` is the slot of the run row;
-    ``next_slot`` is where a slot claim moves next_run_at (None for a request)."""
+class SlotClaim:
+    """One job's claim in a JobStore.claim_many(): its slot ``due`` (next_run_at), or
+    with ``manual`` its run-now request made at ``due`` (run_requested_at).
 
+    ``run_slot``: the slot of the run row (a late slot coalesces into the latest; a
+    request's is the request time). ``next_slot``: where a slot claim moves next_run_at
+    (None for a request, which leaves it). ``status``: 'running' for a run, which takes
+    the running lease for ``lease_seconds``; 'missed' or 'skipped_overlap' for a slot
+    claimed but not run. ``missed_before`` (slot, note) adds a 'missed' row for the
+    slots an outage passed over before this one. ``jitter`` (seconds) is recorded
+    apart: lateness counts from ``run_slot`` + ``jitter``.
+    """
+
+    job_id: str
     due: datetime
     run_slot: datetime
     next_slot: datetime | None
-    manual: bool
+    status: str
+    lease_seconds: float | None = None
+    error: str | None = None
+    missed_before: tuple[datetime, str] | None = None
+    jitter: float = 0.0
+
+    @classmethod
+    def request(
+        cls,
+        job_id: str,
+        requested_at: datetime,
+        *,
+        status: str,
+        lease_seconds: float | None = None,
+        error: str | None = None,
+    ) -> SlotClaim:
+        """The claim of the run-now request made at ``requested_at``."""
+        return cls(job_id, requested_at, requested_at, None, status, lease_seconds, error)
+
+    @property
+    def manual(self) -> bool:
+        """True for a run-now request."""
+        return self.next_slot is None
+
+    @property
+    def runs(self) -> bool:
+        """True when the claim starts a run (it asks for the running lease)."""
+        return self.status == "running"
+
+
+@dataclass(frozen=True)
+class _Recording:
+    """What a claim's UPDATE gave one job, for its run row."""
+
+    status: str
+    error: str | None
+    run_id: int | None
+    term: int
+    next_slot: datetime
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _text(value: float | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _lateness_ms(now: datetime, slot: datetime, jitter: float) -> int:
+    """Milliseconds from the slot plus its jitter to ``now``; never below zero."""
+    return max(0, int((now - slot - timedelta(seconds=jitter)).total_seconds() * 1000))
 
 
 def format_error(exc: BaseException, limit: int = 8000) -> str:
@@ -585,10 +687,13 @@ class JobStore:
         # reap of this store takes them, whatever the lease clock says.
         self.renewing: set[int] = set()
 
-    def _reap_params(self, now: datetime, job_id: str | None = None) -> dict[str, object]:
+    def _reap_params(
+        self, now: datetime, job_id: str | None = None, job_ids: list[str] | None = None
+    ) -> dict[str, object]:
         return {
             "now": now,
             "job_id": job_id,
+            "job_ids": job_ids,
             "schedule": self.schedule,
             "renewing": [str(run_id) for run_id in sorted(self.renewing)],
         } | self._lease_now(now)
@@ -784,30 +889,23 @@ class JobStore:
         missed_before: tuple[datetime, str] | None = None,
         jitter: float = 0.0,
     ) -> ClaimedSlot | None:
-        """Claim slot ``due`` and record its run row, in one commit.
-
-        ``status`` is 'running' for a run, or 'missed' / 'skipped_overlap' for a slot
-        that is claimed but not run. A run takes the job's running lease for
-        ``lease_seconds`` in the claim's own UPDATE; while another body holds an
-        unexpired lease the slot is recorded 'skipped_overlap' instead. ``missed_before``
-        (slot, note) adds a 'missed' row for the slots an outage passed over before this
-        one. A lease of the job that ran out is reaped first. ``jitter`` (seconds) is
-        recorded apart: lateness counts from ``run_slot`` + ``jitter``. Returns the run
-        row and the status it got, or None when the claim matched
-        nothing: another process took the slot, the job is paused, or (fenced) this
-        process no longer holds the leader key.
+        """Claim slot ``due`` and record its run row, in one commit: claim_many() of
+        one slot (see SlotClaim for the arguments). Returns the run row and the status
+        it got, or None when the claim matched nothing: another process took the slot,
+        the job is paused, or (fenced) this process no longer holds the leader key.
         """
-        return await self._claim(
-            spec,
-            _ClaimKey(due, run_slot, next_slot, manual=False),
-            now=now,
+        item = SlotClaim(
+            spec.id,
+            due=due,
+            run_slot=run_slot,
+            next_slot=next_slot,
             status=status,
-            fence_pid=fence_pid,
             lease_seconds=lease_seconds,
             error=error,
             missed_before=missed_before,
             jitter=jitter,
         )
+        return (await self.claim_many([item], now=now, fence_pid=fence_pid))[0]
 
     async def claim_request(
         self,
@@ -828,126 +926,179 @@ class JobStore:
         the claim matched nothing: another process took the request, the job is paused,
         or (fenced) this process no longer holds the leader key.
         """
-        return await self._claim(
-            spec,
-            _ClaimKey(requested_at, requested_at, None, manual=True),
-            now=now,
-            status=status,
-            fence_pid=fence_pid,
-            lease_seconds=lease_seconds,
-            error=error,
+        item = SlotClaim.request(
+            spec.id, requested_at, status=status, lease_seconds=lease_seconds, error=error
         )
+        return (await self.claim_many([item], now=now, fence_pid=fence_pid))[0]
 
-    async def _claim(
-        self,
-        spec: JobSpec,
-        key: _ClaimKey,
-        *,
-        now: datetime,
-        status: str,
-        fence_pid: int | None,
-        lease_seconds: float | None,
-        error: str | None,
-        missed_before: tuple[datetime, str] | None = None,
-        jitter: float = 0.0,
-    ) -> ClaimedSlot | None:
-        runs = status == "running"
-        assert not runs or lease_seconds is not None, "a run needs the length of its lease"
-        params = {
-            "job_id": spec.id,
-            "due": key.due,
-            "next_slot": key.next_slot,
-            "now": now,
-            "runs": runs,
-            "status": status,
-            "lease_seconds": lease_seconds,
-            "pid": self.pid,
-            "host": self.host,
-            "schedule": self.schedule,
-        } | self._lease_now(now)
-        statement = _CLAIMS[(key.manual, fence_pid is not None)]
-        if fence_pid is not None:
-            params |= {"fence_pid": fence_pid} | self.key.bind_params
+    async def claim_many(
+        self, items: Sequence[SlotClaim], *, now: datetime, fence_pid: int | None
+    ) -> list[ClaimedSlot | None]:
+        """Claim every slot and run-now request in ``items`` (one per job) and record
+        their run rows, in one commit and a fixed number of statements however many
+        there are: one reap of their lapsed leases, one allocation of run ids, ONE
+        conditional UPDATE that claims them all, one insert of the run rows.
+
+        Each item is claimed exactly as it would be alone: it matches only while its job
+        is unpaused, its slot or request is still the one given and (``fence_pid``) this
+        process's lock connection holds the key. An item whose status is 'running' takes
+        the job's running lease for its ``lease_seconds``, or is recorded
+        'skipped_overlap' while another body holds an unexpired one (a lease that ran
+        out is reaped first). A slot that already has its run is 'already_recorded'
+        and runs nothing, but the job moves on. Returns, in the order of ``items``,
+        each one's run row and status, or None where the claim matched nothing.
+        """
+        if not items:
+            return []
+        ids = [item.job_id for item in items]
+        assert len(set(ids)) == len(ids), "one claim per job at a time"
+        assert all(item.status != "running" or item.lease_seconds is not None for item in items), (
+            "a run needs the length of its lease"
+        )
+        lease_now = self._lease_now(now)
+        # Rows in id order: two claims of overlapping jobs lock them in the same order.
+        order = sorted(range(len(items)), key=lambda index: ids[index])
+        ordered = [items[index] for index in order]
         async with self.engine.begin() as conn:
-            # History reads in id order: the passed-over slots' row gets the lower id,
-            # though the claim below allocates the run's id (its lease token) first.
-            missed_id = None
-            if missed_before is not None:
-                missed_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
-            run_id: int | None = None
+            runs = [item.job_id for item in ordered if item.runs]
             if runs:
-                await conn.execute(_REAP, self._reap_params(now, spec.id))
-                run_id = (await conn.execute(_NEXT_RUN_ID)).scalar_one()
-            params |= {"run_id": run_id}
-            claimed = (await conn.execute(statement, params)).one_or_none()
-            if claimed is None:
-                return None
-            if runs and not claimed.started:
-                run_id = None
-                status = "skipped_overlap"
-                error = (
-                    f"run {claimed.running_run_id} was still going on "
-                    f"{claimed.running_host} (pid {claimed.running_pid}); its running lease "
-                    f"lasts until {claimed.running_until.isoformat()}"
-                )
-            if missed_before is not None:
-                # A passed-over slot that is already in the history stays as recorded.
-                missed_slot, note = missed_before
-                await conn.execute(
-                    _INSERT_RUN,
-                    self._run_params(
-                        spec, "leader", missed_slot, now, "missed", error=note, id=missed_id
-                    ),
-                )
-            run_slot = key.run_slot
-            inserted = (
-                await conn.execute(
-                    _INSERT_RUN,
-                    self._run_params(
-                        spec,
-                        "leader",
-                        run_slot,
-                        now,
+                await conn.execute(_REAP, self._reap_params(now, job_ids=runs))
+            # History reads in id order: a job's passed-over slots get the lower id,
+            # though the claim allocates the run's id (its lease token) first.
+            wanted = sum(item.runs + (item.missed_before is not None) for item in ordered)
+            allocated = []
+            if wanted:
+                allocated = [row.id for row in await conn.execute(_NEXT_RUN_IDS, {"count": wanted})]
+            fresh = iter(sorted(allocated))
+            missed_ids = {
+                item.job_id: next(fresh) for item in ordered if item.missed_before is not None
+            }
+            run_ids = {item.job_id: next(fresh) for item in ordered if item.runs}
+            params: dict[str, object] = {
+                "ids": [item.job_id for item in ordered],
+                "dues": [_iso(item.due) for item in ordered],
+                "next_slots": [_iso(item.next_slot) for item in ordered],
+                "manuals": [_flag(item.manual) for item in ordered],
+                "runs": [_flag(item.runs) for item in ordered],
+                "statuses": [item.status for item in ordered],
+                "run_ids": [_text(run_ids.get(item.job_id)) for item in ordered],
+                "lease_seconds": [_text(item.lease_seconds) for item in ordered],
+                "now": now,
+                "pid": self.pid,
+                "host": self.host,
+                "schedule": self.schedule,
+            } | lease_now
+            if fence_pid is not None:
+                params |= {"fence_pid": fence_pid} | self.key.bind_params
+            claimed = {
+                row.id: row for row in await conn.execute(_CLAIMS[fence_pid is not None], params)
+            }
+            if not claimed:
+                return [None] * len(items)
+            recorded: dict[str, _Recording] = {}
+            rows: list[tuple[int | None, str, datetime, bool, str, int, int, str | None]] = []
+            for item in ordered:
+                row = claimed.get(item.job_id)
+                if row is None:
+                    continue
+                status, error = item.status, item.error
+                if item.runs and not row.started:
+                    status = "skipped_overlap"
+                    error = (
+                        f"run {row.running_run_id} was still going on "
+                        f"{row.running_host} (pid {row.running_pid}); its running lease "
+                        f"lasts until {row.running_until.isoformat()}"
+                    )
+                run_id = run_ids.get(item.job_id) if status == "running" else None
+                recorded[item.job_id] = _Recording(status, error, run_id, row.term, row.next_run_at)
+                if item.missed_before is not None:
+                    # A passed-over slot that is already in the history stays as recorded.
+                    missed_slot, note = item.missed_before
+                    missed = (missed_ids[item.job_id], item.job_id, missed_slot, False)
+                    rows.append((*missed, "missed", _lateness_ms(now, missed_slot, 0.0), 0, note))
+                fire = _lateness_ms(now, item.run_slot, item.jitter)
+                jitter_ms = int(item.jitter * 1000)
+                rows.append(
+                    (
+                        run_id,
+                        item.job_id,
+                        item.run_slot,
+                        item.manual,
                         status,
-                        error=error,
-                        id=run_id,
-                        jitter=jitter,
-                        manual=key.manual,
-                    ),
+                        fire,
+                        jitter_ms,
+                        error,
+                    )
                 )
-            ).scalar_one_or_none()
-            if inserted is not None:
-                return ClaimedSlot(inserted, status, claimed.term, claimed.next_run_at, error)
-            # The slot already has its run: never run it again, but let the job move on
-            # (the claim above moved next_run_at); a history row never blocks a claim.
-            recorded = (
-                await conn.execute(
-                    _RECORDED_RUN,
+            inserted = {
+                (row.job_id, row.slot, row.manual): row.id
+                for row in await conn.execute(
+                    _INSERT_LEADER_RUNS,
                     {
-                        "job_id": spec.id,
-                        "slot": run_slot,
-                        "manual": key.manual,
+                        "ids": [_text(row[0]) for row in rows],
+                        "job_ids": [row[1] for row in rows],
+                        "slots": [_iso(row[2]) for row in rows],
+                        "manuals": [_flag(row[3]) for row in rows],
+                        "statuses": [row[4] for row in rows],
+                        "lateness_ms": [str(row[5]) for row in rows],
+                        "jitter_ms": [str(row[6]) for row in rows],
+                        "errors": [row[7] for row in rows],
+                        "now": now,
+                        "pid": self.pid,
+                        "host": self.host,
                         "schedule": self.schedule,
                     },
                 )
-            ).one()
-            if run_id is not None:
-                await conn.execute(
-                    _UNDO_START,
-                    {
-                        "job_id": spec.id,
-                        "run_id": run_id,
-                        "status": recorded.status,
-                        "schedule": self.schedule,
-                    },
-                )
-            return ClaimedSlot(
-                recorded.id,
-                "already_recorded",
-                claimed.term,
-                claimed.next_run_at,
-                f"slot {run_slot.isoformat()} already has run {recorded.id} ({recorded.status})",
+            }
+            results: dict[str, ClaimedSlot] = {}
+            for item in ordered:
+                got = recorded.get(item.job_id)
+                if got is None:
+                    continue
+                run_row = inserted.get((item.job_id, item.run_slot, item.manual))
+                if run_row is not None:
+                    results[item.job_id] = ClaimedSlot(
+                        run_row, got.status, got.term, got.next_slot, got.error
+                    )
+                    continue
+                results[item.job_id] = await self._already_recorded(conn, item, got)
+        return [results.get(job_id) for job_id in ids]
+
+    async def _already_recorded(
+        self, conn: AsyncConnection, item: SlotClaim, got: _Recording
+    ) -> ClaimedSlot:
+        """The slot already has its run: never run it again, but let the job move on (the
+        claim moved next_run_at; a history row never blocks a claim). A start the claim
+        made is undone. Rare (a trigger change, a clock behind the last leader's), so
+        one statement per such slot."""
+        recorded = (
+            await conn.execute(
+                _RECORDED_RUN,
+                {
+                    "job_id": item.job_id,
+                    "slot": item.run_slot,
+                    "manual": item.manual,
+                    "schedule": self.schedule,
+                },
             )
+        ).one()
+        if got.run_id is not None:
+            await conn.execute(
+                _UNDO_START,
+                {
+                    "job_id": item.job_id,
+                    "run_id": got.run_id,
+                    "status": recorded.status,
+                    "schedule": self.schedule,
+                },
+            )
+        return ClaimedSlot(
+            recorded.id,
+            "already_recorded",
+            got.term,
+            got.next_slot,
+            f"slot {item.run_slot.isoformat()} already has run {recorded.id} ({recorded.status})",
+        )
 
     async def renew_lease(
         self, job_id: str, run_id: int, lease_seconds: float, *, replica: bool = False
@@ -1056,7 +1207,6 @@ class JobStore:
         manual: bool = False,
     ) -> dict[str, object]:
         finished = None if status == "running" else now
-        fire_at = slot + timedelta(seconds=jitter)
         return {
             "id": id,
             "schedule": self.schedule,
@@ -1067,7 +1217,7 @@ class JobStore:
             "started_at": now,
             "finished_at": finished,
             "status": status,
-            "lateness_ms": max(0, int((now - fire_at).total_seconds() * 1000)),
+            "lateness_ms": _lateness_ms(now, slot, jitter),
             "jitter_ms": int(jitter * 1000),
             "pid": self.pid,
             "host": self.host,

@@ -10,8 +10,10 @@ schedule's name (a name whose key collides with another's is refused there, neve
 left waiting on the host lock file the two keys share). With a host lock
 (``host_lock_dir``), a worker then takes its host's flock: until then it is a STANDBY with no lock
 connection, and only the flock holder queues in PostgreSQL. LEADER waits
-HANDOVER_GRACE_SECONDS (less once the previous leader's backend is gone), then runs
-one loop per leader-only job and one task per service, and checks every
+HANDOVER_GRACE_SECONDS (less once the previous leader's backend is gone), then fires
+every leader-only job from one timer (a heap keyed by when each job is next due: one
+wake claims every job due by then in one statement) and runs one task per service,
+started only once the whole grace has passed (a service has no fence), and checks every
 LEADER_TICK_SECONDS that its lock connection still owns the key, through the handover
 and shutdown graces too (the check is what keeps the idle connection inside its
 lease). The termination listener of that connection demotes at once; the fence in
@@ -33,6 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import heapq
+import itertools
 import logging
 import os
 from collections.abc import Awaitable
@@ -48,11 +52,12 @@ from .election import LockConnection, UnsafeLockConnectionError, engine_identity
 from .errors import ScheduleNameCollisionError
 from .host_lock import HostLock, HostLockError
 from .keys import DEFAULT_SCHEDULE, validate_schedule_name
-from .registry import JobSpec, Registry
+from .registry import JobSpec, Registry, ServiceSpec
 from .replicas import run_replica_jobs
 from .retry import backoff_delay, log_retry
-from .runner import Runner
+from .runner import Claim, Due, Runner
 from .store import JobRow, JobStore, LeaderJobs, LeaderRow, format_error
+from .triggers import Trigger
 
 __all__ = ["Role", "SchedulerConfig", "Supervisor"]
 
@@ -150,9 +155,12 @@ class Supervisor:
         self._role_changed = asyncio.Condition()
         self._stopping = asyncio.Event()
         self._lost = asyncio.Event()
-        # Set when the tick's reload changed a job's row (a pause, a resume, a run
-        # now): only that job's loop wakes to look again.
-        self._changed: dict[str, asyncio.Event] = {}
+        # When this leadership next acts on each leader job (one timer for them all).
+        self._timetable = _Timetable()
+        # Jobs whose claim is under way, and those of them whose row the tick's reload
+        # found changed meanwhile (read again once the claim is in).
+        self._claiming: set[str] = set()
+        self._changed_while_claiming: set[str] = set()
         self._acquiring: asyncio.Task[LockConnection] | None = None
         self._rows: dict[str, JobRow] = {}
         self._bodies: set[asyncio.Task[None]] = set()
@@ -183,7 +191,7 @@ class Supervisor:
 
     @property
     def firing(self) -> bool:
-        """True while this worker leads with its job loops running; False from the moment
+        """True while this worker leads with its job timer running; False from the moment
         it starts to step down."""
         return self._firing.is_set()
 
@@ -286,7 +294,7 @@ class Supervisor:
             self._acquiring.cancel()
 
     async def wait_until_firing(self, timeout: float = 10) -> None:
-        """Return once this worker leads with its job rows registered and loops running."""
+        """Return once this worker leads with its job rows registered and timer running."""
         async with asyncio.timeout(timeout):
             await self._firing.wait()
 
@@ -363,7 +371,8 @@ class Supervisor:
         reason = "stopped"
         fired, failure = False, None
         try:
-            if not await self._handover(lock):
+            grace_ends = self.clock.now() + timedelta(seconds=self.config.handover_grace_seconds)
+            if not await self._handover(lock, grace_ends):
                 reason = "lock lost during handover"
                 return None
             if self._stopping.is_set():
@@ -376,23 +385,20 @@ class Supervisor:
             if lock is not None:
                 await lock.on_wake(self._reload.set)
             fence = lock.backend_pid if lock else None
-            job_loops = {
-                spec.id: asyncio.create_task(
-                    self._job_loop(spec, fence), name=f"job-loop:{spec.id}"
-                )
-                for spec in self.leader_jobs
-            }
-            loops = list(job_loops.values())
+            timer = asyncio.create_task(self._timer(fence), name="leader-jobs-timer")
+            loops = [timer]
             if lock is not None:
                 # Services (long-poll consumers) run on one process at most: never
                 # unguarded, where another worker may lead.
                 loops += [
-                    asyncio.create_task(self.runner.run_service(spec), name=f"service:{spec.id}")
+                    asyncio.create_task(
+                        self._service_after(spec, grace_ends), name=f"service:{spec.id}"
+                    )
                     for spec in self.registry.services.values()
                 ]
             self._firing.set()
             fired = True
-            reason = await self._tick_until_done(lock, until, job_loops)
+            reason = await self._tick_until_done(lock, until, timer)
         except Exception as exc:
             # The database went away while registering (a job's own fault only marks
             # that job broken): without the job rows we cannot lead.
@@ -430,10 +436,17 @@ class Supervisor:
         specs = {spec.id: spec for spec in self.leader_jobs}
         stored = await self.store.stored_triggers(specs)
         rows: list[LeaderRow] = []
+        first_slots: dict[Trigger, datetime] = {}
         for spec in specs.values():
             try:
                 rows.append(
-                    LeaderRow.of(spec, now, self.config.zone, stored_trigger=stored.get(spec.id))
+                    LeaderRow.of(
+                        spec,
+                        now,
+                        self.config.zone,
+                        stored_trigger=stored.get(spec.id),
+                        first_slots=first_slots,
+                    )
                 )
             except Exception as exc:
                 await self._blame(spec.id, exc)
@@ -509,7 +522,7 @@ class Supervisor:
         self,
         lock: LockConnection | None,
         until: datetime | None,
-        job_loops: dict[str, asyncio.Task[None]],
+        timer: asyncio.Task[None],
     ) -> str:
         while True:
             woken = await _first(
@@ -531,7 +544,7 @@ class Supervisor:
                 for job_id, row in (await self.store.load(list(self._rows))).items():
                     if self._rows.get(job_id) != row:
                         self._rows[job_id] = row
-                        self._changed.setdefault(job_id, asyncio.Event()).set()
+                        self._row_changed(job_id)
                 for job_id in await self.store.reap(self.clock.now()):
                     logger.warning(
                         "job.abandoned: the running lease of job %s ran out (its owner died)",
@@ -543,9 +556,14 @@ class Supervisor:
             except Exception:
                 logger.warning("scheduler: could not reload the job rows", exc_info=True)
                 continue
-            for job_id, loop in job_loops.items():
-                if loop.done() and job_id not in self._broken:
-                    await self._mark_broken(job_id, _loop_death(loop))
+            if timer.done():
+                # A bug, not a passing fault (a wake's failure is retried): no leader
+                # job fires for the rest of this leadership, so each is marked broken
+                # (health says so) until a later registration or claim of it succeeds.
+                death = _loop_death(timer)
+                for spec in self.leader_jobs:
+                    if spec.id not in self._broken:
+                        await self._mark_broken(spec.id, death)
 
     async def _step_down(
         self, lock: LockConnection | None, loops: list[asyncio.Task[None]], reason: str
@@ -577,77 +595,227 @@ class Supervisor:
         )
         await self._set_role(Role.STANDBY)
 
-    async def _job_loop(self, spec: JobSpec, fence: int | None) -> None:
+    async def _timer(self, fence: int | None) -> None:
+        """Fire every leader-only job of this leadership from one timer: sleep until
+        the soonest moment any job needs, then claim every slot and run-now request due
+        by then in one claim and start their bodies. A row the tick's reload changed
+        (a pause, a resume, a run now) is planned again at once. Never returns; a
+        failed wake is logged and its jobs retried a tick later."""
+        self._timetable = timetable = _Timetable()
+        self._claiming.clear()
+        self._changed_while_claiming.clear()
+        specs = {spec.id: spec for spec in self.leader_jobs}
+        for job_id in specs:
+            self._plan_row(job_id)
         while True:
-            try:
-                await self._job_pass(spec, fence)
-            except Exception as exc:
-                if await self.store.blames_job(exc):
-                    await self._mark_broken(spec.id, format_error(exc))
-                    await self.clock.sleep(_BROKEN_RETRY_SECONDS)
-                    continue
-                logger.warning(
-                    "scheduler: claim of %s failed; retrying",
-                    spec.id,
-                    exc_info=True,
-                    extra={"action": "scheduler.claim_failed", "job_id": spec.id},
-                )
-                await self._wait_or_refresh(spec.id, self.config.leader_tick_seconds)
+            due = timetable.pop_due(self.clock.now())
+            if due:
+                try:
+                    await self._wake([specs[job_id] for job_id in due], fence)
+                except Exception:
+                    logger.warning("scheduler: a timer wake failed", exc_info=True)
+                    retry = self.clock.now() + timedelta(seconds=self.config.leader_tick_seconds)
+                    for job_id in due:
+                        if timetable.planned(job_id) is None:
+                            timetable.plan(job_id, retry)
+                continue
+            soonest = timetable.soonest()
+            # With nothing planned (every job paused) it still parks on the clock, a
+            # tick at a time, as every waiting part of a leader does.
+            delay = (
+                self.config.leader_tick_seconds
+                if soonest is None
+                else (soonest - self.clock.now()).total_seconds()
+            )
+            await _first(self.clock.sleep(delay), timetable.changed.wait())
+            timetable.changed.clear()
 
-    async def _job_pass(self, spec: JobSpec, fence: int | None) -> None:
-        """One step of a job's loop: register its row if it has none, else claim its
-        run-now request at once, or wait for its next slot and claim that, and start the
-        body. A slot that came due before the request is claimed first. Raises what the
-        job's trigger or row raise, for the loop to tell a broken job from a passing
-        outage."""
-        row = self._rows.get(spec.id)
-        if row is None:
+    def _plan_row(self, job_id: str) -> None:
+        """Plan the job's next step from its row: register it at once if it has none,
+        nothing while paused (a reload plans it again), its run-now request at once,
+        else its next slot plus the slot's jitter."""
+        row = self._rows.get(job_id)
+        spec = self.registry.jobs[job_id]
+        if row is None or row.run_requested_at is not None:
+            self._timetable.plan(
+                job_id, None if row is not None and row.paused else self.clock.now()
+            )
+        elif row.paused:
+            self._timetable.plan(job_id, None)
+        else:
+            fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
+            self._timetable.plan(job_id, fire_at)
+
+    def _row_changed(self, job_id: str) -> None:
+        """The tick's reload found the job's row changed: plan it again, or read it
+        again once its claim under way is in."""
+        if job_id in self._claiming:
+            self._changed_while_claiming.add(job_id)
+        else:
+            self._plan_row(job_id)
+
+    def _retry_in(self, job_id: str, seconds: float) -> None:
+        self._timetable.plan(job_id, self.clock.now() + timedelta(seconds=seconds))
+
+    async def _wake(self, specs: list[JobSpec], fence: int | None) -> None:
+        """One wake of the timer: register the jobs that have no row, and claim every
+        due slot or run-now request of the others in one claim; a slot that came due
+        before the request is claimed first. Start the bodies of the claims that run,
+        all before the next await, so that a demotion cannot fall between a claim and
+        its start; a leadership already lost cancels them before they start (each is
+        recorded cancelled). Plan each job's next step."""
+        dues: list[Due] = []
+        rows: dict[str, JobRow] = {}
+        for spec in specs:
+            if spec.id not in self._rows:
+                await self._register_late(spec)
+        now = self.clock.now()
+        for spec in specs:
+            row = self._rows.get(spec.id)
+            if row is None or row.paused or spec.id in rows:
+                continue
+            rows[spec.id] = row
+            fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
+            request = row.run_requested_at
+            slot_first = fire_at <= now and (request is None or fire_at <= request)
+            if request is not None and not slot_first:
+                dues.append(Due(spec, request, manual=True))
+            elif fire_at <= now:
+                dues.append(Due(spec, row.next_run_at))
+            else:
+                # Not due after all: its row changed since it was planned.
+                self._plan_row(spec.id)
+        if not dues:
+            return
+        claiming = {due.spec.id for due in dues}
+        self._claiming |= claiming
+        try:
+            claims = await self._claim(dues, fence)
+        finally:
+            self._claiming -= claiming
+        lost = self._lost.is_set()
+        unmatched: dict[str, JobRow] = {}
+        failed: list[tuple[str, Exception]] = []
+        repaired: list[str] = []
+        for due, claim in zip(dues, claims, strict=True):
+            spec, row = due.spec, rows[due.spec.id]
+            if isinstance(claim, Exception):
+                failed.append((spec.id, claim))
+                continue
+            if claim is None:
+                # Another process took it, the job was paused, or our key is gone.
+                unmatched[spec.id] = row
+                continue
+            requested = None if claim.manual else row.run_requested_at
+            self._rows[spec.id] = replace(
+                row, next_run_at=claim.next_slot, run_requested_at=requested
+            )
+            if claim.runs:
+                body = self.runner.start(spec, claim)
+                self._bodies.add(body)
+                body.add_done_callback(self._bodies.discard)
+                if lost:
+                    body.cancel()
+            if spec.id in self._broken:
+                repaired.append(spec.id)
+            if spec.id not in self._changed_while_claiming:
+                self._plan_row(spec.id)
+        changed = [job_id for job_id in self._changed_while_claiming if job_id in claiming]
+        self._changed_while_claiming -= claiming
+        await self._read_again(unmatched, changed)
+        for job_id, exc in failed:
+            await self._job_failed(job_id, exc)
+        if repaired:
+            await self._repaired(repaired)
+
+    async def _claim(self, dues: list[Due], fence: int | None) -> list[Claim | Exception | None]:
+        """runner.claim_many(), and each job's failure in its place: when the claim of
+        several fails while the database answers, each is claimed alone, so that the
+        job whose row refuses the claim is told from the others."""
+        try:
+            return await self.runner.claim_many(dues, fence)
+        except Exception as exc:
+            if len(dues) == 1 or not await self.store.blames_job(exc):
+                return [exc] * len(dues)
+            logger.warning(
+                "scheduler.claim_one_by_one: the claim of %s jobs failed (%s); claiming each alone",
+                len(dues),
+                exc.__class__.__name__,
+                extra={"action": "scheduler.claim_one_by_one", "pid": os.getpid()},
+            )
+        claims: list[Claim | Exception | None] = []
+        for due in dues:
+            try:
+                claims += await self.runner.claim_many([due], fence)
+            except Exception as exc:
+                claims.append(exc)
+        return claims
+
+    async def _read_again(self, unmatched: dict[str, JobRow], changed: list[str]) -> None:
+        """Read again the rows of jobs whose claim matched nothing (each given with the
+        row it was claimed from) and of jobs whose row the reload found changed while
+        they were claimed, and plan them. A row unchanged since its claim is looked at
+        again a tick later, or as soon as a reload finds it changed."""
+        if not unmatched and not changed:
+            return
+        try:
+            fresh = await self.store.load([*unmatched, *changed])
+        except Exception:
+            fresh = {}
+        for job_id, before in unmatched.items():
+            self._rows[job_id] = fresh.get(job_id, before)
+            if self._rows[job_id] == before:
+                self._retry_in(job_id, self.config.leader_tick_seconds)
+            else:
+                self._plan_row(job_id)
+        for job_id in changed:
+            if job_id not in unmatched:
+                self._rows[job_id] = fresh.get(job_id, self._rows[job_id])
+                self._plan_row(job_id)
+
+    async def _register_late(self, spec: JobSpec) -> None:
+        """Register the row of a job the promotion could not register."""
+        try:
             self._rows[spec.id] = await self.store.register_leader_job(
                 spec, self.clock.now(), self.config.zone
             )
-            await self._repaired([spec.id])
+        except Exception as exc:
+            await self._job_failed(spec.id, exc)
             return
-        if row.paused:
-            await self._wait_or_refresh(spec.id, self.config.leader_tick_seconds)
-            return
-        fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
-        request = row.run_requested_at
-        slot_first = fire_at <= self.clock.now() and (request is None or fire_at <= request)
-        if request is not None and not slot_first:
-            claim = await self.runner.claim_request(spec, request, fence)
-        else:
-            delay = (fire_at - self.clock.now()).total_seconds()
-            # A reload (every tick, and at once on a NOTIFY) may bring a request.
-            if delay > 0 and await self._wait_or_refresh(spec.id, delay):
-                return
-            # The runner outlives this loop: a thread from an earlier leadership counts.
-            if self.runner.is_running(spec.id):
-                claim = await self.runner.skip_overlap(spec, row.next_run_at, fence)
-            else:
-                claim = await self.runner.claim_leader(spec, row.next_run_at, fence)
-        if claim is None:
-            # Another process took the slot, the job was paused, or our key is gone.
-            try:
-                fresh = await self.store.load([spec.id])
-            except Exception:
-                fresh = {}
-            self._rows[spec.id] = fresh.get(spec.id, row)
-            if self._rows[spec.id] == row:
-                await self._wait_or_refresh(spec.id, self.config.leader_tick_seconds)
-            return
-        requested = None if claim.manual else row.run_requested_at
-        self._rows[spec.id] = replace(row, next_run_at=claim.next_slot, run_requested_at=requested)
-        if claim.runs:
-            body = self.runner.start(spec, claim)
-            self._bodies.add(body)
-            body.add_done_callback(self._bodies.discard)
-        if spec.id in self._broken:
-            await self._repaired([spec.id])
+        await self._repaired([spec.id])
+        self._plan_row(spec.id)
 
-    async def _handover(self, lock: LockConnection | None) -> bool:
+    async def _job_failed(self, job_id: str, exc: Exception) -> None:
+        """A job's step raised: a fault of the job (its trigger raised, its row refused
+        the statement) marks it broken and retries it after _BROKEN_RETRY_SECONDS; a
+        passing outage retries it a tick later. Its other jobs are never held up."""
+        if await self.store.blames_job(exc):
+            await self._mark_broken(job_id, format_error(exc))
+            self._retry_in(job_id, _BROKEN_RETRY_SECONDS)
+            return
+        logger.warning(
+            "scheduler: claim of %s failed; retrying",
+            job_id,
+            exc_info=exc,
+            extra={"action": "scheduler.claim_failed", "job_id": job_id},
+        )
+        self._retry_in(job_id, self.config.leader_tick_seconds)
+
+    async def _service_after(self, spec: ServiceSpec, grace_ends: datetime) -> None:
+        """Run a service once the whole handover grace has passed. The grace ends early
+        for jobs when the previous leader's backend is gone, since their claims are
+        fenced; a service has no fence, and the old leader's copy of it runs until that
+        leader notices its loss, which the grace gives it time to do."""
+        wait = (grace_ends - self.clock.now()).total_seconds()
+        if wait > 0:
+            await self.clock.sleep(wait)
+        await self.runner.run_service(spec)
+
+    async def _handover(self, lock: LockConnection | None, deadline: datetime) -> bool:
         """The handover grace: wait until the previous leader's backend is gone, for at
-        most HANDOVER_GRACE_SECONDS on the clock (less after stop()). False once the
-        lock is lost.
+        most until ``deadline`` (HANDOVER_GRACE_SECONDS on the clock; less after
+        stop()). False once the lock is lost. Services wait for the deadline whatever
+        (_service_after).
 
         The grace lets an old leader that is about to notice its loss stop before we
         fire. A leader whose backend left the server (kill -9, terminated, its lease
@@ -658,7 +826,6 @@ class Supervisor:
         listed (a graceful handover) the grace runs to its end, ownership checked every
         leader tick (the checks keep the idle lock connection inside its lease).
         """
-        deadline = self.clock.now() + timedelta(seconds=self.config.handover_grace_seconds)
         checked = self.clock.now()
         tick = self.config.leader_tick_seconds
         while (left := (deadline - self.clock.now()).total_seconds()) > 0:
@@ -710,15 +877,6 @@ class Supervisor:
                 and not await lock.holds_lock(self.config.leader_tick_seconds)
             ):
                 return
-
-    async def _wait_or_refresh(self, job_id: str, seconds: float) -> bool:
-        """Sleep on the clock; True when woken early because a tick reloaded a changed
-        row of the job, even one that changed before this wait began (the caller read
-        the row before)."""
-        changed = self._changed.setdefault(job_id, asyncio.Event())
-        woken = await _first(self.clock.sleep(seconds), changed.wait()) != 0
-        changed.clear()
-        return woken
 
     async def _watch_leader_jobs(self) -> None:
         """While a standby, every leader tick: compare this worker's leader-only jobs
@@ -813,12 +971,62 @@ class Supervisor:
             self.runner.observers.role_changed(role.value)
 
 
+class _Timetable:
+    """When the leader next acts on each job: a heap keyed by that moment, with one live
+    entry per job. Planning a job again leaves its older entry in the heap, skipped
+    when it surfaces; the heap is rebuilt once such entries outnumber the live ones."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[datetime, int, str]] = []
+        self._at: dict[str, datetime] = {}
+        self._order = itertools.count()
+        # Set when a job is planned sooner than the timer's wait.
+        self.changed = asyncio.Event()
+
+    def planned(self, job_id: str) -> datetime | None:
+        """When the job is planned, or None."""
+        return self._at.get(job_id)
+
+    def plan(self, job_id: str, at: datetime | None) -> None:
+        """Act on the job at ``at`` instead of when it was planned (None: not at all)."""
+        if at is None:
+            self._at.pop(job_id, None)
+            return
+        soonest = self.soonest()
+        self._at[job_id] = at
+        heapq.heappush(self._heap, (at, next(self._order), job_id))
+        if soonest is None or at < soonest:
+            self.changed.set()
+        if len(self._heap) > 2 * len(self._at) + 64:
+            self._heap = [(at, next(self._order), job) for job, at in self._at.items()]
+            heapq.heapify(self._heap)
+
+    def soonest(self) -> datetime | None:
+        """The soonest moment any job is planned at."""
+        self._drop_stale()
+        return self._heap[0][0] if self._heap else None
+
+    def pop_due(self, now: datetime) -> list[str]:
+        """Unplan and return every job planned at or before ``now``, soonest first."""
+        due: list[str] = []
+        while (soonest := self.soonest()) is not None and soonest <= now:
+            _, _, job_id = heapq.heappop(self._heap)
+            del self._at[job_id]
+            due.append(job_id)
+        return due
+
+    def _drop_stale(self) -> None:
+        heap = self._heap
+        while heap and self._at.get(heap[0][2]) != heap[0][0]:
+            heapq.heappop(heap)
+
+
 def _loop_death(loop: asyncio.Task[None]) -> str:
-    """Why a job loop that should run for the whole leadership ended."""
+    """Why the job timer, which should run for the whole leadership, ended."""
     if loop.cancelled():
-        return "its job loop was cancelled while this worker leads"
+        return "the job timer was cancelled while this worker leads"
     exc = loop.exception()
-    return format_error(exc) if exc is not None else "its job loop returned"
+    return format_error(exc) if exc is not None else "the job timer returned"
 
 
 async def _first(*awaitables: Awaitable[object]) -> int:

@@ -105,14 +105,14 @@ async def test_health_is_not_ok_while_the_leader_does_not_fire(serve: Serve) -> 
     assert response.json()["leader"] is True and response.json()["firing"] is False
 
 
-async def test_health_is_not_ok_once_a_job_loop_died(serve: Serve) -> None:
+async def test_health_is_not_ok_once_the_job_timer_died(serve: Serve) -> None:
     scheduler = _hourly()
     async with serve(scheduler) as client:
         assert scheduler.supervisor is not None
         await scheduler.supervisor.wait_until_firing()
         await _eventually_json(client, "/health/scheduler", lambda body: body["status"] == "ok")
-        [loop] = [task for task in asyncio.all_tasks() if task.get_name() == "job-loop:hourly"]
-        loop.cancel()
+        [timer] = [task for task in asyncio.all_tasks() if task.get_name() == "leader-jobs-timer"]
+        timer.cancel()
         health = await _eventually_json(
             client, "/health/scheduler", lambda body: body["status"] != "ok"
         )

@@ -567,11 +567,16 @@ class World:
         # Bodies start only after their claim commits: read them before the database,
         # so that every body seen has its run row in what the query returns.
         starts, completed = self.recorder.snapshot()
-        runs = await self._fetch(
+        # One snapshot for both: a claim may commit between two reads (a job whose
+        # jitter for this slot is below the plan's is claimed while the world counts
+        # it not yet due), and its moved next_run_at without its run row would read as
+        # a slot skipped with no record.
+        runs, job_rows = await self._fetch_consistent(
             "SELECT job_id, slot, status, manual FROM scheduler_runs WHERE scope = 'leader'"
-            " ORDER BY job_id, slot"
+            " ORDER BY job_id, slot",
+            "SELECT * FROM scheduler_jobs",
         )
-        jobs = {row.id: row for row in await self._fetch("SELECT * FROM scheduler_jobs")}
+        jobs = {row.id: row for row in job_rows}
         statuses: dict[tuple[str, datetime], str] = {}
         by_job: dict[str, list[datetime]] = {}
         manual: dict[str, set[datetime]] = {}
@@ -707,6 +712,13 @@ class World:
     async def _fetch(self, sql: str, **params: object) -> list[Any]:
         async with self.db.engine.connect() as conn:
             return list(await conn.execute(text(sql), {"o": OUTBOX} | params))
+
+    async def _fetch_consistent(self, *sqls: str) -> list[list[Any]]:
+        """The rows of each query, all read in one snapshot (repeatable read)."""
+        async with self.db.engine.connect() as conn:
+            conn = await conn.execution_options(isolation_level="REPEATABLE READ")
+            async with conn.begin():
+                return [list(await conn.execute(text(sql), {"o": OUTBOX})) for sql in sqls]
 
     async def _execute(self, sql: str, **params: object) -> None:
         async with self.db.engine.begin() as conn:

@@ -84,7 +84,8 @@ async def test_a_row_the_claim_cannot_update_is_broken_and_the_rest_fire(
             )
         )
     for minute in (1, 2, 3):
-        await clock.wait_for_sleepers(3)
+        # Parked: the leader tick and the job timer.
+        await clock.wait_for_sleepers(2)
         clock.advance(60)
         await wait_for_runs(engine, "good", minute)
     broken = await _broken(engine)

@@ -3,11 +3,12 @@
 import asyncio
 from datetime import UTC, datetime
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, ServiceContext, every
 
-from .conftest import StartScheduler, wait_for_runs
+from .conftest import StartScheduler, eventually, wait_for_runs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -93,3 +94,44 @@ async def test_replica_job_runs_on_every_worker_without_a_claim(
     history = await wait_for_runs(engine, "sweep", 2)
     assert [status for status, _ in history] == ["ok", "ok"]
     assert {slot for _, slot in history} == {datetime(2026, 1, 1, 0, 5, tzinfo=UTC)}
+
+
+async def test_a_new_leader_starts_its_services_only_after_the_whole_handover_grace(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    """A service has no fence: when the old leader's backend is gone, the new leader's
+    jobs may fire at once (their claims are fenced), but its services wait out the
+    handover grace, which is what lets the old leader notice its loss and stop its own."""
+    clock = FakeClock(T0)
+    grace = 5.0
+    started: list[str] = []
+
+    def with_service(label: str) -> Scheduler:
+        scheduler = Scheduler()
+
+        @scheduler.service(id="long_poll")
+        async def long_poll(ctx: ServiceContext) -> None:
+            started.append(label)
+            await asyncio.Event().wait()
+
+        return scheduler
+
+    old = await start_scheduler(with_service("old"), clock=clock, handover_grace_seconds=grace)
+    await old.wait_for_role(Role.LEADER)
+    await clock.wait_for_sleepers(1)
+    clock.advance(grace)
+    await old.wait_until_firing()
+    new = await start_scheduler(with_service("new"), clock=clock, handover_grace_seconds=grace)
+    await new.wait_for_role(Role.STANDBY)
+    assert old.lock is not None
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": old.lock.backend_pid})
+    # The old backend is gone: the new leader cuts its grace short and fires.
+    await new.wait_until_firing()
+    assert started == ["old"]
+    clock.advance(grace)
+
+    async def new_service_started() -> bool:
+        return started == ["old", "new"]
+
+    await eventually(new_service_started, what="the new leader's service")

@@ -56,12 +56,17 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     serve = commands.add_parser("serve", help="serve the app with uvicorn (the default)")
     for target in (parser, serve):
-        target.add_argument("--host", default="127.0.0.1")
-        target.add_argument("--port", type=int_between(1, 65535), default=8000)
-        target.add_argument("--workers", type=int_between(1, 64), default=2)
+        # Defaults live on the top-level parser only: a subparser's default would
+        # overwrite an option given before `serve` (`python -m app --app X serve`).
+        def default(value: object, target: argparse.ArgumentParser = target) -> object:
+            return value if target is parser else argparse.SUPPRESS
+
+        target.add_argument("--host", default=default("127.0.0.1"))
+        target.add_argument("--port", type=int_between(1, 65535), default=default(8000))
+        target.add_argument("--workers", type=int_between(1, 64), default=default(2))
         target.add_argument(
             "--app",
-            default=None,
+            default=default(None),
             help="module:attribute of an ASGI app built with create_app(...) "
             "(default: REGENT_APP, else app.main:app)",
         )
@@ -113,7 +118,14 @@ def _app_target(args: argparse.Namespace, settings: Settings) -> str:
     """The app to serve, checked by importing it here so a typo fails in one line."""
     target: str = args.app or settings.REGENT_APP
     if target != DEFAULT_APP:
+        package = target.partition(":")[0].partition(".")[0]
+        imported_before = set(sys.modules)
         load_scheduler(target, "--app" if args.app else "REGENT_APP")
+        # The check imported the user's package before DATABASE_URL is set; a worker
+        # must import it afresh (uvicorn reuses a cached module with one worker).
+        for name in set(sys.modules) - imported_before:
+            if name == package or name.startswith(f"{package}."):
+                del sys.modules[name]
     return target
 
 

@@ -55,8 +55,11 @@ def load_scheduler(target: str, option: str) -> Scheduler:
     except ImportFromStringError as exc:
         raise AppTargetError(f"{option}={target!r}: {exc}") from None
     except Exception as exc:
+        # One line: a multi-line message (a pydantic ValidationError) keeps its first.
+        lines = str(exc).splitlines() or [""]
+        more = f" (+{len(lines) - 1} more lines)" if len(lines) > 1 else ""
         raise AppTargetError(
-            f"{option}={target!r}: importing it raised {exc.__class__.__name__}: {exc}"
+            f"{option}={target!r}: importing it raised {exc.__class__.__name__}: {lines[0]}{more}"
         ) from None
     if inspect.isclass(app) or not callable(app):
         raise AppTargetError(

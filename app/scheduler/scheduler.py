@@ -193,7 +193,16 @@ class Scheduler:
             raise SchedulerError("scheduler already started; call stop() first")
         self._configured_name = config.schedule
         started = (await engine_identity(engine), self.name)
-        other = _STARTED.get(started)
+        # Compared with same_as, not by equality: a role that may not read the server's
+        # system identifier sees None there, and is still the same server.
+        other = next(
+            (
+                scheduler
+                for (identity, name), scheduler in _STARTED.items()
+                if name == self.name and identity.same_as(started[0])
+            ),
+            None,
+        )
         if other is not None and other is not self and not config.simulated_workers:
             raise DuplicateScheduleError(self.name)
         _STARTED.setdefault(started, self)

@@ -1,0 +1,1 @@
+"""Guarantees a cold adversarial review broke, each kept as its regression test."""

@@ -117,11 +117,13 @@ def _record_leadership_sql(key: LeaderKey) -> str:
     term, for the jobs' fence: one statement on the schedule's row, matching only while
     this connection holds the schedule's key. Its row lock waits for every transaction
     that holds the row FOR SHARE (ctx.fence), so the new term begins after the fenced
-    commits under way. The term starts at 1 on the first promotion."""
+    commits under way. The term starts at 1 on the first promotion. The first heartbeat
+    is on the lease clock ($7; NULL for the database server's), as every later one is."""
     return f"""
     INSERT INTO scheduler_leadership AS led
         (schedule, pid, host, backend_pid, since, heartbeat_at, term, job_ids, service_ids)
-    SELECT $1, $2, $3, pg_backend_pid(), $4, $4, 1, $5, $6
+    SELECT $1, $2, $3, pg_backend_pid(), $4, COALESCE($7::timestamptz, clock_timestamp()), 1,
+        $5, $6
     WHERE EXISTS (
         SELECT 1 FROM pg_locks WHERE {key.locks} AND granted AND pid = pg_backend_pid())
     ON CONFLICT (schedule) DO UPDATE SET pid = excluded.pid, host = excluded.host,
@@ -384,11 +386,15 @@ class LockConnection:
         since: datetime,
         job_ids: Sequence[str] = (),
         service_ids: Sequence[str] = (),
+        heartbeat_at: datetime | None = None,
     ) -> int | None:
         """Begin a leadership term of this schedule: record who leads, the ids of the
         leader-only jobs it fires and of the services it runs, and move the term, on
         this connection, while it holds the key. Returns the new term, or None when
         this connection does not hold the key (nothing is written).
+
+        The first heartbeat is ``heartbeat_at`` on a test's lease clock, else the
+        database server's clock (never the host's: health ages it on that clock).
 
         Waits for every job transaction that took the term FOR SHARE (``ctx.fence``) to
         end. While it waits the connection runs a statement, so ``idle_session_timeout``
@@ -402,6 +408,7 @@ class LockConnection:
             since,
             sorted(job_ids),
             sorted(service_ids),
+            heartbeat_at,
         )
         return term
 

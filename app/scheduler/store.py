@@ -269,10 +269,12 @@ _FINISH_RUN = text(
     """
 )
 
-# The job row takes a run's outcome unless a newer run holds the job's lease: a late
-# outcome of a reaped run is then recorded on its run row only.
+# The job row takes a run's outcome unless a newer run holds the job's lease, or
+# another worker's run of a per-worker job still holds its own: a late outcome of a
+# reaped run is then recorded on its run row only, and a per-worker job reads
+# 'running' until its last live run ends.
 _FINISH_JOB = text(
-    """
+    f"""
     UPDATE scheduler_jobs
     SET last_finished_at = :finished_at, last_status = :status, last_error = :error,
         last_duration_ms = :duration_ms,
@@ -281,6 +283,11 @@ _FINISH_JOB = text(
         updated_at = now()
     WHERE schedule = :schedule AND id = :job_id
         AND (running_run_id IS NULL OR running_run_id = :run_id)
+        AND NOT EXISTS (
+            SELECT 1 FROM scheduler_runs other
+            WHERE other.schedule = :schedule AND other.job_id = :job_id
+                AND other.scope = 'replica' AND other.id <> :run_id
+                AND other.running_until > {LEASE_NOW_SQL})
     """
 )
 # A per-worker start shows on the job row as a leader run's claim does; its outcome
@@ -408,6 +415,10 @@ _REAP_REPLICA_RUNS = text(
         WHERE j.schedule = :schedule AND j.id = l.job_id
             AND j.last_status = 'running'
             AND NOT coalesce(j.running_until > {LEASE_NOW_SQL}, false)
+            AND NOT EXISTS (
+                SELECT 1 FROM scheduler_runs other
+                WHERE other.schedule = :schedule AND other.job_id = j.id
+                    AND other.scope = 'replica' AND other.running_until > {LEASE_NOW_SQL})
     )
     SELECT id AS run_id, job_id, pid, host FROM reaped WHERE was = 'running' ORDER BY id
     """
@@ -1135,7 +1146,14 @@ class JobStore:
         again, as finish() does, where its first record did not land, so the run is
         never left 'running' without a lease."""
         params = _outcome_params(
-            self.schedule, run_id, job_id, status, finished_at, duration_ms, error
+            self.schedule,
+            run_id,
+            job_id,
+            status,
+            finished_at,
+            duration_ms,
+            error,
+            None if self.lease_clock is None else finished_at,
         )
         async with self.engine.begin() as conn:
             if (await conn.execute(_SETTLE_RUN, params)).first() is not None:
@@ -1184,7 +1202,14 @@ class JobStore:
         """Record a run's outcome on its run row and on the job row, and clear its
         running lease unless ``body_ended`` is False (a thread still running)."""
         params = _outcome_params(
-            self.schedule, run_id, job_id, status, finished_at, duration_ms, error
+            self.schedule,
+            run_id,
+            job_id,
+            status,
+            finished_at,
+            duration_ms,
+            error,
+            None if self.lease_clock is None else finished_at,
         )
         params |= {"body_ended": body_ended}
         async with self.engine.begin() as conn:
@@ -1268,7 +1293,14 @@ class ThreadStore:
     ) -> None:
         """JobStore.finish of a body that ended: record the outcome, clear the lease."""
         params = _outcome_params(
-            self.schedule, run_id, job_id, status, finished_at, duration_ms, error
+            self.schedule,
+            run_id,
+            job_id,
+            status,
+            finished_at,
+            duration_ms,
+            error,
+            None if self.lease_clock is None else self.lease_clock.now(),
         )
         params |= {"body_ended": True}
         with self.sessions.begin() as session:
@@ -1292,8 +1324,10 @@ def _outcome_params(
     finished_at: datetime,
     duration_ms: int,
     error: str | None,
+    lease_now: datetime | None,
 ) -> dict[str, object]:
     return {
+        "lease_now": lease_now,
         "schedule": schedule,
         "run_id": run_id,
         "job_id": job_id,

@@ -420,6 +420,7 @@ class Supervisor:
                 since=now,
                 job_ids=[spec.id for spec in self.leader_jobs],
                 service_ids=list(self.registry.services),
+                heartbeat_at=now if self.store.lease_clock is not None else None,
             )
         )
         if await _first(recording, self._stopping.wait(), self._lost.wait()) != 0:

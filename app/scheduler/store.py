@@ -1153,7 +1153,7 @@ class JobStore:
             finished_at,
             duration_ms,
             error,
-            None if self.lease_clock is None else finished_at,
+            None if self.lease_clock is None else self.lease_clock.now(),
         )
         async with self.engine.begin() as conn:
             if (await conn.execute(_SETTLE_RUN, params)).first() is not None:
@@ -1209,7 +1209,7 @@ class JobStore:
             finished_at,
             duration_ms,
             error,
-            None if self.lease_clock is None else finished_at,
+            None if self.lease_clock is None else self.lease_clock.now(),
         )
         params |= {"body_ended": body_ended}
         async with self.engine.begin() as conn:

@@ -1153,7 +1153,7 @@ class JobStore:
             finished_at,
             duration_ms,
             error,
-            None if self.lease_clock is None else self.lease_clock.now(),
+            _lease_reading(self.lease_clock),
         )
         async with self.engine.begin() as conn:
             if (await conn.execute(_SETTLE_RUN, params)).first() is not None:
@@ -1209,7 +1209,7 @@ class JobStore:
             finished_at,
             duration_ms,
             error,
-            None if self.lease_clock is None else self.lease_clock.now(),
+            _lease_reading(self.lease_clock),
         )
         params |= {"body_ended": body_ended}
         async with self.engine.begin() as conn:
@@ -1274,7 +1274,7 @@ class ThreadStore:
             "job_id": job_id,
             "run_id": run_id,
             "lease_seconds": lease_seconds,
-            "lease_now": None if self.lease_clock is None else self.lease_clock.now(),
+            "lease_now": _lease_reading(self.lease_clock),
             "schedule": self.schedule,
         }
         statement = _RENEW_REPLICA_LEASE if replica else _RENEW_LEASE
@@ -1300,7 +1300,7 @@ class ThreadStore:
             finished_at,
             duration_ms,
             error,
-            None if self.lease_clock is None else self.lease_clock.now(),
+            _lease_reading(self.lease_clock),
         )
         params |= {"body_ended": True}
         with self.sessions.begin() as session:
@@ -1314,6 +1314,11 @@ def _read_committed(session: Session) -> Connection:
     # As JobStore's engine: under repeatable read a write that meets a concurrent update
     # of the job row fails, and the outcome is lost.
     return session.connection(execution_options={"isolation_level": "READ COMMITTED"})
+
+
+def _lease_reading(lease_clock: Clock | None) -> datetime | None:
+    # The :lease_now of a statement: a test's lease clock now, None for the server's.
+    return None if lease_clock is None else lease_clock.now()
 
 
 def _outcome_params(

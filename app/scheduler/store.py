@@ -308,11 +308,13 @@ _FINISH_JOB = text(
     """
 )
 # A per-worker start shows on the job row as a leader run's claim does; its outcome
-# settles it (_FINISH_JOB), and a reap of it turns it 'abandoned'.
+# settles it (_FINISH_JOB), and a reap of it turns it 'abandoned'. An error is an
+# outcome's: a run in progress shows none (not the note of the reap its start made).
 _START_REPLICA_JOB = text(
     """
     UPDATE scheduler_jobs
-    SET last_started_at = :started_at, last_status = 'running', updated_at = now()
+    SET last_started_at = :started_at, last_status = 'running', last_error = NULL,
+        updated_at = now()
     WHERE schedule = :schedule AND id = :job_id
     """
 )

@@ -260,19 +260,28 @@ _UNDO_START = text(
 # A per-worker run's own lease is cleared with its outcome, unless its body runs on
 # (a thread past its timeout): the lease then lasts until the body ends. The outcome of
 # a run reaped meanwhile still lands: it is the truth, and 'abandoned' was a guess.
+# It returns the status the run had (``was``: 'abandoned' once reaped) and its scope, for
+# the job row's write (_FINISH_JOB).
 _FINISH_RUN = text(
     """
-    UPDATE scheduler_runs
+    UPDATE scheduler_runs r
     SET finished_at = :finished_at, status = :status, duration_ms = :duration_ms, error = :error,
-        running_until = CASE WHEN CAST(:body_ended AS boolean) THEN NULL ELSE running_until END
-    WHERE id = :run_id
+        running_until = CASE WHEN CAST(:body_ended AS boolean) THEN NULL ELSE r.running_until END
+    FROM (SELECT id, status FROM scheduler_runs WHERE id = :run_id FOR UPDATE) before
+    WHERE r.id = before.id
+    RETURNING before.status AS was, r.scope
     """
 )
 
 # The job row takes a run's outcome unless a newer run holds the job's lease, or
 # another worker's run of a per-worker job still holds its own: a late outcome of a
 # reaped run is then recorded on its run row only, and a per-worker job reads
-# 'running' until its last live run ends.
+# 'running' until its last live run ends. A run that lost its lease (reaped: it read
+# 'abandoned' when its outcome came, ``:was``; or a leader run the job's lease no
+# longer names) settles the job only while no newer run of the job has started, even
+# one that has finished since: the row shows the newest run's outcome. Run ids are
+# allocated in start order, so "newer" compares ids, never two hosts' clocks; a slot
+# recorded as missed or skipped_overlap is not a run.
 _FINISH_JOB = text(
     f"""
     UPDATE scheduler_jobs
@@ -288,14 +297,24 @@ _FINISH_JOB = text(
             WHERE other.schedule = :schedule AND other.job_id = :job_id
                 AND other.scope = 'replica' AND other.id <> :run_id
                 AND other.running_until > {LEASE_NOW_SQL})
+        AND NOT (
+            (CAST(:was AS text) = 'abandoned'
+                OR (CAST(:scope AS text) = 'leader' AND running_run_id IS NULL))
+            AND EXISTS (
+                SELECT 1 FROM scheduler_runs newer
+                WHERE newer.schedule = :schedule AND newer.job_id = :job_id
+                    AND newer.id > :run_id
+                    AND newer.status NOT IN ('missed', 'skipped_overlap')))
     """
 )
 # A per-worker start shows on the job row as a leader run's claim does; its outcome
-# settles it (_FINISH_JOB), and a reap of it turns it 'abandoned'.
+# settles it (_FINISH_JOB), and a reap of it turns it 'abandoned'. An error is an
+# outcome's: a run in progress shows none (not the note of the reap its start made).
 _START_REPLICA_JOB = text(
     """
     UPDATE scheduler_jobs
-    SET last_started_at = :started_at, last_status = 'running', updated_at = now()
+    SET last_started_at = :started_at, last_status = 'running', last_error = NULL,
+        updated_at = now()
     WHERE schedule = :schedule AND id = :job_id
     """
 )
@@ -330,11 +349,12 @@ _RELEASE_REPLICA_LEASE = text("UPDATE scheduler_runs SET running_until = NULL WH
 # once its lease is released.
 _SETTLE_RUN = text(
     """
-    UPDATE scheduler_runs
+    UPDATE scheduler_runs r
     SET finished_at = :finished_at, status = :status, duration_ms = :duration_ms, error = :error,
         running_until = NULL
-    WHERE id = :run_id AND status IN ('running', 'abandoned')
-    RETURNING id
+    FROM (SELECT id, status FROM scheduler_runs WHERE id = :run_id FOR UPDATE) before
+    WHERE r.id = before.id AND before.status IN ('running', 'abandoned')
+    RETURNING before.status AS was, r.scope
     """
 )
 
@@ -1156,8 +1176,9 @@ class JobStore:
             _lease_reading(self.lease_clock),
         )
         async with self.engine.begin() as conn:
-            if (await conn.execute(_SETTLE_RUN, params)).first() is not None:
-                await conn.execute(_FINISH_JOB, params)
+            settled = (await conn.execute(_SETTLE_RUN, params)).first()
+            if settled is not None:
+                await conn.execute(_FINISH_JOB, params | _run_before(settled))
             await conn.execute(_RELEASE_REPLICA_LEASE if replica else _RELEASE_LEASE, params)
 
     async def start_replica_run(
@@ -1213,8 +1234,8 @@ class JobStore:
         )
         params |= {"body_ended": body_ended}
         async with self.engine.begin() as conn:
-            await conn.execute(_FINISH_RUN, params)
-            await conn.execute(_FINISH_JOB, params)
+            before = (await conn.execute(_FINISH_RUN, params)).first()
+            await conn.execute(_FINISH_JOB, params | _run_before(before))
             if body_ended:
                 await conn.execute(_RELEASE_LEASE, params)
 
@@ -1305,8 +1326,8 @@ class ThreadStore:
         params |= {"body_ended": True}
         with self.sessions.begin() as session:
             conn = _read_committed(session)
-            conn.execute(_FINISH_RUN, params)
-            conn.execute(_FINISH_JOB, params)
+            before = conn.execute(_FINISH_RUN, params).first()
+            conn.execute(_FINISH_JOB, params | _run_before(before))
             conn.execute(_RELEASE_LEASE, params)
 
 
@@ -1319,6 +1340,14 @@ def _read_committed(session: Session) -> Connection:
 def _lease_reading(lease_clock: Clock | None) -> datetime | None:
     # The :lease_now of a statement: a test's lease clock now, None for the server's.
     return None if lease_clock is None else lease_clock.now()
+
+
+def _run_before(row: Any) -> dict[str, object]:
+    # What _FINISH_JOB reads of the run as its outcome came: its status then and scope
+    # (None for a run row no longer stored: the outcome lands as it always did).
+    if row is None:
+        return {"was": None, "scope": None}
+    return {"was": row.was, "scope": row.scope}
 
 
 def _outcome_params(

@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from .admin import AdminError, UnknownJobError
 from .admin.auth import admin_key
-from .app_target import DEFAULT_APP, AppTargetError, load_scheduler
+from .app_target import DEFAULT_APP, AppTargetError, load_schedulers
 from .cli_admin import COMMANDS, UsageError, add_commands, int_between, main_async
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
@@ -120,7 +120,7 @@ def _app_target(args: argparse.Namespace, settings: Settings) -> str:
     if target != DEFAULT_APP:
         package = target.partition(":")[0].partition(".")[0]
         imported_before = set(sys.modules)
-        load_scheduler(target, "--app" if args.app else "REGENT_APP")
+        load_schedulers(target, "--app" if args.app else "REGENT_APP")
         # The check imported the user's package before DATABASE_URL is set; a worker
         # must import it afresh (uvicorn reuses a cached module with one worker).
         for name in set(sys.modules) - imported_before:

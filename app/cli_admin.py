@@ -1,10 +1,12 @@
 """The operator commands of `python -m app`: jobs, outbox, leader.
 
 The jobs and leader commands work on one schedule (app/scheduler/keys.py) and touch no
-other schedule's rows: the one ``--schedule`` names; else the name the app's Scheduler
-is given in code (``Scheduler(name=...)``), the app being ``--app`` or REGENT_APP (the
-same one `python -m app` serves, found inside ASGI middleware too); else SCHEDULER_NAME
-(``default`` unless set). Every confirmation names the schedule.
+other schedule's rows: the one ``--schedule`` names; else the one the app runs, the
+app being ``--app`` or REGENT_APP (the same one `python -m app` serves, found inside
+ASGI middleware too: app/app_target.py): the name its Scheduler is given in code
+(``Scheduler(name=...)``), else the SCHEDULER_NAME of the Settings it was built with
+(``create_app(Settings(SCHEDULER_NAME=...))``); else SCHEDULER_NAME (``default`` unless
+set). Every confirmation names the schedule.
 
 They talk to the database (DATABASE_URL, or the embedded server of a running
 `python -m app`) through the same queries as the admin API, and print plain tables that
@@ -177,10 +179,11 @@ def _history(runs: Sequence[dict[str, Any]], full: bool) -> str:
 
 
 def schedule_of(args: argparse.Namespace, settings: Settings) -> str:
-    """The schedule a jobs or leader command works on: ``--schedule``; else the name
-    the app's Scheduler (``--app``, else REGENT_APP) is given in code; else
-    SCHEDULER_NAME. Raises AppTargetError when the app cannot be imported or has no
-    Regent scheduler."""
+    """The schedule a jobs or leader command works on: ``--schedule``; else the one
+    the app (``--app``, else REGENT_APP) runs: its Scheduler's name given in code, else
+    the SCHEDULER_NAME of the Settings the app was built with; else SCHEDULER_NAME.
+    Raises AppTargetError when the app cannot be imported or has no Regent scheduler
+    that can be found."""
     if args.schedule is not None:
         name: str = args.schedule
         return name
@@ -189,8 +192,8 @@ def schedule_of(args: argparse.Namespace, settings: Settings) -> str:
     if target == DEFAULT_APP:
         # The shipped app's Scheduler takes its name from SCHEDULER_NAME.
         return settings.SCHEDULER_NAME
-    scheduler = load_scheduler(target, "--app" if app else "REGENT_APP")
-    return scheduler.name if scheduler.name_is_set else settings.SCHEDULER_NAME
+    found = load_scheduler(target, "--app" if app else "REGENT_APP")
+    return found.schedule(settings.SCHEDULER_NAME)
 
 
 async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:

@@ -5,15 +5,22 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database, asyncpg_dsn
+from app.localpg import free_port
 from app.scheduler import Clock, FakeClock, Scheduler, SchedulerConfig, SystemClock
 from app.scheduler.election import LockConnection
 from app.scheduler.supervisor import Supervisor
@@ -163,3 +170,97 @@ async def promote_elsewhere(database_url: str) -> int:
         return term
     finally:
         await lock.release()
+
+
+# A user's app of the README's shape: create_app() at import, settings read from the
+# environment, a route of its own.
+USER_APP = """
+from app.main import create_app
+from app.scheduler import JobContext, Scheduler, every
+
+scheduler = Scheduler()
+
+
+@scheduler.job(every(hours=1), id="user_job")
+async def user_job(ctx: JobContext) -> None:
+    return None
+
+
+app = create_app(scheduler=scheduler)
+
+
+@app.get("/hello")
+async def hello() -> dict[str, str]:
+    return {"from": "mypkg"}
+"""
+
+
+@dataclass(frozen=True)
+class ServedUserApp:
+    """A served USER_APP: its HTTP port, and the file its stderr goes to."""
+
+    http_port: int
+    log: Path
+
+    def get(self, path: str) -> httpx.Response:
+        """GET ``path`` of the served app."""
+        return httpx.get(f"http://127.0.0.1:{self.http_port}{path}")
+
+
+class ServeUserApp(Protocol):
+    def __call__(self, *, workers: int) -> ServedUserApp: ...
+
+
+@pytest.fixture
+def serve_user_app() -> Iterator[ServeUserApp]:
+    """Serve USER_APP as package ``mypkg`` with `python -m app --app mypkg.main:app
+    --workers N` on the embedded database (no DATABASE_URL), returning once its own
+    route answers; every one is stopped and its files removed at teardown."""
+    started: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def serve(*, workers: int) -> ServedUserApp:
+        # Not pytest's tmp_path: as root the server runs as another user, who must reach it.
+        tmp_path = Path(tempfile.mkdtemp(prefix="regent-user-app-"))
+        (tmp_path / "mypkg").mkdir()
+        (tmp_path / "mypkg" / "__init__.py").write_text("")
+        (tmp_path / "mypkg" / "main.py").write_text(USER_APP)
+        data_dir = tmp_path / "data"
+        data_dir.mkdir()
+        tmp_path.chmod(0o755)
+        data_dir.chmod(0o755)
+        served = ServedUserApp(free_port(), tmp_path / "stderr.txt")
+        env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        env |= {
+            "REGENT_DATA_DIR": str(data_dir),
+            "REGENT_PG_PORT": str(free_port()),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")])),
+        }
+        command = ["--app", "mypkg.main:app", "--workers", str(workers)]
+        with served.log.open("w") as stderr:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "app", *command, "--port", str(served.http_port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        started.append((process, tmp_path))
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, f"python -m app exited: {served.log.read_text()[-600:]}"
+            try:
+                if served.get("/hello").status_code == 200:
+                    return served
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the user's app did not answer"
+            time.sleep(0.1)
+
+    yield serve
+    for process, tmp_path in started:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        subprocess.run(["rm", "-rf", str(tmp_path)], check=False)

@@ -16,6 +16,8 @@ import pytest
 
 from app.localpg import free_port
 
+from .conftest import ServeUserApp
+
 
 def _run(
     args: list[str], env: dict[str, str], timeout: float = 60
@@ -225,68 +227,12 @@ def test_a_killed_app_leaves_no_worker_and_restarts_at_once(embedded_app: Embedd
         restarted.wait(60)
 
 
-USER_APP = """
-from app.main import create_app
-from app.scheduler import JobContext, Scheduler, every
-
-scheduler = Scheduler()
-
-
-@scheduler.job(every(hours=1), id="user_job")
-async def user_job(ctx: JobContext) -> None:
-    return None
-
-
-app = create_app(scheduler=scheduler)
-
-
-@app.get("/hello")
-async def hello() -> dict[str, str]:
-    return {"from": "mypkg"}
-"""
-
-
-def test_python_m_app_serves_a_users_own_app_on_the_embedded_database() -> None:
-    # Not pytest's tmp_path: as root the server runs as another user, who must reach it.
-    tmp_path = Path(tempfile.mkdtemp(prefix="regent-user-app-"))
-    (tmp_path / "mypkg").mkdir()
-    (tmp_path / "mypkg" / "__init__.py").write_text("")
-    (tmp_path / "mypkg" / "main.py").write_text(USER_APP)
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    tmp_path.chmod(0o755)
-    data_dir.chmod(0o755)
-    http_port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    env |= {
-        "REGENT_DATA_DIR": str(data_dir),
-        "REGENT_PG_PORT": str(free_port()),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")])),
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", "--app", "mypkg.main:app", "--port", str(http_port)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, "python -m app --app exited"
-            try:
-                answer = httpx.get(f"http://127.0.0.1:{http_port}/hello")
-                if answer.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the user's app did not answer"
-            time.sleep(0.1)
-        assert answer.json() == {"from": "mypkg"}
-        assert httpx.get(f"http://127.0.0.1:{http_port}/readyz").status_code == 200
-    finally:
-        process.terminate()
-        process.wait(60)
-        subprocess.run(["rm", "-rf", str(tmp_path)], check=False)
+def test_python_m_app_serves_a_users_own_app_on_the_embedded_database(
+    serve_user_app: ServeUserApp,
+) -> None:
+    served = serve_user_app(workers=2)
+    assert served.get("/hello").json() == {"from": "mypkg"}
+    assert served.get("/readyz").status_code == 200
 
 
 @pytest.mark.parametrize(

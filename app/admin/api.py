@@ -62,7 +62,8 @@ async def jobs(request: Request) -> list[dict[str, Any]]:
     """Every job: schedule (``trigger`` as stored, ``trigger_description`` as a human
     reads it with the zone named), last start and finish, status, duration, lateness,
     running (a running lease holds, the job's or one of its per-worker runs', on the
-    database's clock), paused, broken (with the error)."""
+    database's clock), paused, broken (with the error), stored (false for a broken job
+    that has no row yet: its run-now, pause and runs answer 404)."""
     zone = request.app.state.settings.TIMEZONE
     return [
         job | {"trigger_description": display.trigger(job["trigger"], zone)}

@@ -42,7 +42,8 @@ __all__ = [
 # row's, read on the lease clock (LEASE_NOW_SQL: the database server's, the clock every
 # lease is written on), never on the reader's. A 'running' status without a live lease
 # is read as 'abandoned' (its owner died; the leader reaps it at its next tick). A
-# broken job is listed even when it has no row (its first slot could not be computed).
+# broken job is listed even when it has no row (its first slot could not be computed),
+# with ``stored`` false: nothing acts on it (run now, pause, its page) until it has one.
 _JOBS = text(
     f"""
     WITH replica_running AS (
@@ -67,11 +68,11 @@ _JOBS = text(
         (SELECT r.lateness_ms FROM scheduler_runs r
          WHERE r.schedule = j.schedule AND r.job_id = j.id
          ORDER BY r.id DESC LIMIT 1) AS last_lateness_ms,
-        j.broken_id IS NOT NULL AS broken, j.broken_error, j.broken_since
+        j.broken_id IS NOT NULL AS broken, j.broken_error, j.broken_since, true AS stored
     FROM listed j
     UNION ALL
     SELECT b.job_id, b.job_id, NULL, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-        false, b.since, false, NULL, true, b.error, b.since
+        false, b.since, false, NULL, true, b.error, b.since, false
     FROM scheduler_broken_jobs b
     WHERE b.schedule = :schedule AND NOT EXISTS (
         SELECT 1 FROM scheduler_jobs j WHERE j.schedule = b.schedule AND j.id = b.job_id)
@@ -191,11 +192,13 @@ async def list_jobs(
     schedule: str = DEFAULT_SCHEDULE,
 ) -> list[dict[str, Any]]:
     """Every job of the schedule named ``schedule`` with its schedule state, last
-    outcome and whether it is broken. ``running`` (a live running lease: the job's, or
-    one of its per-worker runs') and a crashed run's ``abandoned`` status are read on
-    the lease clock: ``lease_now`` as clock.lease_now gives it, None for the database
-    server's clock (the caller's own clock never decides). Every function here reads or
-    changes only the rows of the schedule it is given (app/scheduler/keys.py)."""
+    outcome and whether it is broken; ``stored`` is false for a broken job that has no
+    row yet (no action and no history applies to it). ``running`` (a live running
+    lease: the job's, or one of its per-worker runs') and a crashed run's ``abandoned``
+    status are read on the lease clock: ``lease_now`` as clock.lease_now gives it, None
+    for the database server's clock (the caller's own clock never decides). Every
+    function here reads or changes only the rows of the schedule it is given
+    (app/scheduler/keys.py)."""
     async with engine.connect() as conn:
         params = {"lease_now": lease_now, "schedule": schedule}
         return _rows(await conn.execute(_JOBS, params))

@@ -270,24 +270,37 @@ _OUTCOMES = """unnest(CAST(CAST(:run_ids AS text[]) AS bigint[]), CAST(:job_ids 
             CAST(CAST(:bodies_ended AS text[]) AS boolean[]))
         AS o(run_id, job_id, status, finished_at, duration_ms, error, body_ended)"""
 
+# The run rows of a batch of outcomes, locked, as they were before the outcomes landed.
+_BEFORE = """(SELECT id, status FROM scheduler_runs
+        WHERE id = ANY(CAST(CAST(:run_ids AS text[]) AS bigint[])) FOR UPDATE) before"""
+
 # A per-worker run's own lease is cleared with its outcome, unless its body runs on
 # (a thread past its timeout): the lease then lasts until the body ends. The outcome of
 # a run reaped meanwhile still lands: it is the truth, and 'abandoned' was a guess.
+# It returns the status each run had (``was``: 'abandoned' once reaped) and its scope,
+# for the job rows' write (_FINISH_JOBS).
 _FINISH_RUNS = text(
     f"""
     UPDATE scheduler_runs r
     SET finished_at = o.finished_at, status = o.status, duration_ms = o.duration_ms,
         error = o.error,
         running_until = CASE WHEN o.body_ended THEN NULL ELSE r.running_until END
-    FROM {_OUTCOMES}
-    WHERE r.id = o.run_id
+    FROM {_OUTCOMES}, {_BEFORE}
+    WHERE r.id = o.run_id AND before.id = o.run_id
+    RETURNING o.run_id, before.status AS was, r.scope
     """
 )
 
 # The job row takes a run's outcome unless a newer run holds the job's lease, or
 # another worker's run of a per-worker job still holds its own: a late outcome of a
 # reaped run is then recorded on its run row only, and a per-worker job reads
-# 'running' until its last live run ends.
+# 'running' until its last live run ends. A run that lost its lease (reaped: it read
+# 'abandoned' when its outcome came, ``b.was``; or a leader run the job's lease no
+# longer names) settles the job only while no newer run of the job has started, even
+# one that has finished since: the row shows the newest run's outcome. Run ids are
+# allocated in start order, so "newer" compares ids, never two hosts' clocks; a slot
+# recorded as missed or skipped_overlap is not a run. A run row no longer stored (b
+# missing) lands as it always did.
 _FINISH_JOBS = text(
     f"""
     UPDATE scheduler_jobs j
@@ -296,6 +309,9 @@ _FINISH_JOBS = text(
         last_success_at = CASE WHEN o.status = 'ok' THEN o.finished_at ELSE j.last_success_at END,
         updated_at = now()
     FROM {_OUTCOMES}
+        LEFT JOIN unnest(CAST(CAST(:before_ids AS text[]) AS bigint[]),
+            CAST(:wases AS text[]), CAST(:scopes AS text[])) AS b(run_id, was, scope)
+        ON b.run_id = o.run_id
     WHERE j.schedule = :schedule AND j.id = o.job_id
         AND (j.running_run_id IS NULL OR j.running_run_id = o.run_id)
         AND NOT EXISTS (
@@ -303,14 +319,24 @@ _FINISH_JOBS = text(
             WHERE other.schedule = :schedule AND other.job_id = o.job_id
                 AND other.scope = 'replica' AND other.id <> o.run_id
                 AND other.running_until > {LEASE_NOW_SQL})
+        AND NOT (
+            (COALESCE(b.was = 'abandoned', false)
+                OR (COALESCE(b.scope = 'leader', false) AND j.running_run_id IS NULL))
+            AND EXISTS (
+                SELECT 1 FROM scheduler_runs newer
+                WHERE newer.schedule = :schedule AND newer.job_id = o.job_id
+                    AND newer.id > o.run_id
+                    AND newer.status NOT IN ('missed', 'skipped_overlap')))
     """
 )
 # A per-worker start shows on the job row as a leader run's claim does; its outcome
-# settles it (_FINISH_JOBS), and a reap of it turns it 'abandoned'.
+# settles it (_FINISH_JOBS), and a reap of it turns it 'abandoned'. An error is an
+# outcome's: a run in progress shows none (not the note of the reap its start made).
 _START_REPLICA_JOB = text(
     """
     UPDATE scheduler_jobs
-    SET last_started_at = :started_at, last_status = 'running', updated_at = now()
+    SET last_started_at = :started_at, last_status = 'running', last_error = NULL,
+        updated_at = now()
     WHERE schedule = :schedule AND id = :job_id
     """
 )
@@ -362,9 +388,10 @@ _SETTLE_RUNS = text(
     UPDATE scheduler_runs r
     SET finished_at = o.finished_at, status = o.status, duration_ms = o.duration_ms,
         error = o.error, running_until = NULL
-    FROM {_OUTCOMES}
-    WHERE r.id = o.run_id AND r.status IN ('running', 'abandoned')
-    RETURNING r.id
+    FROM {_OUTCOMES}, {_BEFORE}
+    WHERE r.id = o.run_id AND before.id = o.run_id
+        AND before.status IN ('running', 'abandoned')
+    RETURNING o.run_id, before.status AS was, r.scope
     """
 )
 
@@ -1200,8 +1227,9 @@ class JobStore:
         without a lease."""
         params = _outcome_arrays(self.schedule, [outcome], _lease_reading(self.lease_clock))
         async with self.engine.begin() as conn:
-            if (await conn.execute(_SETTLE_RUNS, params)).first() is not None:
-                await conn.execute(_FINISH_JOBS, params)
+            settled = list(await conn.execute(_SETTLE_RUNS, params))
+            if settled:
+                await conn.execute(_FINISH_JOBS, params | _runs_before(settled))
             await conn.execute(_RELEASE_REPLICA_LEASES if replica else _RELEASE_LEASES, params)
 
     async def start_replica_run(
@@ -1244,8 +1272,8 @@ class JobStore:
             return
         params = _outcome_arrays(self.schedule, outcomes, _lease_reading(self.lease_clock))
         async with self.engine.begin() as conn:
-            await conn.execute(_FINISH_RUNS, params)
-            await conn.execute(_FINISH_JOBS, params)
+            before = list(await conn.execute(_FINISH_RUNS, params))
+            await conn.execute(_FINISH_JOBS, params | _runs_before(before))
             if any(outcome.body_ended for outcome in outcomes):
                 await conn.execute(_RELEASE_LEASES, params)
 
@@ -1332,8 +1360,8 @@ class ThreadStore:
         params = _outcome_arrays(self.schedule, [outcome], _lease_reading(self.lease_clock))
         with self.sessions.begin() as session:
             conn = _read_committed(session)
-            conn.execute(_FINISH_RUNS, params)
-            conn.execute(_FINISH_JOBS, params)
+            before = list(conn.execute(_FINISH_RUNS, params))
+            conn.execute(_FINISH_JOBS, params | _runs_before(before))
             conn.execute(_RELEASE_LEASES, params)
 
 
@@ -1346,6 +1374,15 @@ def _read_committed(session: Session) -> Connection:
 def _lease_reading(lease_clock: Clock | None) -> datetime | None:
     # The :lease_now of a statement: a test's lease clock now, None for the server's.
     return None if lease_clock is None else lease_clock.now()
+
+
+def _runs_before(rows: Sequence[Any]) -> dict[str, object]:
+    # What _FINISH_JOBS reads of each run as its outcome came: its status then, its scope.
+    return {
+        "before_ids": [str(row.run_id) for row in rows],
+        "wases": [row.was for row in rows],
+        "scopes": [row.scope for row in rows],
+    }
 
 
 def _lease_arrays(leases: Sequence[HeldLease]) -> dict[str, object]:

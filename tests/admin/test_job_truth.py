@@ -98,6 +98,25 @@ async def test_a_broken_job_is_listed_and_makes_health_not_ok(serve: Serve) -> N
         assert '<span class="broken"' in poisoned_row
 
 
+async def test_a_broken_job_with_no_stored_row_is_offered_no_actions(serve: Serve) -> None:
+    # Its first slot could not be computed, so it has no row: run now, pause and resume
+    # would answer 404, and the page must not offer them.
+    scheduler = _hourly(("poisoned", _PoisonedTrigger(timedelta(hours=1))))
+    async with serve(scheduler) as client:
+        await _eventually_json(client, "/health/scheduler", lambda body: body.get("broken_jobs"))
+        jobs = {
+            job["id"]: job for job in (await client.get("/admin/api/jobs", headers=AUTH)).json()
+        }
+        assert (jobs["poisoned"]["stored"], jobs["hourly"]["stored"]) == (False, True)
+        await client.post("/admin/login", data={"token": TOKEN})
+        page = (await client.get("/admin")).text
+    poisoned_row = page[page.index('data-job="poisoned"') :].split("</tr>")[0]
+    hourly_row = page[page.index('data-job="hourly"') :].split("</tr>")[0]
+    assert "/admin/jobs/hourly/run" in hourly_row and "/admin/jobs/hourly/pause" in hourly_row
+    assert "<form" not in poisoned_row, poisoned_row
+    assert 'href="/admin/jobs/poisoned"' not in poisoned_row, "its page would be a 404"
+
+
 async def test_health_is_not_ok_while_the_leader_does_not_fire(serve: Serve) -> None:
     async with serve(_hourly(), HANDOVER_GRACE_SECONDS=3600) as client:
         response = await client.get("/health/scheduler")

@@ -69,3 +69,21 @@ async def test_one_workers_outcome_leaves_running_while_another_worker_still_run
     job = await _listed(database, clock)
     assert job["running"] is True
     assert job["last_status"] == "running", job
+
+
+async def test_a_per_worker_start_that_reaps_a_dead_workers_run_shows_no_stale_error(
+    database: Database,
+) -> None:
+    clock = FakeClock(T0)
+    spec = _sweep()
+    dead, alive = (make_runner(database, clock, pid=pid) for pid in (31, 32))
+    await dead.store.register_replica_jobs([spec], clock.now(), UTC_ZONE)
+    lease = dead.lease_seconds
+    await dead.store.start_replica_run(spec, T0, clock.now(), lease_seconds=lease)
+    clock.advance(lease + 1)  # the dead worker's lease ran out; the next start reaps it
+    _, reaped = await alive.store.start_replica_run(
+        spec, clock.now(), clock.now(), lease_seconds=lease
+    )
+    assert len(reaped) == 1
+    job = await _listed(database, clock)
+    assert (job["last_status"], job["last_error"]) == ("running", None), job

@@ -159,7 +159,9 @@ _STARTS = f"""(c.runs AND (j.running_until IS NULL OR j.running_until <= {LEASE_
 # request (run_requested_at, ``manual``) is still the one given, and (fenced) this
 # process's lock connection holds the key. A slot claim moves the job's next slot; a
 # run-now claim clears its request. A slot that is not run never overwrites the status
-# of a body that still runs. Arrays travel as text[] (see _UPSERT).
+# of a body that still runs; a run that starts clears the last error (an error is an
+# outcome's, not the note of the reap the claim made). Arrays travel as text[] (see
+# _UPSERT).
 _CLAIM = """
     UPDATE scheduler_jobs j
     SET next_run_at = CASE WHEN c.manual THEN j.next_run_at ELSE c.next_slot END,
@@ -169,6 +171,7 @@ _CLAIM = """
         last_status = CASE WHEN {starts} THEN 'running'
             WHEN j.running_until > {lease_now} THEN j.last_status
             WHEN c.runs THEN 'skipped_overlap' ELSE c.status END,
+        last_error = CASE WHEN {starts} THEN NULL ELSE j.last_error END,
         running_run_id = CASE WHEN {starts} THEN c.run_id ELSE j.running_run_id END,
         running_since = CASE WHEN {starts}
             THEN CAST(:now AS timestamptz) ELSE j.running_since END,

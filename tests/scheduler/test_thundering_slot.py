@@ -63,9 +63,8 @@ async def _finished_runs(engine: AsyncEngine) -> int:
         return count
 
 
-async def test_a_thousand_jobs_due_at_once_are_claimed_by_one_statement(
-    start_scheduler: StartScheduler, engine: AsyncEngine, claim_statements: list[str]
-) -> None:
+async def _fire_a_noop_crowd(start_scheduler: StartScheduler, engine: AsyncEngine) -> None:
+    """CROWD no-op jobs on one cron minute: fire the minute, return once all ran."""
     clock = FakeClock(T0)
     scheduler = Scheduler()
     for index in range(CROWD):
@@ -79,6 +78,12 @@ async def test_a_thousand_jobs_due_at_once_are_claimed_by_one_statement(
         return await _finished_runs(engine) == CROWD
 
     await eventually(all_ran, timeout=60, what=f"{CROWD} runs")
+
+
+async def test_a_thousand_jobs_due_at_once_are_claimed_by_one_statement(
+    start_scheduler: StartScheduler, engine: AsyncEngine, claim_statements: list[str]
+) -> None:
+    await _fire_a_noop_crowd(start_scheduler, engine)
     assert len(claim_statements) == 1
 
 
@@ -125,19 +130,7 @@ async def test_the_outcomes_of_a_thousand_bodies_that_end_together_are_written_i
     engine: AsyncEngine,
     outcome_and_renewal_statements: collections.Counter[str],
 ) -> None:
-    clock = FakeClock(T0)
-    scheduler = Scheduler()
-    for index in range(CROWD):
-        scheduler.job(cron("* * * * *"), id=f"crowd-{index:04d}")(_noop)
-    supervisor = await start_scheduler(scheduler, clock=clock)
-    await supervisor.wait_until_firing()
-    await clock.wait_for_sleepers(2)
-    clock.advance(30)
-
-    async def all_ran() -> bool:
-        return await _finished_runs(engine) == CROWD
-
-    await eventually(all_ran, timeout=60, what=f"{CROWD} runs")
+    await _fire_a_noop_crowd(start_scheduler, engine)
     # One write per outcome held a pool connection each: behind a crowd, outcomes
     # waited out their record timeout and were lost.
     assert outcome_and_renewal_statements["outcome"] <= CROWD // 20

@@ -75,8 +75,6 @@ class OutcomeWriter:
             jobs.add(outcome.job_id)
             batch.append(entry)
         self._waiting = rest
-        # Job rows in id order: two batches never lock the same rows in opposite orders.
-        batch.sort(key=lambda entry: entry[0].job_id)
         return batch
 
     async def _commit(self, batch: list[_Waiting]) -> None:
@@ -87,6 +85,8 @@ class OutcomeWriter:
                 _settle(batch, exc)
                 return
             for entry in batch:
+                if entry[1].done():
+                    continue  # its writer gave up on it meanwhile
                 try:
                     await self.store.finish_many([entry[0]])
                 except Exception as alone:
@@ -109,11 +109,13 @@ def _settle(entries: list[_Waiting], exc: BaseException | None) -> None:
 
 class LeaseKeeper:
     """Renews the running lease of every body this process holds one for, in one
-    statement (JobStore.renew_leases) every third of the lease; a failed renewal is
-    tried again within seconds (retry.renewal_delay), and an attempt that does not
-    finish within a third of the lease counts as failed. A run found to have lost its
-    lease is logged and no longer renewed. While a lease is held here, this process's
-    reaps leave it alone (JobStore.renewing): its body runs here."""
+    statement (JobStore.renew_leases) every third of the lease, counted from the start
+    of the last renewal. A renewal of several that fails is tried again a lease at a
+    time at once, so a lease whose row is locked or refused fails alone; a lease that
+    failed is tried again within seconds (retry.renewal_delay). An attempt that does
+    not finish within a third of the lease counts as failed. A run found to have lost
+    its lease is logged and no longer renewed. While a lease is held here, this
+    process's reaps leave it alone (JobStore.renewing): its body runs here."""
 
     def __init__(self, store: JobStore, *, clock: Clock, lease_seconds: float) -> None:
         self.store = store
@@ -137,30 +139,26 @@ class LeaseKeeper:
     async def _renew(self) -> None:
         period = self.lease_seconds / 3
         failures = 0
+        began = self.clock.now()
         while self._held:
-            await self.clock.sleep(renewal_delay(period, failures))
+            waited = (self.clock.now() - began).total_seconds()
+            await self.clock.sleep(max(0.0, renewal_delay(period, failures) - waited))
+            began = self.clock.now()
             leases = list(self._held.values())
             if not leases:
-                return
-            try:
-                # Shielded: a statement cut off mid-way would lose its connection; it
-                # completes in the background while the next attempt goes ahead.
-                renewal = self.store.renew_leases(leases, self.lease_seconds)
-                async with asyncio.timeout(period):
-                    renewed = await asyncio.shield(renewal)
-            except Exception:
+                continue
+            renewed, failed, error = await self._renew_each(leases, period)
+            failures = failures + 1 if failed else 0
+            if failed:
                 logger.warning(
                     "Could not renew the running leases of %s run(s) (jobs %s); retrying",
-                    len(leases),
-                    ", ".join(sorted({lease.job_id for lease in leases})[:5]),
-                    exc_info=True,
+                    len(failed),
+                    ", ".join(sorted({lease.job_id for lease in failed})[:5]),
+                    exc_info=error,
                     extra={"action": "job.lease_renew_failed"},
                 )
-                failures += 1
-                continue
-            failures = 0
             for lease in leases:
-                if lease.run_id in renewed or lease.run_id not in self._held:
+                if lease in failed or lease.run_id in renewed or lease.run_id not in self._held:
                     continue
                 logger.warning(
                     'Job "%s" (run %s) lost its running lease while its body runs; '
@@ -170,3 +168,32 @@ class LeaseKeeper:
                     extra={"action": "job.lease_lost", "job_id": lease.job_id},
                 )
                 self.drop(lease.run_id)
+
+    async def _renew_each(
+        self, leases: list[HeldLease], period: float
+    ) -> tuple[set[int], list[HeldLease], Exception | None]:
+        """Renew ``leases`` in one statement, else each alone: the ids of the runs that
+        still hold theirs, the leases whose renewal failed, and the last failure."""
+        try:
+            return await self._attempt(leases, period), [], None
+        except Exception as exc:
+            if len(leases) == 1:
+                return set(), leases, exc
+            logger.debug("a renewal of %s leases failed", len(leases), exc_info=True)
+        renewed: set[int] = set()
+        failed: list[HeldLease] = []
+        error: Exception | None = None
+        for lease in leases:
+            try:
+                renewed |= await self._attempt([lease], period)
+            except Exception as exc:
+                failed.append(lease)
+                error = exc
+        return renewed, failed, error
+
+    async def _attempt(self, leases: list[HeldLease], period: float) -> set[int]:
+        # Shielded: a statement cut off mid-way would lose its connection; it completes
+        # (or fails on its row-lock patience) in the background as the next one goes.
+        renewal = asyncio.ensure_future(self.store.renew_leases(leases, self.lease_seconds))
+        async with asyncio.timeout(period):
+            return await asyncio.shield(renewal)

@@ -344,6 +344,11 @@ _START_REPLICA_JOB = text(
     """
 )
 
+# A batch write waits at most this long for a row another transaction holds, then
+# fails, and its writer tries each of its rows alone: one job row locked for long (an
+# operator's open transaction, a stuck claim) must not hold up every other run.
+_ROW_LOCK_PATIENCE = text("SET LOCAL lock_timeout = '1s'")
+
 # The leases of a batch of runs (l): a leader run's is on its job row, a per-worker
 # run's on its own run row (a reaped run no longer holds one).
 _LEASES = """unnest(CAST(:job_ids AS text[]), CAST(CAST(:run_ids AS text[]) AS bigint[]))
@@ -1200,13 +1205,18 @@ class JobStore:
         one commit of at most two statements however many there are (leader runs'
         leases are on their job rows, per-worker runs' on their own run rows). Returns
         the ids of the runs that still held theirs; a run left out lost it (it ran out
-        and another run took the job, or the run was reaped)."""
+        and another run took the job, or the run was reaped). Raises what the database
+        raises, after at most a second's wait for a row another transaction holds;
+        nothing is renewed then."""
         params: dict[str, object] = {
             "lease_seconds": lease_seconds,
             "schedule": self.schedule,
         } | self._lease_now()
         renewed: set[int] = set()
+        # Rows in job id order, as claims lock them: a renewal never deadlocks with one.
+        leases = sorted(leases, key=lambda lease: (lease.job_id, lease.run_id))
         async with self.engine.begin() as conn:
+            await conn.execute(_ROW_LOCK_PATIENCE)
             for replica, statement in ((False, _RENEW_LEASES), (True, _RENEW_REPLICA_LEASES)):
                 batch = [lease for lease in leases if lease.replica is replica]
                 if batch:
@@ -1267,14 +1277,18 @@ class JobStore:
         """Record every outcome on its run row and on its job row, and clear the running
         lease of each run whose body ended, in one commit of three statements however
         many there are. At most one outcome per job (a job row takes one per
-        statement). Raises what the database raises; nothing is recorded then."""
+        statement). Raises what the database raises, after at most a second's wait for
+        a row another transaction holds; nothing is recorded then."""
         assert len({outcome.job_id for outcome in outcomes}) == len(outcomes), (
             "one outcome per job in a batch"
         )
         if not outcomes:
             return
+        # Job rows in id order, as claims lock them: a batch never deadlocks with one.
+        outcomes = sorted(outcomes, key=lambda outcome: outcome.job_id)
         params = _outcome_arrays(self.schedule, outcomes, _lease_reading(self.lease_clock))
         async with self.engine.begin() as conn:
+            await conn.execute(_ROW_LOCK_PATIENCE)
             before = list(await conn.execute(_FINISH_RUNS, params))
             await conn.execute(_FINISH_JOBS, params | _runs_before(before))
             if any(outcome.body_ended for outcome in outcomes):

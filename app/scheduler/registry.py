@@ -7,6 +7,7 @@ job id in the message, never later at 3 a.m. in a log.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import math
@@ -115,9 +116,10 @@ class JobSpec:
     jitter: float = 0.0
     misfire_grace: float | None = None
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
         """True for ``async def`` jobs (or objects with an ``async def __call__``)."""
+        # Cached: a thundering slot asks it of a thousand jobs at once, and inspect is slow.
         return _is_async(self.func)
 
     def jitter_delay(self, slot: datetime, *, salt: str = "") -> float:

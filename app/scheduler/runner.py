@@ -42,13 +42,21 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
+from .batching import LeaseKeeper, OutcomeWriter
 from .clock import Clock
 from .context import JobContext, ServiceContext
 from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
-from .retry import renewal_delay
-from .store import ClaimedSlot, JobStore, SlotClaim, ThreadStore, format_error
+from .store import (
+    ClaimedSlot,
+    HeldLease,
+    JobStore,
+    Outcome,
+    SlotClaim,
+    ThreadStore,
+    format_error,
+)
 from .threads import ThreadBody, keep_lease
 from .triggers import COUNTED_SLOTS, Trigger
 
@@ -169,6 +177,8 @@ class Runner:
         self._alive: dict[str, asyncio.Future[Any]] = {}
         # Outcome writes under way, kept from the garbage collector until they land.
         self._writes: set[asyncio.Task[None]] = set()
+        self._outcomes = OutcomeWriter(store)
+        self._leases = LeaseKeeper(store, clock=clock, lease_seconds=lease_seconds)
 
     @property
     def running_job_ids(self) -> set[str]:
@@ -509,7 +519,7 @@ class Runner:
         spec = run.spec
         alive: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._alive[spec.id] = alive
-        renewing = self._renew_lease(run)
+        self._hold_lease(run)
         try:
             status, error = "ok", None
             try:
@@ -535,8 +545,7 @@ class Runner:
                     'Job "%s" timed out: %s', spec.name, error, extra={"action": "job.timeout"}
                 )
         finally:
-            if renewing is not None:
-                renewing.cancel()
+            self._leases.drop(run.claim.run_id)
             alive.set_result(None)
 
     async def _watch_thread(
@@ -545,7 +554,7 @@ class Runner:
         """Wait for a body's thread and record its outcome, however long it runs; hand
         the run over to the thread's side if the event loop goes away first."""
         spec = run.spec
-        renewing = self._renew_lease(run)
+        self._hold_lease(run)
         try:
             done, _ = await asyncio.wait({thread}, timeout=spec.timeout)
             if not done:
@@ -578,8 +587,7 @@ class Runner:
                 await self._settle(run, body.raised)
             raise
         finally:
-            if renewing is not None:
-                renewing.cancel()
+            self._leases.drop(run.claim.run_id)
 
     async def _outlast_timeout(self, run: _Run, thread: asyncio.Future[None]) -> None:
         spec = run.spec
@@ -649,14 +657,7 @@ class Runner:
         # it was cut short by the loop's end.
         status, error = ("timeout", run.timed_out) if run.timed_out else _outcome(raised)
         try:
-            self.thread_store.finish(
-                run.claim.run_id,
-                spec.id,
-                status=status,
-                finished_at=self.clock.now(),
-                duration_ms=run.duration_ms(),
-                error=error,
-            )
+            self.thread_store.finish(run.outcome(status, error, self.clock.now()))
         except Exception:
             logger.warning(
                 'Could not record the outcome %s of job "%s" (run %s); its lease runs out '
@@ -680,52 +681,10 @@ class Runner:
             },
         )
 
-    def _renew_lease(self, run: _Run) -> asyncio.Task[None] | None:
-        if not run.claim.leased:
-            return None
-        keeping = asyncio.create_task(self._keep_lease(run), name=f"running-lease:{run.spec.id}")
-        # While this task renews the lease, the body runs here: this process's reaps
-        # leave the lease alone even when a freeze let it run out (see JobStore.renewing).
-        run_id = run.claim.run_id
-        self.store.renewing.add(run_id)
-        keeping.add_done_callback(lambda _task: self.store.renewing.discard(run_id))
-        return keeping
-
-    async def _keep_lease(self, run: _Run) -> None:
-        # Every third of the lease, and a failed renewal again within seconds
-        # (retry.renewal_delay): a passing failure costs seconds of the margin, not a third.
-        period = self.lease_seconds / 3
-        spec, run_id = run.spec, run.claim.run_id
-        failures = 0
-        while True:
-            await self.clock.sleep(renewal_delay(period, failures))
-            try:
-                # Shielded: the body may end mid-renewal; the statement still completes
-                # (it matches nothing once the lease is cleared) and its connection returns.
-                renewal = self.store.renew_lease(
-                    spec.id, run_id, self.lease_seconds, replica=run.claim.replica
-                )
-                held = await asyncio.shield(renewal)
-            except Exception:
-                logger.warning(
-                    'Could not renew the running lease of job "%s" (run %s); retrying',
-                    spec.id,
-                    run_id,
-                    exc_info=True,
-                    extra={"action": "job.lease_renew_failed", "job_id": spec.id},
-                )
-                failures += 1
-                continue
-            failures = 0
-            if not held:
-                logger.warning(
-                    'Job "%s" (run %s) lost its running lease while its body runs; '
-                    "another leader may start the job",
-                    spec.id,
-                    run_id,
-                    extra={"action": "job.lease_lost", "job_id": spec.id},
-                )
-                return
+    def _hold_lease(self, run: _Run) -> None:
+        # Renewed with every other lease of this process while the body runs here.
+        if run.claim.leased:
+            self._leases.hold(HeldLease(run.spec.id, run.claim.run_id, run.claim.replica))
 
     async def _release_lease(self, run: _Run) -> None:
         """Clear the lease of a run whose thread ended after its timeout was recorded,
@@ -733,12 +692,7 @@ class Runner:
         try:
             async with asyncio.timeout(_RECORD_TIMEOUT):
                 await self.store.release_lease(
-                    run.claim.run_id,
-                    run.spec.id,
-                    status="timeout",
-                    finished_at=self.clock.now(),
-                    duration_ms=run.duration_ms(),
-                    error=run.timed_out,
+                    run.outcome("timeout", run.timed_out, self.clock.now()),
                     replica=run.claim.replica,
                 )
         except Exception:
@@ -769,20 +723,13 @@ class Runner:
     async def _write_outcome(
         self, run: _Run, status: str, error: str | None, body_ended: bool
     ) -> None:
-        finished_at, duration_ms = self.clock.now(), run.duration_ms()
+        outcome = run.outcome(status, error, self.clock.now(), body_ended=body_ended)
         try:
             async with asyncio.timeout(_RECORD_TIMEOUT):
                 for attempt in itertools.count():
                     try:
-                        await self.store.finish(
-                            run.claim.run_id,
-                            run.spec.id,
-                            status=status,
-                            finished_at=finished_at,
-                            duration_ms=duration_ms,
-                            error=error,
-                            body_ended=body_ended,
-                        )
+                        # Written with the outcomes of the other runs that end meanwhile.
+                        await self._outcomes.write(outcome)
                         return
                     except Exception:
                         # A write cut off by a lost connection (a server restart, a
@@ -820,6 +767,20 @@ class _Run:
     def duration_ms(self) -> int:
         """Milliseconds since the body started."""
         return int((time.perf_counter() - self.started) * 1000)
+
+    def outcome(
+        self, status: str, error: str | None, finished_at: datetime, *, body_ended: bool = True
+    ) -> Outcome:
+        """This run's outcome, ending now."""
+        return Outcome(
+            self.claim.run_id,
+            self.spec.id,
+            status,
+            finished_at,
+            self.duration_ms(),
+            error,
+            body_ended,
+        )
 
 
 def _outcome(raised: BaseException | None) -> tuple[str, str | None]:

@@ -80,10 +80,12 @@ from .triggers import Trigger
 __all__ = [
     "LEASE_NOW_SQL",
     "ClaimedSlot",
+    "HeldLease",
     "JobRow",
     "JobStore",
     "LeaderJobs",
     "LeaderRow",
+    "Outcome",
     "ReapedRun",
     "SlotClaim",
     "ThreadStore",
@@ -157,7 +159,9 @@ _STARTS = f"""(c.runs AND (j.running_until IS NULL OR j.running_until <= {LEASE_
 # request (run_requested_at, ``manual``) is still the one given, and (fenced) this
 # process's lock connection holds the key. A slot claim moves the job's next slot; a
 # run-now claim clears its request. A slot that is not run never overwrites the status
-# of a body that still runs. Arrays travel as text[] (see _UPSERT).
+# of a body that still runs; a run that starts clears the last error (an error is an
+# outcome's, not the note of the reap the claim made). Arrays travel as text[] (see
+# _UPSERT).
 _CLAIM = """
     UPDATE scheduler_jobs j
     SET next_run_at = CASE WHEN c.manual THEN j.next_run_at ELSE c.next_slot END,
@@ -167,6 +171,7 @@ _CLAIM = """
         last_status = CASE WHEN {starts} THEN 'running'
             WHEN j.running_until > {lease_now} THEN j.last_status
             WHEN c.runs THEN 'skipped_overlap' ELSE c.status END,
+        last_error = CASE WHEN {starts} THEN NULL ELSE j.last_error END,
         running_run_id = CASE WHEN {starts} THEN c.run_id ELSE j.running_run_id END,
         running_since = CASE WHEN {starts}
             THEN CAST(:now AS timestamptz) ELSE j.running_since END,
@@ -199,9 +204,12 @@ _CLAIMS = {
     for fenced in (False, True)
 }
 # Run ids for a claim's rows, allocated before its UPDATE (a run's id is its lease token).
+# The sequence is looked up once (OFFSET 0 keeps the subquery apart), not per id: a
+# lookup per row made a thousand ids cost 11 ms instead of 2.
 _NEXT_RUN_IDS = text(
-    "SELECT nextval(pg_get_serial_sequence('scheduler_runs', 'id')) AS id"
-    " FROM generate_series(1, CAST(:count AS integer))"
+    "SELECT nextval(s.seq) AS id FROM (SELECT CAST(pg_get_serial_sequence("
+    "'scheduler_runs', 'id') AS regclass) AS seq OFFSET 0) s,"
+    " generate_series(1, CAST(:count AS integer))"
 )
 # The leader run rows of a claim, in one statement; a slot that already has its run
 # keeps it (the row given is left out of RETURNING).
@@ -257,19 +265,32 @@ _UNDO_START = text(
     """
 )
 
+# The outcomes of a batch of runs, one row (o) per run: arrays travel as text[] (see
+# _UPSERT). A batch holds one outcome per job: a job row takes one per statement.
+_OUTCOMES = """unnest(CAST(CAST(:run_ids AS text[]) AS bigint[]), CAST(:job_ids AS text[]),
+            CAST(:statuses AS text[]), CAST(CAST(:finished_ats AS text[]) AS timestamptz[]),
+            CAST(CAST(:durations_ms AS text[]) AS bigint[]), CAST(:errors AS text[]),
+            CAST(CAST(:bodies_ended AS text[]) AS boolean[]))
+        AS o(run_id, job_id, status, finished_at, duration_ms, error, body_ended)"""
+
+# The run rows of a batch of outcomes, locked, as they were before the outcomes landed.
+_BEFORE = """(SELECT id, status FROM scheduler_runs
+        WHERE id = ANY(CAST(CAST(:run_ids AS text[]) AS bigint[])) FOR UPDATE) before"""
+
 # A per-worker run's own lease is cleared with its outcome, unless its body runs on
 # (a thread past its timeout): the lease then lasts until the body ends. The outcome of
 # a run reaped meanwhile still lands: it is the truth, and 'abandoned' was a guess.
-# It returns the status the run had (``was``: 'abandoned' once reaped) and its scope, for
-# the job row's write (_FINISH_JOB).
-_FINISH_RUN = text(
-    """
+# It returns the status each run had (``was``: 'abandoned' once reaped) and its scope,
+# for the job rows' write (_FINISH_JOBS).
+_FINISH_RUNS = text(
+    f"""
     UPDATE scheduler_runs r
-    SET finished_at = :finished_at, status = :status, duration_ms = :duration_ms, error = :error,
-        running_until = CASE WHEN CAST(:body_ended AS boolean) THEN NULL ELSE r.running_until END
-    FROM (SELECT id, status FROM scheduler_runs WHERE id = :run_id FOR UPDATE) before
-    WHERE r.id = before.id
-    RETURNING before.status AS was, r.scope
+    SET finished_at = o.finished_at, status = o.status, duration_ms = o.duration_ms,
+        error = o.error,
+        running_until = CASE WHEN o.body_ended THEN NULL ELSE r.running_until END
+    FROM {_OUTCOMES}, {_BEFORE}
+    WHERE r.id = o.run_id AND before.id = o.run_id
+    RETURNING o.run_id, before.status AS was, r.scope
     """
 )
 
@@ -277,38 +298,42 @@ _FINISH_RUN = text(
 # another worker's run of a per-worker job still holds its own: a late outcome of a
 # reaped run is then recorded on its run row only, and a per-worker job reads
 # 'running' until its last live run ends. A run that lost its lease (reaped: it read
-# 'abandoned' when its outcome came, ``:was``; or a leader run the job's lease no
+# 'abandoned' when its outcome came, ``b.was``; or a leader run the job's lease no
 # longer names) settles the job only while no newer run of the job has started, even
 # one that has finished since: the row shows the newest run's outcome. Run ids are
 # allocated in start order, so "newer" compares ids, never two hosts' clocks; a slot
-# recorded as missed or skipped_overlap is not a run.
-_FINISH_JOB = text(
+# recorded as missed or skipped_overlap is not a run. A run row no longer stored (b
+# missing) lands as it always did.
+_FINISH_JOBS = text(
     f"""
-    UPDATE scheduler_jobs
-    SET last_finished_at = :finished_at, last_status = :status, last_error = :error,
-        last_duration_ms = :duration_ms,
-        last_success_at = CASE WHEN CAST(:status AS text) = 'ok'
-            THEN CAST(:finished_at AS timestamptz) ELSE last_success_at END,
+    UPDATE scheduler_jobs j
+    SET last_finished_at = o.finished_at, last_status = o.status, last_error = o.error,
+        last_duration_ms = o.duration_ms,
+        last_success_at = CASE WHEN o.status = 'ok' THEN o.finished_at ELSE j.last_success_at END,
         updated_at = now()
-    WHERE schedule = :schedule AND id = :job_id
-        AND (running_run_id IS NULL OR running_run_id = :run_id)
+    FROM {_OUTCOMES}
+        LEFT JOIN unnest(CAST(CAST(:before_ids AS text[]) AS bigint[]),
+            CAST(:wases AS text[]), CAST(:scopes AS text[])) AS b(run_id, was, scope)
+        ON b.run_id = o.run_id
+    WHERE j.schedule = :schedule AND j.id = o.job_id
+        AND (j.running_run_id IS NULL OR j.running_run_id = o.run_id)
         AND NOT EXISTS (
             SELECT 1 FROM scheduler_runs other
-            WHERE other.schedule = :schedule AND other.job_id = :job_id
-                AND other.scope = 'replica' AND other.id <> :run_id
+            WHERE other.schedule = :schedule AND other.job_id = o.job_id
+                AND other.scope = 'replica' AND other.id <> o.run_id
                 AND other.running_until > {LEASE_NOW_SQL})
         AND NOT (
-            (CAST(:was AS text) = 'abandoned'
-                OR (CAST(:scope AS text) = 'leader' AND running_run_id IS NULL))
+            (COALESCE(b.was = 'abandoned', false)
+                OR (COALESCE(b.scope = 'leader', false) AND j.running_run_id IS NULL))
             AND EXISTS (
                 SELECT 1 FROM scheduler_runs newer
-                WHERE newer.schedule = :schedule AND newer.job_id = :job_id
-                    AND newer.id > :run_id
+                WHERE newer.schedule = :schedule AND newer.job_id = o.job_id
+                    AND newer.id > o.run_id
                     AND newer.status NOT IN ('missed', 'skipped_overlap')))
     """
 )
 # A per-worker start shows on the job row as a leader run's claim does; its outcome
-# settles it (_FINISH_JOB), and a reap of it turns it 'abandoned'. An error is an
+# settles it (_FINISH_JOBS), and a reap of it turns it 'abandoned'. An error is an
 # outcome's: a run in progress shows none (not the note of the reap its start made).
 _START_REPLICA_JOB = text(
     """
@@ -319,42 +344,62 @@ _START_REPLICA_JOB = text(
     """
 )
 
-_RENEW_LEASE = text(
+# A batch write waits at most this long for a row another transaction holds, then
+# fails, and its writer tries each of its rows alone: one job row locked for long (an
+# operator's open transaction, a stuck claim) must not hold up every other run.
+_ROW_LOCK_PATIENCE = text("SET LOCAL lock_timeout = '1s'")
+
+# The leases of a batch of runs (l): a leader run's is on its job row, a per-worker
+# run's on its own run row (a reaped run no longer holds one).
+_LEASES = """unnest(CAST(:job_ids AS text[]), CAST(CAST(:run_ids AS text[]) AS bigint[]))
+        AS l(job_id, run_id)"""
+_RENEW_LEASES = text(
     f"""
-    UPDATE scheduler_jobs SET running_until = {_LEASE_END}
-    WHERE schedule = :schedule AND id = :job_id AND running_run_id = :run_id
+    UPDATE scheduler_jobs j SET running_until = {_LEASE_END}
+    FROM {_LEASES}
+    WHERE j.schedule = :schedule AND j.id = l.job_id AND j.running_run_id = l.run_id
+    RETURNING l.run_id
     """
 )
-
-_RELEASE_LEASE = text(
+_RENEW_REPLICA_LEASES = text(
+    f"""
+    UPDATE scheduler_runs r SET running_until = {_LEASE_END}
+    FROM {_LEASES}
+    WHERE r.id = l.run_id AND r.running_until IS NOT NULL
+    RETURNING l.run_id
     """
-    UPDATE scheduler_jobs
+)
+# The leases of the runs whose bodies ended (o.body_ended).
+_RELEASE_LEASES = text(
+    f"""
+    UPDATE scheduler_jobs j
     SET running_run_id = NULL, running_since = NULL, running_until = NULL,
         running_pid = NULL, running_host = NULL
-    WHERE schedule = :schedule AND id = :job_id AND running_run_id = :run_id
+    FROM {_OUTCOMES}
+    WHERE o.body_ended AND j.schedule = :schedule AND j.id = o.job_id
+        AND j.running_run_id = o.run_id
     """
 )
-
-# A per-worker run's lease is on its own run row; a reaped run no longer holds one.
-_RENEW_REPLICA_LEASE = text(
+_RELEASE_REPLICA_LEASES = text(
     f"""
-    UPDATE scheduler_runs SET running_until = {_LEASE_END}
-    WHERE id = :run_id AND running_until IS NOT NULL
+    UPDATE scheduler_runs r SET running_until = NULL
+    FROM {_OUTCOMES}
+    WHERE o.body_ended AND r.id = o.run_id
     """
 )
-_RELEASE_REPLICA_LEASE = text("UPDATE scheduler_runs SET running_until = NULL WHERE id = :run_id")
 # The outcome of a run whose body ended after it was recorded (a thread past its
 # timeout), written again only where that record did not land: the run still reads
 # 'running', or a reap guessed 'abandoned' meanwhile. A run never stays 'running'
 # once its lease is released.
-_SETTLE_RUN = text(
-    """
+_SETTLE_RUNS = text(
+    f"""
     UPDATE scheduler_runs r
-    SET finished_at = :finished_at, status = :status, duration_ms = :duration_ms, error = :error,
-        running_until = NULL
-    FROM (SELECT id, status FROM scheduler_runs WHERE id = :run_id FOR UPDATE) before
-    WHERE r.id = before.id AND before.status IN ('running', 'abandoned')
-    RETURNING before.status AS was, r.scope
+    SET finished_at = o.finished_at, status = o.status, duration_ms = o.duration_ms,
+        error = o.error, running_until = NULL
+    FROM {_OUTCOMES}, {_BEFORE}
+    WHERE r.id = o.run_id AND before.id = o.run_id
+        AND before.status IN ('running', 'abandoned')
+    RETURNING o.run_id, before.status AS was, r.scope
     """
 )
 
@@ -526,6 +571,30 @@ class ClaimedSlot:
     term: int
     next_slot: datetime
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one run ended, for its run row and its job row. ``body_ended`` False: a
+    thread past its timeout runs on, and the run keeps its running lease."""
+
+    run_id: int
+    job_id: str
+    status: str
+    finished_at: datetime
+    duration_ms: int
+    error: str | None
+    body_ended: bool = True
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A running lease a body of this process holds: on its job row for a leader run,
+    on its own run row for a per-worker run (``replica``)."""
+
+    job_id: str
+    run_id: int
+    replica: bool = False
 
 
 @dataclass(frozen=True)
@@ -1131,55 +1200,50 @@ class JobStore:
             f"slot {item.run_slot.isoformat()} already has run {recorded.id} ({recorded.status})",
         )
 
+    async def renew_leases(self, leases: Sequence[HeldLease], lease_seconds: float) -> set[int]:
+        """Renew the running lease of every run in ``leases`` for ``lease_seconds``, in
+        one commit of at most two statements however many there are (leader runs'
+        leases are on their job rows, per-worker runs' on their own run rows). Returns
+        the ids of the runs that still held theirs; a run left out lost it (it ran out
+        and another run took the job, or the run was reaped). Raises what the database
+        raises, after at most a second's wait for a row another transaction holds;
+        nothing is renewed then."""
+        params: dict[str, object] = {
+            "lease_seconds": lease_seconds,
+            "schedule": self.schedule,
+        } | self._lease_now()
+        renewed: set[int] = set()
+        # Rows in job id order, as claims lock them: a renewal never deadlocks with one.
+        leases = sorted(leases, key=lambda lease: (lease.job_id, lease.run_id))
+        async with self.engine.begin() as conn:
+            await conn.execute(_ROW_LOCK_PATIENCE)
+            for replica, statement in ((False, _RENEW_LEASES), (True, _RENEW_REPLICA_LEASES)):
+                batch = [lease for lease in leases if lease.replica is replica]
+                if batch:
+                    rows = await conn.execute(statement, params | _lease_arrays(batch))
+                    renewed.update(row.run_id for row in rows)
+        return renewed
+
     async def renew_lease(
         self, job_id: str, run_id: int, lease_seconds: float, *, replica: bool = False
     ) -> bool:
-        """Renew the running lease of run ``run_id`` for ``lease_seconds``: the job row's
-        for a leader run, the run row's own for a per-worker run (``replica``). False
-        when the run no longer holds it (it ran out, and another run took the job or
-        the run was reaped)."""
-        statement = _RENEW_REPLICA_LEASE if replica else _RENEW_LEASE
-        params = {
-            "job_id": job_id,
-            "run_id": run_id,
-            "lease_seconds": lease_seconds,
-            "schedule": self.schedule,
-        }
-        params |= self._lease_now()
-        async with self.engine.begin() as conn:
-            return (await conn.execute(statement, params)).rowcount == 1
-
-    async def release_lease(
-        self,
-        run_id: int,
-        job_id: str,
-        *,
-        status: str,
-        finished_at: datetime,
-        duration_ms: int,
-        error: str | None,
-        replica: bool = False,
-    ) -> None:
-        """Clear the running lease of run ``run_id`` (``replica``: its run row's own), if
-        it still holds it, as the body whose outcome was recorded before it ended (a
-        thread past its timeout) ends. That outcome (``status``, ``error``) is recorded
-        again, as finish() does, where its first record did not land, so the run is
-        never left 'running' without a lease."""
-        params = _outcome_params(
-            self.schedule,
-            run_id,
-            job_id,
-            status,
-            finished_at,
-            duration_ms,
-            error,
-            _lease_reading(self.lease_clock),
+        """renew_leases() of one run: False when it no longer holds its lease."""
+        return run_id in await self.renew_leases(
+            [HeldLease(job_id, run_id, replica)], lease_seconds
         )
+
+    async def release_lease(self, outcome: Outcome, *, replica: bool = False) -> None:
+        """Clear the running lease of ``outcome``'s run (``replica``: its run row's own),
+        if it still holds it, as the body whose outcome was recorded before it ended (a
+        thread past its timeout) ends. That outcome is recorded again, as finish_many()
+        does, where its first record did not land, so the run is never left 'running'
+        without a lease."""
+        params = _outcome_arrays(self.schedule, [outcome], _lease_reading(self.lease_clock))
         async with self.engine.begin() as conn:
-            settled = (await conn.execute(_SETTLE_RUN, params)).first()
-            if settled is not None:
-                await conn.execute(_FINISH_JOB, params | _run_before(settled))
-            await conn.execute(_RELEASE_REPLICA_LEASE if replica else _RELEASE_LEASE, params)
+            settled = list(await conn.execute(_SETTLE_RUNS, params))
+            if settled:
+                await conn.execute(_FINISH_JOBS, params | _runs_before(settled))
+            await conn.execute(_RELEASE_REPLICA_LEASES if replica else _RELEASE_LEASES, params)
 
     async def start_replica_run(
         self,
@@ -1209,6 +1273,27 @@ class JobStore:
             )
             return run_id, reaped
 
+    async def finish_many(self, outcomes: Sequence[Outcome]) -> None:
+        """Record every outcome on its run row and on its job row, and clear the running
+        lease of each run whose body ended, in one commit of three statements however
+        many there are. At most one outcome per job (a job row takes one per
+        statement). Raises what the database raises, after at most a second's wait for
+        a row another transaction holds; nothing is recorded then."""
+        assert len({outcome.job_id for outcome in outcomes}) == len(outcomes), (
+            "one outcome per job in a batch"
+        )
+        if not outcomes:
+            return
+        # Job rows in id order, as claims lock them: a batch never deadlocks with one.
+        outcomes = sorted(outcomes, key=lambda outcome: outcome.job_id)
+        params = _outcome_arrays(self.schedule, outcomes, _lease_reading(self.lease_clock))
+        async with self.engine.begin() as conn:
+            await conn.execute(_ROW_LOCK_PATIENCE)
+            before = list(await conn.execute(_FINISH_RUNS, params))
+            await conn.execute(_FINISH_JOBS, params | _runs_before(before))
+            if any(outcome.body_ended for outcome in outcomes):
+                await conn.execute(_RELEASE_LEASES, params)
+
     async def finish(
         self,
         run_id: int,
@@ -1220,24 +1305,11 @@ class JobStore:
         error: str | None,
         body_ended: bool = True,
     ) -> None:
-        """Record a run's outcome on its run row and on the job row, and clear its
-        running lease unless ``body_ended`` is False (a thread still running)."""
-        params = _outcome_params(
-            self.schedule,
-            run_id,
-            job_id,
-            status,
-            finished_at,
-            duration_ms,
-            error,
-            _lease_reading(self.lease_clock),
+        """finish_many() of one run's outcome: its lease is cleared unless
+        ``body_ended`` is False (a thread still running)."""
+        await self.finish_many(
+            [Outcome(run_id, job_id, status, finished_at, duration_ms, error, body_ended)]
         )
-        params |= {"body_ended": body_ended}
-        async with self.engine.begin() as conn:
-            before = (await conn.execute(_FINISH_RUN, params)).first()
-            await conn.execute(_FINISH_JOB, params | _run_before(before))
-            if body_ended:
-                await conn.execute(_RELEASE_LEASE, params)
 
     def _run_params(
         self,
@@ -1292,43 +1364,22 @@ class ThreadStore:
     ) -> bool:
         """JobStore.renew_lease: False when the run no longer holds the lease."""
         params = {
-            "job_id": job_id,
-            "run_id": run_id,
             "lease_seconds": lease_seconds,
             "lease_now": _lease_reading(self.lease_clock),
             "schedule": self.schedule,
-        }
-        statement = _RENEW_REPLICA_LEASE if replica else _RENEW_LEASE
+        } | _lease_arrays([HeldLease(job_id, run_id, replica)])
+        statement = _RENEW_REPLICA_LEASES if replica else _RENEW_LEASES
         with self.sessions.begin() as session:
-            return _read_committed(session).execute(statement, params).rowcount == 1
+            return _read_committed(session).execute(statement, params).first() is not None
 
-    def finish(
-        self,
-        run_id: int,
-        job_id: str,
-        *,
-        status: str,
-        finished_at: datetime,
-        duration_ms: int,
-        error: str | None,
-    ) -> None:
-        """JobStore.finish of a body that ended: record the outcome, clear the lease."""
-        params = _outcome_params(
-            self.schedule,
-            run_id,
-            job_id,
-            status,
-            finished_at,
-            duration_ms,
-            error,
-            _lease_reading(self.lease_clock),
-        )
-        params |= {"body_ended": True}
+    def finish(self, outcome: Outcome) -> None:
+        """JobStore.finish_many of one body that ended: record it, clear the lease."""
+        params = _outcome_arrays(self.schedule, [outcome], _lease_reading(self.lease_clock))
         with self.sessions.begin() as session:
             conn = _read_committed(session)
-            before = conn.execute(_FINISH_RUN, params).first()
-            conn.execute(_FINISH_JOB, params | _run_before(before))
-            conn.execute(_RELEASE_LEASE, params)
+            before = list(conn.execute(_FINISH_RUNS, params))
+            conn.execute(_FINISH_JOBS, params | _runs_before(before))
+            conn.execute(_RELEASE_LEASES, params)
 
 
 def _read_committed(session: Session) -> Connection:
@@ -1342,31 +1393,33 @@ def _lease_reading(lease_clock: Clock | None) -> datetime | None:
     return None if lease_clock is None else lease_clock.now()
 
 
-def _run_before(row: Any) -> dict[str, object]:
-    # What _FINISH_JOB reads of the run as its outcome came: its status then and scope
-    # (None for a run row no longer stored: the outcome lands as it always did).
-    if row is None:
-        return {"was": None, "scope": None}
-    return {"was": row.was, "scope": row.scope}
+def _runs_before(rows: Sequence[Any]) -> dict[str, object]:
+    # What _FINISH_JOBS reads of each run as its outcome came: its status then, its scope.
+    return {
+        "before_ids": [str(row.run_id) for row in rows],
+        "wases": [row.was for row in rows],
+        "scopes": [row.scope for row in rows],
+    }
 
 
-def _outcome_params(
-    schedule: str,
-    run_id: int,
-    job_id: str,
-    status: str,
-    finished_at: datetime,
-    duration_ms: int,
-    error: str | None,
-    lease_now: datetime | None,
+def _lease_arrays(leases: Sequence[HeldLease]) -> dict[str, object]:
+    return {
+        "job_ids": [lease.job_id for lease in leases],
+        "run_ids": [str(lease.run_id) for lease in leases],
+    }
+
+
+def _outcome_arrays(
+    schedule: str, outcomes: Sequence[Outcome], lease_now: datetime | None
 ) -> dict[str, object]:
     return {
         "lease_now": lease_now,
         "schedule": schedule,
-        "run_id": run_id,
-        "job_id": job_id,
-        "status": status,
-        "finished_at": finished_at,
-        "duration_ms": duration_ms,
-        "error": error,
+        "run_ids": [str(outcome.run_id) for outcome in outcomes],
+        "job_ids": [outcome.job_id for outcome in outcomes],
+        "statuses": [outcome.status for outcome in outcomes],
+        "finished_ats": [_iso(outcome.finished_at) for outcome in outcomes],
+        "durations_ms": [str(outcome.duration_ms) for outcome in outcomes],
+        "errors": [outcome.error for outcome in outcomes],
+        "bodies_ended": [_flag(outcome.body_ended) for outcome in outcomes],
     }

@@ -87,3 +87,25 @@ async def test_a_per_worker_start_that_reaps_a_dead_workers_run_shows_no_stale_e
     assert len(reaped) == 1
     job = await _listed(database, clock)
     assert (job["last_status"], job["last_error"]) == ("running", None), job
+
+
+async def test_a_leader_claim_that_reaps_a_dead_run_shows_no_stale_error(
+    database: Database,
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+
+    @scheduler.job(every(minutes=1), id="tick")
+    async def tick(ctx: JobContext) -> None:
+        return None
+
+    spec = scheduler.jobs["tick"]
+    dead, alive = (make_runner(database, clock, pid=pid) for pid in (41, 42))
+    rows = await dead.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    first = await dead.claim_leader(spec, rows["tick"].next_run_at, None)
+    assert first is not None and first.runs
+    clock.advance(dead.lease_seconds + 60)  # its process died; the next claim reaps it
+    second = await alive.claim_leader(spec, first.next_slot, None)
+    assert second is not None and second.runs
+    job = await _listed(database, clock)
+    assert (job["last_status"], job["last_error"]) == ("running", None), job

@@ -5,10 +5,11 @@ started seconds after its slot."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -62,9 +63,8 @@ async def _finished_runs(engine: AsyncEngine) -> int:
         return count
 
 
-async def test_a_thousand_jobs_due_at_once_are_claimed_by_one_statement(
-    start_scheduler: StartScheduler, engine: AsyncEngine, claim_statements: list[str]
-) -> None:
+async def _fire_a_noop_crowd(start_scheduler: StartScheduler, engine: AsyncEngine) -> None:
+    """CROWD no-op jobs on one cron minute: fire the minute, return once all ran."""
     clock = FakeClock(T0)
     scheduler = Scheduler()
     for index in range(CROWD):
@@ -78,6 +78,12 @@ async def test_a_thousand_jobs_due_at_once_are_claimed_by_one_statement(
         return await _finished_runs(engine) == CROWD
 
     await eventually(all_ran, timeout=60, what=f"{CROWD} runs")
+
+
+async def test_a_thousand_jobs_due_at_once_are_claimed_by_one_statement(
+    start_scheduler: StartScheduler, engine: AsyncEngine, claim_statements: list[str]
+) -> None:
+    await _fire_a_noop_crowd(start_scheduler, engine)
     assert len(claim_statements) == 1
 
 
@@ -100,3 +106,75 @@ async def test_jobs_that_share_a_trigger_compute_its_slot_once_per_wake(
 
     await eventually(all_ran, timeout=30, what="100 runs")
     assert _SLOT_MATH["latest_slot"] == 1
+
+
+@pytest.fixture
+def outcome_and_renewal_statements(engine: AsyncEngine) -> Iterator[collections.Counter[str]]:
+    """How many outcome writes and lease renewals the engine sent, by kind."""
+    sent: collections.Counter[str] = collections.Counter()
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        words = " ".join(statement.split())
+        if words.startswith("UPDATE scheduler_runs") and "SET finished_at" in words:
+            sent["outcome"] += 1
+        elif words.startswith("UPDATE scheduler_jobs") and "SET running_until =" in words:
+            sent["renewal"] += 1
+
+    event.listen(engine.sync_engine, "before_cursor_execute", record)
+    yield sent
+    event.remove(engine.sync_engine, "before_cursor_execute", record)
+
+
+async def test_the_outcomes_of_a_thousand_bodies_that_end_together_are_written_in_batches(
+    start_scheduler: StartScheduler,
+    engine: AsyncEngine,
+    outcome_and_renewal_statements: collections.Counter[str],
+) -> None:
+    await _fire_a_noop_crowd(start_scheduler, engine)
+    # One write per outcome held a pool connection each: behind a crowd, outcomes
+    # waited out their record timeout and were lost.
+    assert outcome_and_renewal_statements["outcome"] <= CROWD // 20
+
+
+async def test_a_thousand_running_bodies_renew_their_leases_in_one_statement_per_period(
+    start_scheduler: StartScheduler,
+    engine: AsyncEngine,
+    outcome_and_renewal_statements: collections.Counter[str],
+) -> None:
+    clock = FakeClock(T0)
+    release = asyncio.Event()
+    entered: list[str] = []
+
+    async def long_body(ctx: JobContext) -> None:
+        entered.append(ctx.job_id)
+        await release.wait()
+
+    scheduler = Scheduler()
+    for index in range(CROWD):
+        scheduler.job(cron("* * * * *"), id=f"crowd-{index:04d}")(long_body)
+    supervisor = await start_scheduler(scheduler, clock=clock, lease_seconds=6)
+    await supervisor.wait_until_firing()
+    await clock.wait_for_sleepers(2)
+    clock.advance(30)
+    while len(entered) < CROWD:
+        await asyncio.sleep(0.01)
+    await clock.wait_for_sleepers()
+    outcome_and_renewal_statements.clear()
+    clock.advance(2)  # a third of the lease: every lease is due for renewal
+
+    async def renewed() -> bool:
+        async with engine.connect() as conn:
+            stale: int = (
+                await conn.execute(
+                    text(
+                        "SELECT count(*) FROM scheduler_jobs"
+                        " WHERE running_until < CAST(:fresh AS timestamptz)"
+                    ),
+                    {"fresh": clock.now() + timedelta(seconds=6)},
+                )
+            ).scalar_one()
+            return stale == 0
+
+    await eventually(renewed, timeout=30, what="every lease renewed")
+    assert outcome_and_renewal_statements["renewal"] == 1
+    release.set()

@@ -1,0 +1,199 @@
+"""Group commits of what many runs of one process write at once: their outcomes and
+their running-lease renewals.
+
+A thousand jobs on one cron minute end together and hold their leases together. One
+write per run would queue a thousand transactions behind the connection pool (an
+outcome that waits out its record timeout is lost, and its run reads 'running' until
+its lease runs out), and one renewal task per run would send a thousand statements
+every third of the lease. Here the outcomes go in as few commits as the database allows
+(the first at once, those that come meanwhile together in the next), and every lease
+of the process is renewed by one statement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .clock import Clock
+from .retry import renewal_delay
+from .store import HeldLease, JobStore, Outcome
+
+__all__ = ["LeaseKeeper", "OutcomeWriter"]
+
+logger = logging.getLogger("app.scheduler")
+
+_Waiting = tuple[Outcome, "asyncio.Future[None]"]
+
+
+class OutcomeWriter:
+    """Writes run outcomes as group commits: an outcome given while no write is under
+    way is written at once; those given meanwhile wait for it and go together in the
+    next write (at most ``batch_size``, one per job). A write of several that fails is
+    tried again an outcome at a time, so an outcome the database refuses fails alone."""
+
+    def __init__(self, store: JobStore, *, batch_size: int = 500) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
+        self.store = store
+        self.batch_size = batch_size
+        self._waiting: list[_Waiting] = []
+        self._writer: asyncio.Task[None] | None = None
+
+    async def write(self, outcome: Outcome) -> None:
+        """Return once ``outcome`` is committed; raise what its write raised (nothing
+        of it is recorded then)."""
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((outcome, written))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_waiting(), name="run-outcomes")
+        await written
+
+    async def _write_waiting(self) -> None:
+        batch: list[_Waiting] = []
+        try:
+            while self._waiting:
+                batch = self._take()
+                await self._commit(batch)
+            batch = []
+        finally:
+            # Cancelled (the event loop ends): no one is left to write what waits.
+            stranded, self._waiting = batch + self._waiting, []
+            _settle(stranded, RuntimeError("the outcome writer stopped before this write"))
+
+    def _take(self) -> list[_Waiting]:
+        batch: list[_Waiting] = []
+        jobs: set[str] = set()
+        rest: list[_Waiting] = []
+        for entry in self._waiting:
+            outcome, written = entry
+            if written.done():
+                continue  # its writer gave up on it (cancelled)
+            if outcome.job_id in jobs or len(batch) == self.batch_size:
+                rest.append(entry)
+                continue
+            jobs.add(outcome.job_id)
+            batch.append(entry)
+        self._waiting = rest
+        return batch
+
+    async def _commit(self, batch: list[_Waiting]) -> None:
+        try:
+            await self.store.finish_many([outcome for outcome, _ in batch])
+        except Exception as exc:
+            if len(batch) == 1:
+                _settle(batch, exc)
+                return
+            for entry in batch:
+                if entry[1].done():
+                    continue  # its writer gave up on it meanwhile
+                try:
+                    await self.store.finish_many([entry[0]])
+                except Exception as alone:
+                    _settle([entry], alone)
+                else:
+                    _settle([entry], None)
+            return
+        _settle(batch, None)
+
+
+def _settle(entries: list[_Waiting], exc: BaseException | None) -> None:
+    for _, written in entries:
+        if written.done():
+            continue
+        if exc is None:
+            written.set_result(None)
+        else:
+            written.set_exception(exc)
+
+
+class LeaseKeeper:
+    """Renews the running lease of every body this process holds one for, in one
+    statement (JobStore.renew_leases) every third of the lease, counted from the start
+    of the last renewal. A renewal of several that fails is tried again a lease at a
+    time at once, so a lease whose row is locked or refused fails alone; a lease that
+    failed is tried again within seconds (retry.renewal_delay). An attempt that does
+    not finish within a third of the lease counts as failed. A run found to have lost
+    its lease is logged and no longer renewed. While a lease is held here, this
+    process's reaps leave it alone (JobStore.renewing): its body runs here."""
+
+    def __init__(self, store: JobStore, *, clock: Clock, lease_seconds: float) -> None:
+        self.store = store
+        self.clock = clock
+        self.lease_seconds = lease_seconds
+        self._held: dict[int, HeldLease] = {}
+        self._renewer: asyncio.Task[None] | None = None
+
+    def hold(self, lease: HeldLease) -> None:
+        """Renew ``lease`` from now on, until drop(); its run took it just now."""
+        self._held[lease.run_id] = lease
+        self.store.renewing.add(lease.run_id)
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.create_task(self._renew(), name="running-leases")
+
+    def drop(self, run_id: int) -> None:
+        """Stop renewing the lease of run ``run_id`` (its body ended)."""
+        self._held.pop(run_id, None)
+        self.store.renewing.discard(run_id)
+
+    async def _renew(self) -> None:
+        period = self.lease_seconds / 3
+        failures = 0
+        began = self.clock.now()
+        while self._held:
+            waited = (self.clock.now() - began).total_seconds()
+            await self.clock.sleep(max(0.0, renewal_delay(period, failures) - waited))
+            began = self.clock.now()
+            leases = list(self._held.values())
+            if not leases:
+                continue
+            renewed, failed, error = await self._renew_each(leases, period)
+            failures = failures + 1 if failed else 0
+            if failed:
+                logger.warning(
+                    "Could not renew the running leases of %s run(s) (jobs %s); retrying",
+                    len(failed),
+                    ", ".join(sorted({lease.job_id for lease in failed})[:5]),
+                    exc_info=error,
+                    extra={"action": "job.lease_renew_failed"},
+                )
+            for lease in leases:
+                if lease in failed or lease.run_id in renewed or lease.run_id not in self._held:
+                    continue
+                logger.warning(
+                    'Job "%s" (run %s) lost its running lease while its body runs; '
+                    "another leader may start the job",
+                    lease.job_id,
+                    lease.run_id,
+                    extra={"action": "job.lease_lost", "job_id": lease.job_id},
+                )
+                self.drop(lease.run_id)
+
+    async def _renew_each(
+        self, leases: list[HeldLease], period: float
+    ) -> tuple[set[int], list[HeldLease], Exception | None]:
+        """Renew ``leases`` in one statement, else each alone: the ids of the runs that
+        still hold theirs, the leases whose renewal failed, and the last failure."""
+        try:
+            return await self._attempt(leases, period), [], None
+        except Exception as exc:
+            if len(leases) == 1:
+                return set(), leases, exc
+            logger.debug("a renewal of %s leases failed", len(leases), exc_info=True)
+        renewed: set[int] = set()
+        failed: list[HeldLease] = []
+        error: Exception | None = None
+        for lease in leases:
+            try:
+                renewed |= await self._attempt([lease], period)
+            except Exception as exc:
+                failed.append(lease)
+                error = exc
+        return renewed, failed, error
+
+    async def _attempt(self, leases: list[HeldLease], period: float) -> set[int]:
+        # Shielded: a statement cut off mid-way would lose its connection; it completes
+        # (or fails on its row-lock patience) in the background as the next one goes.
+        renewal = asyncio.ensure_future(self.store.renew_leases(leases, self.lease_seconds))
+        async with asyncio.timeout(period):
+            return await asyncio.shield(renewal)

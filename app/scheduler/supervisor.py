@@ -163,6 +163,8 @@ class Supervisor:
         self._changed_while_claiming: set[str] = set()
         self._acquiring: asyncio.Task[LockConnection] | None = None
         self._rows: dict[str, JobRow] = {}
+        # Where the tick's next look for rows changed by others starts (store.changed_rows).
+        self._horizon = "0"
         self._bodies: set[asyncio.Task[None]] = set()
         self._failures = 0
         self._reload = asyncio.Event()
@@ -428,33 +430,50 @@ class Supervisor:
         return recording.result() is not None
 
     async def _register(self, now: datetime) -> None:
-        """Upsert every leader job's row in one statement. When that statement fails
-        for a job's fault, each row is written in its own commit instead, so the job
-        whose row or first slot cannot be handled is marked broken (its loop retries it)
-        and every other job registers; a database that does not answer fails the whole
-        leadership, to be retried."""
+        """Read every job row of the schedule, and upsert in one statement the rows of
+        the leader jobs that are not stored as registered (no row, another trigger or
+        name, not leader-only): a failover over unchanged jobs writes nothing. When that
+        statement fails for a job's fault, each row is written in its own commit
+        instead, so the job whose row or first slot cannot be handled is marked broken
+        (its loop retries it) and every other job registers; a database that does not
+        answer fails the whole leadership, to be retried. Clears the broken marks of
+        the jobs registered. The read's horizon is where the first tick's look for
+        changes starts."""
         self._rows = {}
         specs = {spec.id: spec for spec in self.leader_jobs}
-        stored = await self.store.stored_triggers(specs)
+        stored = await self.store.stored_jobs()
+        self._horizon = stored.horizon
         rows: list[LeaderRow] = []
         first_slots: dict[Trigger, datetime] = {}
         for spec in specs.values():
+            held = stored.jobs.get(spec.id)
             try:
+                trigger = spec.trigger.describe()
+                if (
+                    held is not None
+                    and held.leader_only
+                    and held.trigger == trigger
+                    and held.name == spec.name
+                ):
+                    # Stored as registered: nothing to write, and its state is the one read.
+                    self._rows[spec.id] = held.row
+                    continue
                 rows.append(
                     LeaderRow.of(
                         spec,
                         now,
                         self.config.zone,
-                        stored_trigger=stored.get(spec.id),
+                        stored_trigger=None if held is None else held.trigger,
                         first_slots=first_slots,
                     )
                 )
             except Exception as exc:
                 await self._blame(spec.id, exc)
         try:
-            self._rows = await self.store.upsert_leader_rows(rows)
+            written = await self.store.upsert_leader_rows(rows)
+            self._rows |= written
             # Rows given without slots whose stored row changed since it was read.
-            changed = [specs[row.id] for row in rows if row.id not in self._rows]
+            changed = [specs[row.id] for row in rows if row.id not in written]
             self._rows |= await self.store.register_leader_jobs(changed, now, self.config.zone)
         except Exception as exc:
             if not await self.store.blames_job(exc):
@@ -476,7 +495,9 @@ class Supervisor:
                     )
                 except Exception as row_exc:
                     await self._blame(row.id, row_exc)
-        await self._repaired(list(self._rows))
+        repaired = (stored.broken | self._broken) & self._rows.keys()
+        if repaired:
+            await self._repaired(sorted(repaired))
 
     async def _blame(self, job_id: str, exc: BaseException) -> None:
         """Mark the job broken for ``exc``; re-raise it when the database does not
@@ -540,12 +561,15 @@ class Supervisor:
             if lock is not None and not await lock.holds_lock(self.config.leader_tick_seconds):
                 return "lock no longer held"
             # Pick up what others changed (pause, resume, run now) since the last tick,
-            # reap the running leases whose owners died, and say that we still fire.
+            # reading only the rows changed since, reap the running leases whose
+            # owners died, and say that we still fire.
             try:
-                for job_id, row in (await self.store.load(list(self._rows))).items():
-                    if self._rows.get(job_id) != row:
+                changed = await self.store.changed_rows(self._horizon)
+                for job_id, row in changed.rows.items():
+                    if job_id in self._rows and self._rows[job_id] != row:
                         self._rows[job_id] = row
                         self._row_changed(job_id)
+                self._horizon = changed.horizon
                 for job_id in await self.store.reap(self.clock.now()):
                     logger.warning(
                         "job.abandoned: the running lease of job %s ran out (its owner died)",

@@ -808,11 +808,13 @@ class JobStore:
         around a read), and a transaction held open elsewhere holds horizons back, so
         the rows changed since it began come each time: never fewer than what changed."""
         async with self.engine.connect() as conn:
-            result = await conn.execute(_CHANGED_JOBS, {"since": since, "schedule": self.schedule})
-            horizon, rows = since, {}
-            for horizon, job_id, next_run_at, paused, request in result:
-                rows[job_id] = JobRow(next_run_at, paused, request)
-        return ChangedRows(horizon, rows)
+            params = {"since": since, "schedule": self.schedule}
+            fetched = (await conn.execute(_CHANGED_JOBS, params)).all()
+        rows = {
+            job_id: JobRow(next_run_at, paused, request)
+            for _, job_id, next_run_at, paused, request in fetched
+        }
+        return ChangedRows(fetched[0].horizon if fetched else since, rows)
 
     async def upsert_leader_rows(self, rows: Sequence[LeaderRow]) -> dict[str, JobRow]:
         """Write ``rows`` (see register_leader_jobs) in one statement and one commit;

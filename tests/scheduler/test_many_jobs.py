@@ -52,7 +52,11 @@ async def test_a_failover_over_ten_thousand_unchanged_stored_jobs_writes_no_job_
                 " SELECT 'job-' || lpad(n::text, 5, '0'), 'job-' || lpad(n::text, 5, '0'),"
                 " :trigger, :later FROM generate_series(0, :last) AS n"
             ),
-            {"trigger": every(hours=1).describe(), "later": T0 + timedelta(hours=1), "last": MANY - 1},
+            {
+                "trigger": every(hours=1).describe(),
+                "later": T0 + timedelta(hours=1),
+                "last": MANY - 1,
+            },
         )
     job_row_traffic.clear()
     supervisor = await start_scheduler(_hourly_jobs(MANY), clock=FakeClock(T0))

@@ -70,6 +70,10 @@ _GRACEFUL = ("stopped", "unguarded period over")
 # During the handover grace, how often a new leader asks whether the previous leader's
 # backend has left the server.
 _GONE_POLL_SECONDS = 0.05
+# A registration that inserts at least this many job rows, more than the schedule held,
+# has the planner count them (Supervisor._refresh_statistics); for fewer, a claim that
+# reads every row costs about what its index probes would.
+_GREW_ROWS = 1000
 # A broken job's loop tries again this often; its other jobs are never held up.
 _BROKEN_RETRY_SECONDS = 60.0
 # The server cannot be reached, is going away or is full: retry, whatever ENVIRONMENT.
@@ -383,7 +387,7 @@ class Supervisor:
             if lock is not None and not await self._begin_term(lock, now):
                 reason = "stopped" if self._stopping.is_set() else "lock lost before its term"
                 return None
-            await self._register(now)
+            grew = await self._register(now)
             if lock is not None:
                 await lock.on_wake(self._reload.set)
             fence = lock.backend_pid if lock else None
@@ -400,6 +404,8 @@ class Supervisor:
                 ]
             self._firing.set()
             fired = True
+            if grew:
+                await self._refresh_statistics()
             reason = await self._tick_until_done(lock, until, timer)
         except Exception as exc:
             # The database went away while registering (a job's own fault only marks
@@ -429,7 +435,7 @@ class Supervisor:
             return False
         return recording.result() is not None
 
-    async def _register(self, now: datetime) -> None:
+    async def _register(self, now: datetime) -> bool:
         """Read every job row of the schedule, and upsert in one statement the rows of
         the leader jobs that are not stored as registered (no row, another trigger or
         name, not leader-only): a failover over unchanged jobs writes nothing. When that
@@ -438,7 +444,8 @@ class Supervisor:
         (its loop retries it) and every other job registers; a database that does not
         answer fails the whole leadership, to be retried. Clears the broken marks of
         the jobs registered. The read's horizon is where the first tick's look for
-        changes starts."""
+        changes starts. True when it inserted at least _GREW_ROWS rows, more than the
+        schedule held."""
         self._rows = {}
         specs = {spec.id: spec for spec in self.leader_jobs}
         stored = await self.store.stored_jobs()
@@ -498,6 +505,19 @@ class Supervisor:
         repaired = (stored.broken | self._broken) & self._rows.keys()
         if repaired:
             await self._repaired(sorted(repaired))
+        inserted = sum(1 for row in rows if row.id in self._rows and row.id not in stored.jobs)
+        return inserted >= _GREW_ROWS and inserted > len(stored.jobs)
+
+    async def _refresh_statistics(self) -> None:
+        """Have the planner count the job rows a registration just inserted. Until the
+        autovacuum's analyze (up to a minute later) it plans for the rows the table
+        held, and its plan of the slot claim reads every job row of the schedule at
+        each fire: with 10,000 new jobs, each fire of the first minute after a first
+        boot waited on a scan of them all. Never raises."""
+        try:
+            await self.store.analyze()
+        except Exception:
+            logger.warning("scheduler: could not analyze the job rows", exc_info=True)
 
     async def _blame(self, job_id: str, exc: BaseException) -> None:
         """Mark the job broken for ``exc``; re-raise it when the database does not

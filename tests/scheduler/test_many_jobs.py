@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 
-from .conftest import JobRowTraffic, StartScheduler, wait_for_runs
+from .conftest import JobRowTraffic, StartScheduler, eventually, wait_for_runs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 MANY = 10_000
@@ -62,6 +62,26 @@ async def test_a_failover_over_ten_thousand_unchanged_stored_jobs_writes_no_job_
     supervisor = await start_scheduler(_hourly_jobs(MANY), clock=FakeClock(T0))
     await supervisor.wait_until_firing()
     assert job_row_traffic.written == 0
+
+
+async def test_a_first_boot_that_registers_ten_thousand_jobs_has_the_planner_count_them(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    # Planned for the empty table it was, the slot claim read every job row at each
+    # fire until the autovacuum's analyze, up to a minute after the first boot.
+    supervisor = await start_scheduler(_hourly_jobs(MANY), clock=FakeClock(T0))
+    await supervisor.wait_until_firing()
+
+    async def counted() -> bool:
+        async with engine.connect() as conn:
+            planned: float = (
+                await conn.execute(
+                    text("SELECT reltuples FROM pg_class WHERE oid = 'scheduler_jobs'::regclass")
+                )
+            ).scalar_one()
+        return planned >= MANY
+
+    await eventually(counted, what="the planner's count of the job rows")
 
 
 async def test_a_run_now_committed_after_a_tick_began_reading_runs_by_the_next_tick(

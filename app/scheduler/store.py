@@ -163,12 +163,15 @@ _STORED_JOBS = text(
     " FROM scheduler_jobs WHERE schedule = :schedule"
 )
 _ANALYZE_JOBS = text("ANALYZE scheduler_jobs")
-# The rows changed at or after a horizon, each with this read's own horizon.
+# The rows changed at or after a horizon, each with this read's own horizon. A row never
+# changed since inserted (0) is never read: a horizon is above it, and the partial index
+# of the marks leaves it out.
 _CHANGED_JOBS = text(
     f"""
     SELECT {_HORIZON} AS horizon, id, next_run_at, paused, run_requested_at
     FROM scheduler_jobs
-    WHERE schedule = :schedule AND changed_xid >= CAST(CAST(:since AS text) AS xid8)
+    WHERE schedule = :schedule AND changed_xid <> '0'
+        AND changed_xid >= CAST(CAST(:since AS text) AS xid8)
     """
 )
 

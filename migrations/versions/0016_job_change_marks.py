@@ -9,9 +9,10 @@ leader every tick. Now:
   ``leader_only``), set by a trigger whoever writes it (the admin, the CLI, an
   operator's own SQL, an older release). A row inserted keeps 0: only a leader's
   registration inserts leader rows, and it holds what it wrote.
-- An index on (schedule, changed_xid): a tick reads the rows changed by every
-  transaction its previous read could not see (changed_xid at or above that read's
-  snapshot xmin), committed since or under way then, without a scan of the table.
+- An index on (schedule, changed_xid) of the rows changed since inserted: a tick
+  reads the rows changed by every transaction its previous read could not see
+  (changed_xid at or above that read's snapshot xmin), committed since or under way
+  then, without a scan of the table; a first boot's 10,000 inserts add no entry.
 - A partial index on the running leases of job rows: the tick's reap looks only at
   the jobs that hold one, as it does for per-worker runs (0013).
 
@@ -58,7 +59,12 @@ def upgrade() -> None:
         EXECUTE FUNCTION scheduler_jobs_mark_change()
         """
     )
-    op.create_index(_CHANGED, "scheduler_jobs", ["schedule", "changed_xid"])
+    op.create_index(
+        _CHANGED,
+        "scheduler_jobs",
+        ["schedule", "changed_xid"],
+        postgresql_where=sa.text("changed_xid <> '0'"),
+    )
     op.create_index(
         _LEASES,
         "scheduler_jobs",

@@ -402,10 +402,13 @@ class Supervisor:
                     )
                     for spec in self.registry.services.values()
                 ]
+            if grew:
+                # Beside the timer and the tick, neither of which it may hold up.
+                loops.append(
+                    asyncio.create_task(self._refresh_statistics(), name="leader-jobs-analyze")
+                )
             self._firing.set()
             fired = True
-            if grew:
-                await self._refresh_statistics()
             reason = await self._tick_until_done(lock, until, timer)
         except Exception as exc:
             # The database went away while registering (a job's own fault only marks

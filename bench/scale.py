@@ -13,7 +13,10 @@ leader process and a standby process run on a fresh copy of a migrated database:
 Then the thundering slot: 1,000 jobs on cron('* * * * *'), the lateness of the LAST
 body of each minute to start, beside a lone job on the same cron in the same run.
 
-    python bench/scale.py [--quick] [--window 60] [--minutes 3]
+    python bench/scale.py [--quick] [--window 60] [--minutes 3] [--counts 0,10000]
+
+``--minutes 0`` skips the thundering slot; ``--profile DIR`` writes a cProfile of each
+leader process there (``leader-<jobs>-<boot|failover>.prof``).
 """
 
 from __future__ import annotations
@@ -167,7 +170,14 @@ async def _crowd(url: str, jobs: int, minutes: int) -> dict[str, Any]:
 
 
 def _child(args: argparse.Namespace) -> None:
-    if args.child == "leader":
+    if args.child == "leader" and args.profile:
+        import cProfile
+
+        profile = cProfile.Profile()
+        result = profile.runcall(asyncio.run, _leader(args.url, args.jobs, args.window))
+        kind = "boot" if args.window else "failover"
+        profile.dump_stats(Path(args.profile) / f"leader-{args.jobs}-{kind}.prof")
+    elif args.child == "leader":
         result = asyncio.run(_leader(args.url, args.jobs, args.window))
     elif args.child == "standby":
         result = asyncio.run(_standby(args.url, args.jobs, args.window))
@@ -202,11 +212,15 @@ def _copy(url: str) -> str:
     return f"{server}/{name}"
 
 
-def _counts(url: str, window: float) -> dict[int, dict[str, Any]]:
+def _counts(
+    url: str, window: float, counts: tuple[int, ...], profile: str | None
+) -> dict[int, dict[str, Any]]:
     results: dict[int, dict[str, Any]] = {}
-    for jobs in _COUNTS:
+    for jobs in counts:
         copy = _copy(url)
-        common = ("--url", copy, "--jobs", str(jobs), "--window", str(window))
+        common: tuple[str, ...] = ("--url", copy, "--jobs", str(jobs), "--window", str(window))
+        if profile:
+            common += ("--profile", profile)
         leader = _spawn("--child", "leader", *common)
         assert leader.stdout is not None
         if leader.stdout.readline().strip() != "leading":
@@ -217,7 +231,7 @@ def _counts(url: str, window: float) -> dict[int, dict[str, Any]]:
         # Once the rows exist: a failover's promotion, with the probe due at once.
         with psycopg.connect(copy, autocommit=True) as conn:
             conn.execute(b"UPDATE scheduler_jobs SET next_run_at = now() WHERE id = 'probe'")
-        again = _result(_spawn("--child", "leader", *common[:4], "--window", "0"))
+        again = _result(_spawn("--child", "leader", *common[:4], *common[6:], "--window", "0"))
         results[jobs] = {"first": first, "standby": idle, "again": again}
         print(f"  measured {jobs} jobs", file=sys.stderr)
     return results
@@ -228,7 +242,7 @@ def _ms(values: list[float], fraction: float) -> str:
 
 
 def _report_counts(results: dict[int, dict[str, Any]], window: float) -> None:
-    base = results[0]["first"]
+    base = results[min(results)]["first"]
     print(f"\nleader jobs, window {window:g} s, handover grace 0 s (add yours), 1 s probe job")
     print(
         f"{'jobs':>6} {'boot->fire s':>13} {'failover->fire s':>17} {'RSS MB':>7}"
@@ -244,7 +258,10 @@ def _report_counts(results: dict[int, dict[str, Any]], window: float) -> None:
             f" {_ms(first['lateness'], 0.5):>13} {_ms(first['lateness'], 0.99):>13}"
             f" {len(first['lateness']):>6}"
         )
-    print("  (cpu: CPU seconds per second of the process; jobs 0 is the probe-only baseline)")
+    print(
+        "  (cpu: CPU seconds per second of the process; +RSS is over the smallest count, "
+        "0 being the probe-only baseline)"
+    )
 
 
 def _report_crowd(lone: dict[str, Any], crowd: dict[str, Any], minutes: int) -> None:
@@ -266,7 +283,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="10 s windows, 1 cron minute")
     parser.add_argument("--window", type=float, default=60)
-    parser.add_argument("--minutes", type=int, default=3)
+    parser.add_argument("--minutes", type=int, default=3, help="0 skips the thundering slot")
+    parser.add_argument(
+        "--counts",
+        default=",".join(map(str, _COUNTS)),
+        help="comma-separated leader job counts (default %(default)s)",
+    )
+    parser.add_argument("--profile", metavar="DIR", help="cProfile each leader process into DIR")
     parser.add_argument("--child", choices=("leader", "standby", "crowd"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--jobs", type=int, default=0, help=argparse.SUPPRESS)
@@ -274,9 +297,16 @@ def main() -> None:
     if args.child:
         _child(args)
         return
-    window, minutes = (10.0, 1) if args.quick else (args.window, args.minutes)
+    window, minutes = (10.0, min(1, args.minutes)) if args.quick else (args.window, args.minutes)
+    job_counts = tuple(int(count) for count in args.counts.split(","))
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        args.profile = str(Path(args.profile).resolve())
     with migrated_database() as url:
-        counts = _counts(url, window)
+        counts = _counts(url, window, job_counts, args.profile)
+        if not minutes:
+            _report(counts, window)
+            return
         lone = _result(
             _spawn(
                 "--child", "crowd", "--url", _copy(url), "--jobs", "1", "--minutes", str(minutes)
@@ -294,9 +324,13 @@ def main() -> None:
                 str(minutes),
             )
         )
+    _report(counts, window)
+    _report_crowd(lone, crowd, minutes)
+
+
+def _report(counts: dict[int, dict[str, Any]], window: float) -> None:
     print(f"\nload average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; 2 cores")
     _report_counts(counts, window)
-    _report_crowd(lone, crowd, minutes)
 
 
 if __name__ == "__main__":

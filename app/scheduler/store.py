@@ -79,6 +79,7 @@ from .triggers import Trigger
 
 __all__ = [
     "LEASE_NOW_SQL",
+    "ChangedRows",
     "ClaimedSlot",
     "HeldLease",
     "JobRow",
@@ -88,6 +89,8 @@ __all__ = [
     "Outcome",
     "ReapedRun",
     "SlotClaim",
+    "StoredJob",
+    "StoredJobs",
     "ThreadStore",
     "format_error",
     "storable",
@@ -139,13 +142,39 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
-_STORED_TRIGGERS = text(
-    "SELECT id, trigger FROM scheduler_jobs WHERE schedule = :schedule AND id = ANY(:ids)"
-)
-
 _LOAD = text(
     "SELECT id, next_run_at, paused, run_requested_at FROM scheduler_jobs"
     " WHERE schedule = :schedule AND id = ANY(:ids)"
+)
+
+# Change marks (migration 0016): every update of a job row's schedule state sets its
+# changed_xid to the writing transaction's id, whoever writes it. A read's *horizon* is
+# the xmin of its snapshot: every transaction it could not see (under way then, or
+# begun since) has an id at or above it. So the rows whose changed_xid is at or above a
+# read's horizon include every change that read missed, and a leader that holds what
+# one read saw catches up by reading only those, however many rows there are.
+_HORIZON = "CAST(pg_snapshot_xmin(pg_current_snapshot()) AS text)"
+# A promotion's read: the horizon before the rows (a change committed in between is
+# read twice, never missed), and the schedule's broken marks.
+_PROMOTION_HORIZON = text(
+    f"SELECT {_HORIZON} AS horizon, ARRAY(SELECT job_id FROM scheduler_broken_jobs"
+    " WHERE schedule = :schedule) AS broken"
+)
+_STORED_JOBS = text(
+    "SELECT id, name, trigger, leader_only, next_run_at, paused, run_requested_at"
+    " FROM scheduler_jobs WHERE schedule = :schedule"
+)
+_ANALYZE_JOBS = text("ANALYZE scheduler_jobs")
+# The rows changed at or after a horizon, each with this read's own horizon. A row never
+# changed since inserted (0) is never read: a horizon is above it, and the partial index
+# of the marks leaves it out.
+_CHANGED_JOBS = text(
+    f"""
+    SELECT {_HORIZON} AS horizon, id, next_run_at, paused, run_requested_at
+    FROM scheduler_jobs
+    WHERE schedule = :schedule AND changed_xid <> '0'
+        AND changed_xid >= CAST(CAST(:since AS text) AS xid8)
+    """
 )
 
 # Running leases are written and compared on the lease clock (see clock.lease_clock):
@@ -671,6 +700,36 @@ class JobRow:
 
 
 @dataclass(frozen=True)
+class StoredJob:
+    """A job's row as a promotion finds it: what registration compares (name, trigger,
+    leader_only) and its schedule state."""
+
+    name: str
+    trigger: str
+    leader_only: bool
+    row: JobRow
+
+
+@dataclass(frozen=True)
+class StoredJobs:
+    """Every job row of a schedule, its broken marks, and the ``horizon`` to read the
+    changes made since from (JobStore.changed_rows)."""
+
+    horizon: str
+    jobs: dict[str, StoredJob]
+    broken: frozenset[str]
+
+
+@dataclass(frozen=True)
+class ChangedRows:
+    """The job rows changed since a horizon, and the horizon to read the next changes
+    from."""
+
+    horizon: str
+    rows: dict[str, JobRow]
+
+
+@dataclass(frozen=True)
 class SlotClaim:
     """One job's claim in a JobStore.claim_many(): its slot ``due`` (next_run_at), or
     with ``manual`` its run-now request made at ``due`` (run_requested_at).
@@ -822,13 +881,39 @@ class JobStore:
         that a job whose row or first slot cannot be handled stops no other job."""
         return (await self.register_leader_jobs([spec], now, zone))[spec.id]
 
-    async def stored_triggers(self, job_ids: Iterable[str]) -> dict[str, str]:
-        """The stored trigger of each of these jobs that has a row."""
+    async def stored_jobs(self) -> StoredJobs:
+        """Every job row of this schedule, its broken marks, and the horizon from which
+        changed_rows() reads what changed after (or while) they were read."""
+        params = {"schedule": self.schedule}
         async with self.engine.connect() as conn:
-            result = await conn.execute(
-                _STORED_TRIGGERS, {"ids": list(job_ids), "schedule": self.schedule}
-            )
-            return {row.id: row.trigger for row in result}
+            horizon, broken = (await conn.execute(_PROMOTION_HORIZON, params)).one()
+            result = await conn.execute(_STORED_JOBS, params)
+            jobs = {
+                job_id: StoredJob(name, trigger, leader_only, JobRow(next_run_at, paused, request))
+                for job_id, name, trigger, leader_only, next_run_at, paused, request in result
+            }
+        return StoredJobs(horizon, jobs, frozenset(broken))
+
+    async def analyze(self) -> None:
+        """Refresh the planner's statistics of the job table (ANALYZE). A role that does
+        not own the table gets a warning from the server and nothing is done."""
+        async with self.engine.begin() as conn:
+            await conn.execute(_ANALYZE_JOBS)
+
+    async def changed_rows(self, since: str) -> ChangedRows:
+        """The job rows of this schedule changed by any transaction that the read whose
+        horizon is ``since`` could not see, and the horizon to read from next; the same
+        horizon when no row changed. A row may come again unchanged (a change committed
+        around a read), and a transaction held open elsewhere holds horizons back, so
+        the rows changed since it began come each time: never fewer than what changed."""
+        async with self.engine.connect() as conn:
+            params = {"since": since, "schedule": self.schedule}
+            fetched = (await conn.execute(_CHANGED_JOBS, params)).all()
+        rows = {
+            job_id: JobRow(next_run_at, paused, request)
+            for _, job_id, next_run_at, paused, request in fetched
+        }
+        return ChangedRows(fetched[0].horizon if fetched else since, rows)
 
     async def upsert_leader_rows(self, rows: Sequence[LeaderRow]) -> dict[str, JobRow]:
         """Write ``rows`` (see register_leader_jobs) in one statement and one commit;

@@ -70,6 +70,10 @@ _GRACEFUL = ("stopped", "unguarded period over")
 # During the handover grace, how often a new leader asks whether the previous leader's
 # backend has left the server.
 _GONE_POLL_SECONDS = 0.05
+# A registration that inserts at least this many job rows, more than the schedule held,
+# has the planner count them (Supervisor._refresh_statistics); for fewer, a claim that
+# reads every row costs about what its index probes would.
+_GREW_ROWS = 1000
 # A broken job's loop tries again this often; its other jobs are never held up.
 _BROKEN_RETRY_SECONDS = 60.0
 # The server cannot be reached, is going away or is full: retry, whatever ENVIRONMENT.
@@ -163,6 +167,8 @@ class Supervisor:
         self._changed_while_claiming: set[str] = set()
         self._acquiring: asyncio.Task[LockConnection] | None = None
         self._rows: dict[str, JobRow] = {}
+        # Where the tick's next look for rows changed by others starts (store.changed_rows).
+        self._horizon = "0"
         self._bodies: set[asyncio.Task[None]] = set()
         self._failures = 0
         self._reload = asyncio.Event()
@@ -381,7 +387,7 @@ class Supervisor:
             if lock is not None and not await self._begin_term(lock, now):
                 reason = "stopped" if self._stopping.is_set() else "lock lost before its term"
                 return None
-            await self._register(now)
+            grew = await self._register(now)
             if lock is not None:
                 await lock.on_wake(self._reload.set)
             fence = lock.backend_pid if lock else None
@@ -396,6 +402,11 @@ class Supervisor:
                     )
                     for spec in self.registry.services.values()
                 ]
+            if grew:
+                # Beside the timer and the tick, neither of which it may hold up.
+                loops.append(
+                    asyncio.create_task(self._refresh_statistics(), name="leader-jobs-analyze")
+                )
             self._firing.set()
             fired = True
             reason = await self._tick_until_done(lock, until, timer)
@@ -427,34 +438,52 @@ class Supervisor:
             return False
         return recording.result() is not None
 
-    async def _register(self, now: datetime) -> None:
-        """Upsert every leader job's row in one statement. When that statement fails
-        for a job's fault, each row is written in its own commit instead, so the job
-        whose row or first slot cannot be handled is marked broken (its loop retries it)
-        and every other job registers; a database that does not answer fails the whole
-        leadership, to be retried."""
+    async def _register(self, now: datetime) -> bool:
+        """Read every job row of the schedule, and upsert in one statement the rows of
+        the leader jobs that are not stored as registered (no row, another trigger or
+        name, not leader-only): a failover over unchanged jobs writes nothing. When that
+        statement fails for a job's fault, each row is written in its own commit
+        instead, so the job whose row or first slot cannot be handled is marked broken
+        (its loop retries it) and every other job registers; a database that does not
+        answer fails the whole leadership, to be retried. Clears the broken marks of
+        the jobs registered. The read's horizon is where the first tick's look for
+        changes starts. True when it inserted at least _GREW_ROWS rows, more than the
+        schedule held."""
         self._rows = {}
         specs = {spec.id: spec for spec in self.leader_jobs}
-        stored = await self.store.stored_triggers(specs)
+        stored = await self.store.stored_jobs()
+        self._horizon = stored.horizon
         rows: list[LeaderRow] = []
         first_slots: dict[Trigger, datetime] = {}
         for spec in specs.values():
+            held = stored.jobs.get(spec.id)
             try:
+                trigger = spec.trigger.describe()
+                if (
+                    held is not None
+                    and held.leader_only
+                    and held.trigger == trigger
+                    and held.name == spec.name
+                ):
+                    # Stored as registered: nothing to write, and its state is the one read.
+                    self._rows[spec.id] = held.row
+                    continue
                 rows.append(
                     LeaderRow.of(
                         spec,
                         now,
                         self.config.zone,
-                        stored_trigger=stored.get(spec.id),
+                        stored_trigger=None if held is None else held.trigger,
                         first_slots=first_slots,
                     )
                 )
             except Exception as exc:
                 await self._blame(spec.id, exc)
         try:
-            self._rows = await self.store.upsert_leader_rows(rows)
+            written = await self.store.upsert_leader_rows(rows)
+            self._rows |= written
             # Rows given without slots whose stored row changed since it was read.
-            changed = [specs[row.id] for row in rows if row.id not in self._rows]
+            changed = [specs[row.id] for row in rows if row.id not in written]
             self._rows |= await self.store.register_leader_jobs(changed, now, self.config.zone)
         except Exception as exc:
             if not await self.store.blames_job(exc):
@@ -476,7 +505,22 @@ class Supervisor:
                     )
                 except Exception as row_exc:
                     await self._blame(row.id, row_exc)
-        await self._repaired(list(self._rows))
+        repaired = (stored.broken | self._broken) & self._rows.keys()
+        if repaired:
+            await self._repaired(sorted(repaired))
+        inserted = sum(1 for row in rows if row.id in self._rows and row.id not in stored.jobs)
+        return inserted >= _GREW_ROWS and inserted > len(stored.jobs)
+
+    async def _refresh_statistics(self) -> None:
+        """Have the planner count the job rows a registration just inserted. Until the
+        autovacuum's analyze (up to a minute later) it plans for the rows the table
+        held, and its plan of the slot claim reads every job row of the schedule at
+        each fire: with 10,000 new jobs, each fire of the first minute after a first
+        boot waited on a scan of them all. Never raises."""
+        try:
+            await self.store.analyze()
+        except Exception:
+            logger.warning("scheduler: could not analyze the job rows", exc_info=True)
 
     async def _blame(self, job_id: str, exc: BaseException) -> None:
         """Mark the job broken for ``exc``; re-raise it when the database does not
@@ -540,12 +584,15 @@ class Supervisor:
             if lock is not None and not await lock.holds_lock(self.config.leader_tick_seconds):
                 return "lock no longer held"
             # Pick up what others changed (pause, resume, run now) since the last tick,
-            # reap the running leases whose owners died, and say that we still fire.
+            # reading only the rows changed since, reap the running leases whose
+            # owners died, and say that we still fire.
             try:
-                for job_id, row in (await self.store.load(list(self._rows))).items():
-                    if self._rows.get(job_id) != row:
+                changed = await self.store.changed_rows(self._horizon)
+                for job_id, row in changed.rows.items():
+                    if job_id in self._rows and self._rows[job_id] != row:
                         self._rows[job_id] = row
                         self._row_changed(job_id)
+                self._horizon = changed.horizon
                 for job_id in await self.store.reap(self.clock.now()):
                     logger.warning(
                         "job.abandoned: the running lease of job %s ran out (its owner died)",
@@ -606,8 +653,7 @@ class Supervisor:
         self._claiming.clear()
         self._changed_while_claiming.clear()
         specs = {spec.id: spec for spec in self.leader_jobs}
-        for job_id in specs:
-            self._plan_row(job_id)
+        timetable.plan_all({job_id: self._next_step(job_id) for job_id in specs})
         while True:
             due = timetable.pop_due(self.clock.now())
             if due:
@@ -632,20 +678,20 @@ class Supervisor:
             timetable.changed.clear()
 
     def _plan_row(self, job_id: str) -> None:
-        """Plan the job's next step from its row: register it at once if it has none,
-        nothing while paused (a reload plans it again), its run-now request at once,
-        else its next slot plus the slot's jitter."""
+        """Plan the job's next step from its row (see _next_step)."""
+        self._timetable.plan(job_id, self._next_step(job_id))
+
+    def _next_step(self, job_id: str) -> datetime | None:
+        """When to act on the job, from its row: at once to register it if it has none,
+        never while paused (a reload plans it again), at once for its run-now request,
+        else at its next slot plus the slot's jitter."""
         row = self._rows.get(job_id)
-        spec = self.registry.jobs[job_id]
         if row is None or row.run_requested_at is not None:
-            self._timetable.plan(
-                job_id, None if row is not None and row.paused else self.clock.now()
-            )
-        elif row.paused:
-            self._timetable.plan(job_id, None)
-        else:
-            fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
-            self._timetable.plan(job_id, fire_at)
+            return None if row is not None and row.paused else self.clock.now()
+        if row.paused:
+            return None
+        spec = self.registry.jobs[job_id]
+        return row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
 
     def _row_changed(self, job_id: str) -> None:
         """The tick's reload found the job's row changed: plan it again, or read it
@@ -1001,6 +1047,18 @@ class _Timetable:
         if len(self._heap) > 2 * len(self._at) + 64:
             self._heap = [(at, next(self._order), job) for job, at in self._at.items()]
             heapq.heapify(self._heap)
+
+    def plan_all(self, moments: dict[str, datetime | None]) -> None:
+        """plan() every job given, in one build of the heap: a leadership plans all of
+        its jobs at once, and 10,000 pushes that each look at the soonest add up."""
+        for job_id, at in moments.items():
+            if at is None:
+                self._at.pop(job_id, None)
+            else:
+                self._at[job_id] = at
+        self._heap = [(at, next(self._order), job) for job, at in self._at.items()]
+        heapq.heapify(self._heap)
+        self.changed.set()
 
     def soonest(self) -> datetime | None:
         """The soonest moment any job is planned at."""

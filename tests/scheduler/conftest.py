@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import sys
 import threading
@@ -14,7 +15,7 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database
@@ -29,6 +30,7 @@ from ..procs.replica_app import REPLICA_BODIES_SQL
 
 __all__ = [
     "BlockingBodies",
+    "JobRowTraffic",
     "StandbyProcesses",
     "StartScheduler",
     "eventually",
@@ -119,6 +121,47 @@ class BlockingBodies:
         """Return once one more body has started (each start is counted once)."""
         if not await asyncio.to_thread(self._entered.acquire, True, timeout):
             raise AssertionError("timed out waiting for a body to start")
+
+
+_WRITES_JOBS = re.compile(r"\b(UPDATE|INSERT INTO|DELETE FROM)\s+scheduler_jobs\b")
+
+
+class JobRowTraffic:
+    """How many scheduler_jobs rows the statements sent on an engine read and wrote
+    (the driver's row count of each), and the leader's heartbeats: a tick's last
+    statement, so ``heartbeat`` is set once a tick's work is done."""
+
+    def __init__(self) -> None:
+        self.read = 0
+        self.written = 0
+        self.heartbeat = asyncio.Event()
+
+    def clear(self) -> None:
+        """Count from zero, and wait for the next heartbeat."""
+        self.read = self.written = 0
+        self.heartbeat.clear()
+
+    def record(self, statement: str, rowcount: int) -> None:
+        """Count one statement's rows (a statement that writes job rows counts as a write)."""
+        if "SET heartbeat_at" in statement:
+            self.heartbeat.set()
+        elif _WRITES_JOBS.search(statement):
+            self.written += max(rowcount, 0)
+        elif "FROM scheduler_jobs" in statement:
+            self.read += max(rowcount, 0)
+
+
+@pytest.fixture
+def job_row_traffic(engine: AsyncEngine) -> Iterator[JobRowTraffic]:
+    """The scheduler_jobs rows read and written on the test's engine from now on."""
+    traffic = JobRowTraffic()
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        traffic.record(statement, cursor.rowcount)
+
+    event.listen(engine.sync_engine, "after_cursor_execute", record)
+    yield traffic
+    event.remove(engine.sync_engine, "after_cursor_execute", record)
 
 
 @pytest.fixture

@@ -423,7 +423,9 @@ class Runner:
 
     async def run_service(self, spec: ServiceSpec) -> None:
         """Run a leader-only service until cancelled, restarting it with backoff when it
-        crashes or returns."""
+        crashes or returns. Once cancelled it is never restarted, even when the
+        cancellation reaches its caller as an error or a return (the service, or a
+        TaskGroup in it, swallowed it): this raises CancelledError then."""
         log = _adapter(f"app.services.{spec.id}", spec.id, self.store.pid)
         failures = 0
         while True:
@@ -435,16 +437,30 @@ class Runner:
                 self.store.pid,
                 extra={"action": "service.started"},
             )
+            failure: Exception | None = None
             try:
                 await spec.func(ctx)
-                log.warning('Service "%s" returned; restarting it', spec.name)
             except asyncio.CancelledError:
                 log.info('Service "%s" stopped', spec.name, extra={"action": "service.stopped"})
                 raise
-            except Exception:
-                log.exception(
+            except Exception as exc:
+                failure = exc
+            if _cancel_requested():
+                # The service ended the cancel that stops it in an error of its own (on
+                # Python 3.11 a TaskGroup raises a child's error in its place when the
+                # child fails as the group is cancelled: an outbox drain whose
+                # connection died with the server) or returned from it. It stops all
+                # the same: restarted, it would run beside the next leader's copy, and
+                # the demotion that cancelled it would wait for it for good.
+                log.info('Service "%s" stopped', spec.name, extra={"action": "service.stopped"})
+                raise asyncio.CancelledError from failure
+            if failure is None:
+                log.warning('Service "%s" returned; restarting it', spec.name)
+            else:
+                log.error(
                     'Service "%s" crashed; restarting it',
                     spec.name,
+                    exc_info=failure,
                     extra={"action": "service.crashed"},
                 )
             delay = _SERVICE_BACKOFF[min(failures, len(_SERVICE_BACKOFF) - 1)]
@@ -820,6 +836,13 @@ class _Run:
     def duration_ms(self) -> int:
         """Milliseconds since the body started."""
         return int((time.perf_counter() - self.started) * 1000)
+
+
+def _cancel_requested() -> bool:
+    """True when the running task was asked to stop (Task.cancel()) and that request was
+    not withdrawn, even where the code it awaited swallowed the CancelledError."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _outcome(raised: BaseException | None) -> tuple[str, str | None]:

@@ -3,10 +3,12 @@
 import asyncio
 from datetime import UTC, datetime
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, ServiceContext, every
+from app.testing import TestServer
 
 from .conftest import StartScheduler, eventually, wait_for_runs
 
@@ -71,6 +73,47 @@ async def test_crashed_service_restarts_with_backoff(start_scheduler: StartSched
     assert attempts == 1
     clock.advance(1)
     await asyncio.wait_for(second_attempt.wait(), 5)
+
+
+async def _fails_as_it_is_cancelled() -> None:
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        # Its statement's connection died with the server in the same instant.
+        raise ConnectionError("connection was closed in the middle of operation") from None
+
+
+@pytest.mark.restarts_server
+async def test_a_leader_whose_service_turns_its_cancel_into_an_error_steps_down_when_postgres_restarts(
+    start_scheduler: StartScheduler, server: TestServer
+) -> None:
+    scheduler = Scheduler()
+    events: list[str] = []
+    started, demoted = asyncio.Event(), asyncio.Event()
+
+    @scheduler.service(id="drain")
+    async def drain(ctx: ServiceContext) -> None:
+        # The outbox's drain pass: its deliveries run in a task group. On Python 3.11 a
+        # group cancelled while a child fails raises the child's error, not the cancel.
+        events.append("service started")
+        started.set()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(_fails_as_it_is_cancelled())
+            await asyncio.Event().wait()
+
+    def on_role(role: str) -> None:
+        events.append(role)
+        if role == "standby":
+            demoted.set()
+
+    scheduler.observe(on_role=on_role)
+    supervisor = await start_scheduler(scheduler)
+    await supervisor.wait_for_role(Role.LEADER)
+    await asyncio.wait_for(started.wait(), 5)
+    events.clear()
+    server.restart()
+    await asyncio.wait_for(demoted.wait(), 10)
+    assert "service started" not in events[: events.index("standby")]
 
 
 async def test_replica_job_runs_on_every_worker_without_a_claim(

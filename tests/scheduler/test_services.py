@@ -84,7 +84,7 @@ async def _fails_as_it_is_cancelled() -> None:
 
 
 @pytest.mark.restarts_server
-async def test_a_leader_whose_service_turns_its_cancel_into_an_error_steps_down_when_postgres_restarts(
+async def test_a_leader_whose_service_turns_its_cancel_into_an_error_still_steps_down_on_restart(
     start_scheduler: StartScheduler, server: TestServer
 ) -> None:
     scheduler = Scheduler()

@@ -1,6 +1,7 @@
 """Leader-only services and per-replica jobs."""
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime
 
 import pytest
@@ -114,6 +115,28 @@ async def test_a_leader_whose_service_turns_its_cancel_into_an_error_still_steps
     server.restart()
     await asyncio.wait_for(demoted.wait(), 10)
     assert "service started" not in events[: events.index("standby")]
+
+
+async def test_a_service_that_returns_from_its_cancel_is_not_restarted(
+    start_scheduler: StartScheduler,
+) -> None:
+    scheduler = Scheduler()
+    starts = 0
+    started = asyncio.Event()
+
+    @scheduler.service(id="swallows_cancel")
+    async def swallows_cancel(ctx: ServiceContext) -> None:
+        nonlocal starts
+        starts += 1
+        started.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+
+    supervisor = await start_scheduler(scheduler)
+    await supervisor.wait_for_role(Role.LEADER)
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.wait_for(scheduler.stop(), 5)
+    assert starts == 1
 
 
 async def test_replica_job_runs_on_every_worker_without_a_claim(

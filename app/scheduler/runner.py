@@ -421,10 +421,11 @@ class Runner:
         await self.execute(spec, claim)
         return run_id
 
-    async def run_service(self, spec: ServiceSpec) -> None:
+    async def run_service(self, spec: ServiceSpec, leading: asyncio.Event) -> None:
         """Run a leader-only service until cancelled, restarting it with backoff when it
-        crashes or returns. Once cancelled it is never restarted, even when the
-        cancellation reaches its caller as an error or a return (the service, or a
+        crashes or returns while ``leading`` is set. Once ``leading`` is cleared (the
+        worker steps down, then cancels the service) it is never restarted, even when
+        the cancel reaches this loop as an error or a return (the service, or a
         TaskGroup in it, swallowed it): this raises CancelledError then."""
         log = _adapter(f"app.services.{spec.id}", spec.id, self.store.pid)
         failures = 0
@@ -445,13 +446,15 @@ class Runner:
                 raise
             except Exception as exc:
                 failure = exc
-            if _cancel_requested():
-                # The service ended the cancel that stops it in an error of its own (on
-                # Python 3.11 a TaskGroup raises a child's error in its place when the
-                # child fails as the group is cancelled: an outbox drain whose
+            if not leading.is_set():
+                # The service turned the cancel that stops it into an error of its own
+                # (on Python 3.11 a TaskGroup raises a child's error in its place when
+                # the child fails as the group is cancelled: an outbox drain whose
                 # connection died with the server) or returned from it. It stops all
                 # the same: restarted, it would run beside the next leader's copy, and
-                # the demotion that cancelled it would wait for it for good.
+                # the demotion that cancelled it would wait for it for good. The flag,
+                # not Task.cancelling(): 3.11's TaskGroup can leave that count raised
+                # after a child's failure that no cancel caused.
                 log.info('Service "%s" stopped', spec.name, extra={"action": "service.stopped"})
                 raise asyncio.CancelledError from failure
             if failure is None:
@@ -836,13 +839,6 @@ class _Run:
     def duration_ms(self) -> int:
         """Milliseconds since the body started."""
         return int((time.perf_counter() - self.started) * 1000)
-
-
-def _cancel_requested() -> bool:
-    """True when the running task was asked to stop (Task.cancel()) and that request was
-    not withdrawn, even where the code it awaited swallowed the CancelledError."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def _outcome(raised: BaseException | None) -> tuple[str, str | None]:

@@ -431,9 +431,12 @@ class Runner:
         await self.execute(spec, claim)
         return run_id
 
-    async def run_service(self, spec: ServiceSpec) -> None:
+    async def run_service(self, spec: ServiceSpec, leading: asyncio.Event) -> None:
         """Run a leader-only service until cancelled, restarting it with backoff when it
-        crashes or returns."""
+        crashes or returns while ``leading`` is set. Once ``leading`` is cleared (the
+        worker steps down, then cancels the service) it is never restarted, even when
+        the cancel reaches this loop as an error or a return (the service, or a
+        TaskGroup in it, swallowed it): this raises CancelledError then."""
         log = _adapter(f"app.services.{spec.id}", spec.id, self.store.pid)
         failures = 0
         while True:
@@ -445,16 +448,32 @@ class Runner:
                 self.store.pid,
                 extra={"action": "service.started"},
             )
+            failure: Exception | None = None
             try:
                 await spec.func(ctx)
-                log.warning('Service "%s" returned; restarting it', spec.name)
             except asyncio.CancelledError:
                 log.info('Service "%s" stopped', spec.name, extra={"action": "service.stopped"})
                 raise
-            except Exception:
-                log.exception(
+            except Exception as exc:
+                failure = exc
+            if not leading.is_set():
+                # The service turned the cancel that stops it into an error of its own
+                # (on Python 3.11 a TaskGroup raises a child's error in its place when
+                # the child fails as the group is cancelled: an outbox drain whose
+                # connection died with the server) or returned from it. It stops all
+                # the same: restarted, it would run beside the next leader's copy, and
+                # the demotion that cancelled it would wait for it for good. The flag,
+                # not Task.cancelling(): 3.11's TaskGroup can leave that count raised
+                # after a child's failure that no cancel caused.
+                log.info('Service "%s" stopped', spec.name, extra={"action": "service.stopped"})
+                raise asyncio.CancelledError from failure
+            if failure is None:
+                log.warning('Service "%s" returned; restarting it', spec.name)
+            else:
+                log.error(
                     'Service "%s" crashed; restarting it',
                     spec.name,
+                    exc_info=failure,
                     extra={"action": "service.crashed"},
                 )
             delay = _SERVICE_BACKOFF[min(failures, len(_SERVICE_BACKOFF) - 1)]

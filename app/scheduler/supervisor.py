@@ -852,11 +852,12 @@ class Supervisor:
         """Run a service once the whole handover grace has passed. The grace ends early
         for jobs when the previous leader's backend is gone, since their claims are
         fenced; a service has no fence, and the old leader's copy of it runs until that
-        leader notices its loss, which the grace gives it time to do."""
+        leader notices its loss, which the grace gives it time to do. A crashed service
+        is restarted only while this worker fires (see Runner.run_service)."""
         wait = (grace_ends - self.clock.now()).total_seconds()
         if wait > 0:
             await self.clock.sleep(wait)
-        await self.runner.run_service(spec)
+        await self.runner.run_service(spec, self._firing)
 
     async def _handover(self, lock: LockConnection | None, deadline: datetime) -> bool:
         """The handover grace: wait until the previous leader's backend is gone, for at

@@ -159,9 +159,11 @@ class Delivery:
 
     @property
     def overran_its_lease(self) -> bool:
-        """Began inside its lease and ended after it: the clock jumped mid-call (a frozen
-        process): another drain may deliver the row again."""
-        return self.lease_until is not None and self.start < self.lease_until < self.end
+        """Began inside its lease and ended at or after its end: the clock jumped
+        mid-call (a frozen process). A claim takes a row whose lease ends by now
+        (next_attempt_at <= now), so from the lease's last instant on another drain may
+        deliver the row again."""
+        return self.lease_until is not None and self.start < self.lease_until <= self.end
 
     @property
     def may_come_again(self) -> bool:

@@ -1,12 +1,15 @@
 """Leader-only services and per-replica jobs."""
 
 import asyncio
+import contextlib
 from datetime import UTC, datetime
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, ServiceContext, every
+from app.testing import TestServer
 
 from .conftest import StartScheduler, eventually, wait_for_runs
 
@@ -71,6 +74,99 @@ async def test_crashed_service_restarts_with_backoff(start_scheduler: StartSched
     assert attempts == 1
     clock.advance(1)
     await asyncio.wait_for(second_attempt.wait(), 5)
+
+
+async def _fails_at_once() -> None:
+    await asyncio.sleep(0)
+    raise ConnectionError("the LISTEN connection was lost")
+
+
+async def test_a_service_whose_task_group_failed_is_restarted(
+    start_scheduler: StartScheduler,
+) -> None:
+    scheduler = Scheduler()
+    attempts = 0
+    second_attempt = asyncio.Event()
+
+    @scheduler.service(id="drain")
+    async def drain(ctx: ServiceContext) -> None:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            # Its child fails after the group's body ended: Python 3.11 leaves the
+            # task's cancelling() count raised though nothing cancelled it.
+            async with asyncio.TaskGroup() as group:
+                group.create_task(_fails_at_once())
+        second_attempt.set()
+        await asyncio.Event().wait()
+
+    supervisor = await start_scheduler(scheduler)
+    await supervisor.wait_for_role(Role.LEADER)
+    # Restarted after the first backoff (1 s on the real clock).
+    await asyncio.wait_for(second_attempt.wait(), 5)
+
+
+async def _fails_as_it_is_cancelled() -> None:
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        # Its statement's connection died with the server in the same instant.
+        raise ConnectionError("connection was closed in the middle of operation") from None
+
+
+@pytest.mark.restarts_server
+async def test_a_leader_whose_service_turns_its_cancel_into_an_error_still_steps_down_on_restart(
+    start_scheduler: StartScheduler, server: TestServer
+) -> None:
+    scheduler = Scheduler()
+    events: list[str] = []
+    started, demoted = asyncio.Event(), asyncio.Event()
+
+    @scheduler.service(id="drain")
+    async def drain(ctx: ServiceContext) -> None:
+        # The outbox's drain pass: its deliveries run in a task group. On Python 3.11 a
+        # group cancelled while a child fails raises the child's error, not the cancel.
+        events.append("service started")
+        started.set()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(_fails_as_it_is_cancelled())
+            await asyncio.Event().wait()
+
+    def on_role(role: str) -> None:
+        events.append(role)
+        if role == "standby":
+            demoted.set()
+
+    scheduler.observe(on_role=on_role)
+    supervisor = await start_scheduler(scheduler)
+    await supervisor.wait_for_role(Role.LEADER)
+    await asyncio.wait_for(started.wait(), 5)
+    events.clear()
+    server.restart()
+    await asyncio.wait_for(demoted.wait(), 10)
+    assert "service started" not in events[: events.index("standby")]
+
+
+async def test_a_service_that_returns_from_its_cancel_is_not_restarted(
+    start_scheduler: StartScheduler,
+) -> None:
+    scheduler = Scheduler()
+    starts = 0
+    started = asyncio.Event()
+
+    @scheduler.service(id="swallows_cancel")
+    async def swallows_cancel(ctx: ServiceContext) -> None:
+        nonlocal starts
+        starts += 1
+        started.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()
+
+    supervisor = await start_scheduler(scheduler)
+    await supervisor.wait_for_role(Role.LEADER)
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.wait_for(scheduler.stop(), 5)
+    assert starts == 1
 
 
 async def test_replica_job_runs_on_every_worker_without_a_claim(

@@ -448,12 +448,17 @@ class Runner:
                 self.store.pid,
                 extra={"action": "service.started"},
             )
-            failure: Exception | None = None
+            failure: BaseException | None = None
             try:
                 await spec.func(ctx)
-            except asyncio.CancelledError:
-                log.info('Service "%s" stopped', spec.name, extra={"action": "service.stopped"})
-                raise
+            except asyncio.CancelledError as exc:
+                # A cancel of this task (a step-down, the loop's end) stops the service;
+                # a cancel of one of its own inner tasks that escaped it is a crash.
+                task = asyncio.current_task()
+                if not leading.is_set() or (task is not None and task.cancelling()):
+                    log.info('Service "%s" stopped', spec.name, extra={"action": "service.stopped"})
+                    raise
+                failure = exc
             except Exception as exc:
                 failure = exc
             if not leading.is_set():

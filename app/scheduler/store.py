@@ -142,6 +142,10 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
+# The registration's inserts are not marked as changes (migration 0016): the leader
+# holds what it wrote. Every other insert of a job row is (a restore, a script).
+_OWN_INSERTS = text("SELECT set_config('regent.registering', 'on', true)")
+
 _LOAD = text(
     "SELECT id, next_run_at, paused, run_requested_at FROM scheduler_jobs"
     " WHERE schedule = :schedule AND id = ANY(:ids)"
@@ -930,6 +934,7 @@ class JobStore:
             "schedule": self.schedule,
         }
         async with self.engine.begin() as conn:
+            await conn.execute(_OWN_INSERTS)
             result = await conn.execute(_UPSERT, params)
             return {
                 row.id: JobRow(row.next_run_at, row.paused, row.run_requested_at) for row in result

@@ -7,8 +7,9 @@ leader every tick. Now:
 - ``scheduler_jobs.changed_xid`` (xid8): the transaction that last changed the row's
   schedule state (``next_run_at``, ``paused``, ``run_requested_at``, ``trigger``,
   ``leader_only``), set by a trigger whoever writes it (the admin, the CLI, an
-  operator's own SQL, an older release). A row inserted keeps 0: only a leader's
-  registration inserts leader rows, and it holds what it wrote.
+  operator's own SQL, an older release), and on every insert (a restore, a script that
+  deletes and inserts the row again) but a leader's registration's: it holds what it
+  wrote, and says so with the transaction setting ``regent.registering``.
 - An index on (schedule, changed_xid) of the rows changed since inserted: a tick
   reads the rows changed by every transaction its previous read could not see
   (changed_xid at or above that read's snapshot xmin), committed since or under way
@@ -59,6 +60,13 @@ def upgrade() -> None:
         EXECUTE FUNCTION scheduler_jobs_mark_change()
         """
     )
+    op.execute(
+        """
+        CREATE TRIGGER scheduler_jobs_mark_insert BEFORE INSERT ON scheduler_jobs
+        FOR EACH ROW WHEN (current_setting('regent.registering', true) IS DISTINCT FROM 'on')
+        EXECUTE FUNCTION scheduler_jobs_mark_change()
+        """
+    )
     op.create_index(
         _CHANGED,
         "scheduler_jobs",
@@ -76,6 +84,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index(_LEASES, table_name="scheduler_jobs")
     op.drop_index(_CHANGED, table_name="scheduler_jobs")
+    op.execute("DROP TRIGGER scheduler_jobs_mark_insert ON scheduler_jobs")
     op.execute("DROP TRIGGER scheduler_jobs_mark_change ON scheduler_jobs")
     op.execute("DROP FUNCTION scheduler_jobs_mark_change()")
     op.drop_column("scheduler_jobs", "changed_xid")

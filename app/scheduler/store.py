@@ -1314,14 +1314,6 @@ class JobStore:
                     renewed.update(row.run_id for row in rows)
         return renewed
 
-    async def renew_lease(
-        self, job_id: str, run_id: int, lease_seconds: float, *, replica: bool = False
-    ) -> bool:
-        """renew_leases() of one run: False when it no longer holds its lease."""
-        return run_id in await self.renew_leases(
-            [HeldLease(job_id, run_id, replica)], lease_seconds
-        )
-
     async def release_lease(self, outcome: Outcome, *, replica: bool = False) -> None:
         """Clear the running lease of ``outcome``'s run (``replica``: its run row's own),
         if it still holds it, as the body whose outcome was recorded before it ended (a
@@ -1384,23 +1376,6 @@ class JobStore:
             if any(outcome.body_ended for outcome in outcomes):
                 await conn.execute(_RELEASE_LEASES, params)
 
-    async def finish(
-        self,
-        run_id: int,
-        job_id: str,
-        *,
-        status: str,
-        finished_at: datetime,
-        duration_ms: int,
-        error: str | None,
-        body_ended: bool = True,
-    ) -> None:
-        """finish_many() of one run's outcome: its lease is cleared unless
-        ``body_ended`` is False (a thread still running)."""
-        await self.finish_many(
-            [Outcome(run_id, job_id, status, finished_at, duration_ms, error, body_ended)]
-        )
-
     def _run_params(
         self,
         spec: JobSpec,
@@ -1452,7 +1427,7 @@ class ThreadStore:
     def renew_lease(
         self, job_id: str, run_id: int, lease_seconds: float, *, replica: bool = False
     ) -> bool:
-        """JobStore.renew_lease: False when the run no longer holds the lease."""
+        """JobStore.renew_leases of one run: False when it no longer holds its lease."""
         params = {
             "lease_seconds": lease_seconds,
             "lease_now": _lease_reading(self.lease_clock),

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.registry import JobSpec
-from app.scheduler.store import JobStore
+from app.scheduler.store import JobStore, Outcome
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 UTC_ZONE = ZoneInfo("UTC")
@@ -87,19 +87,10 @@ async def test_a_frozen_leaders_late_outcome_does_not_overwrite_a_newer_finished
     clock.set(second_slot)
     newer_run = await _claim_running(successor, spec, second_slot)
     clock.advance(1)
-    await successor.finish(
-        newer_run, "sweep", status="ok", finished_at=clock.now(), duration_ms=1000, error=None
-    )
+    await successor.finish_many([Outcome(newer_run, "sweep", "ok", clock.now(), 1000, None)])
     newer_finished = clock.now()
     clock.advance(1)
-    await frozen.finish(
-        stale_run,
-        "sweep",
-        status="error",
-        finished_at=clock.now(),
-        duration_ms=62000,
-        error="boom",
-    )
+    await frozen.finish_many([Outcome(stale_run, "sweep", "error", clock.now(), 62000, "boom")])
     assert await _run_status(database, stale_run) == "error"
     assert await _job_row(database) == {
         "last_status": "ok",
@@ -121,9 +112,7 @@ async def test_a_reaped_leader_runs_late_outcome_still_replaces_the_abandoned_gu
     clock.advance(LEASE + 1)
     await leader.reap(clock.now())
     assert (await _job_row(database))["last_status"] == "abandoned"
-    await frozen.finish(
-        stale_run, "sweep", status="ok", finished_at=clock.now(), duration_ms=31000, error=None
-    )
+    await frozen.finish_many([Outcome(stale_run, "sweep", "ok", clock.now(), 31000, None)])
     assert (await _job_row(database))["last_status"] == "ok"
 
 
@@ -142,19 +131,10 @@ async def test_a_frozen_workers_late_outcome_does_not_overwrite_a_newer_finished
     )
     assert [run.run_id for run in reaped] == [stale_run]
     clock.advance(1)
-    await alive.finish(
-        newer_run, "sweep", status="ok", finished_at=clock.now(), duration_ms=1000, error=None
-    )
+    await alive.finish_many([Outcome(newer_run, "sweep", "ok", clock.now(), 1000, None)])
     newer_finished = clock.now()
     clock.advance(1)
-    await frozen.finish(
-        stale_run,
-        "sweep",
-        status="error",
-        finished_at=clock.now(),
-        duration_ms=33000,
-        error="boom",
-    )
+    await frozen.finish_many([Outcome(stale_run, "sweep", "error", clock.now(), 33000, "boom")])
     assert await _run_status(database, stale_run) == "error"
     assert await _job_row(database) == {
         "last_status": "ok",
@@ -173,11 +153,7 @@ async def test_the_last_of_two_overlapping_workers_runs_to_finish_settles_the_jo
     older, _ = await first.start_replica_run(spec, T0, clock.now(), lease_seconds=LEASE)
     newer, _ = await second.start_replica_run(spec, T0, clock.now(), lease_seconds=LEASE)
     clock.advance(1)
-    await second.finish(
-        newer, "sweep", status="ok", finished_at=clock.now(), duration_ms=1000, error=None
-    )
+    await second.finish_many([Outcome(newer, "sweep", "ok", clock.now(), 1000, None)])
     clock.advance(1)
-    await first.finish(
-        older, "sweep", status="error", finished_at=clock.now(), duration_ms=2000, error="boom"
-    )
+    await first.finish_many([Outcome(older, "sweep", "error", clock.now(), 2000, "boom")])
     assert (await _job_row(database))["last_status"] == "error"

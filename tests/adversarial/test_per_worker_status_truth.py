@@ -11,6 +11,7 @@ from app.admin import queries
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.registry import JobSpec
+from app.scheduler.store import HeldLease, Outcome
 
 from ..scheduler.conftest import make_runner
 
@@ -44,7 +45,8 @@ async def test_a_dead_workers_reap_leaves_running_while_another_worker_still_run
     await dead.store.start_replica_run(spec, T0, clock.now(), lease_seconds=lease)
     alive_run, _ = await alive.store.start_replica_run(spec, T0, clock.now(), lease_seconds=lease)
     clock.advance(lease / 2)
-    assert await alive.store.renew_lease("sweep", alive_run, lease, replica=True)
+    renewed = await alive.store.renew_leases([HeldLease("sweep", alive_run, replica=True)], lease)
+    assert renewed == {alive_run}
     clock.advance(lease / 2 + 1)  # the dead worker's lease ran out; the live one holds
     await leader.store.reap(clock.now())
     job = await _listed(database, clock)
@@ -63,9 +65,7 @@ async def test_one_workers_outcome_leaves_running_while_another_worker_still_run
     done, _ = await first.store.start_replica_run(spec, T0, clock.now(), lease_seconds=lease)
     await second.store.start_replica_run(spec, T0, clock.now(), lease_seconds=lease)
     clock.advance(1)
-    await first.store.finish(
-        done, "sweep", status="ok", finished_at=clock.now(), duration_ms=1000, error=None
-    )
+    await first.store.finish_many([Outcome(done, "sweep", "ok", clock.now(), 1000, None)])
     job = await _listed(database, clock)
     assert job["running"] is True
     assert job["last_status"] == "running", job

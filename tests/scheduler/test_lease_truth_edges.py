@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.registry import JobSpec
+from app.scheduler.store import Outcome
 from app.scheduler.threads import keep_lease
 
 from .conftest import BlockingBodies, eventually, make_runner
@@ -132,9 +133,7 @@ async def test_a_late_outcome_of_a_reaped_run_leaves_the_job_to_the_run_that_hol
     # Its owner froze past the lease: the next claim reaps it and starts a newer run.
     newer = await runner.claim_leader(spec, late.next_slot, None)
     assert newer is not None and newer.runs
-    await runner.store.finish(
-        late.run_id, "tick", status="ok", finished_at=clock.now(), duration_ms=1, error=None
-    )
+    await runner.store.finish_many([Outcome(late.run_id, "tick", "ok", clock.now(), 1, None)])
     assert (await _job_row(engine, "tick"))[:2] == ("running", newer.run_id)
     assert [status for _, status, _ in await _run_rows(engine, "tick")] == ["ok", "running"]
 

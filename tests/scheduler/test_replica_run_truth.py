@@ -24,7 +24,7 @@ from app.admin import queries
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.registry import JobSpec
-from app.scheduler.store import JobStore
+from app.scheduler.store import JobStore, Outcome
 
 from ..procs.cluster import LEASE_SECONDS, Cluster
 from ..procs.gated_app import GATE_KEY
@@ -219,14 +219,7 @@ async def test_a_reaped_per_worker_run_leaves_an_outcome_recorded_after_its_leas
     live = make_runner(database, clock, pid=2)
     run_id, _ = await live.store.start_replica_run(spec, T0, T0, lease_seconds=live.lease_seconds)
     clock.advance(dead.lease_seconds + 1)
-    await live.store.finish(
-        run_id,
-        "sweep",
-        status="ok",
-        finished_at=clock.now(),
-        duration_ms=0,
-        error=None,
-    )
+    await live.store.finish_many([Outcome(run_id, "sweep", "ok", clock.now(), 0, None)])
     assert await live.store.reap(clock.now()) == ["sweep"]
     assert [status for status, _, _ in await _history(engine)] == ["abandoned", "ok"]
     assert await _job_outcome(engine) == ("ok", None)
@@ -263,8 +256,6 @@ async def test_an_ok_from_a_worker_whose_clock_runs_behind_is_not_overwritten_by
     run_id, _ = await live.store.start_replica_run(spec, T0, T0, lease_seconds=live.lease_seconds)
     clock.advance(dead.lease_seconds + 1)
     behind = clock.now() - timedelta(minutes=5)
-    await live.store.finish(
-        run_id, "sweep", status="ok", finished_at=behind, duration_ms=0, error=None
-    )
+    await live.store.finish_many([Outcome(run_id, "sweep", "ok", behind, 0, None)])
     assert await live.store.reap(clock.now()) == ["sweep"]
     assert await _job_outcome(engine) == ("ok", None)

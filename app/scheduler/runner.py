@@ -53,6 +53,7 @@ from .store import (
     HeldLease,
     JobStore,
     Outcome,
+    PreparedCommit,
     SlotClaim,
     ThreadStore,
     format_error,
@@ -197,19 +198,26 @@ class Runner:
         while pending := [alive for alive in self._alive.values() if not alive.done()]:
             await asyncio.wait(pending)
 
-    def start(self, spec: JobSpec, claim: Claim) -> asyncio.Task[None]:
-        """Run a claimed slot in a new task; the job counts as running from this call on.
+    def start(
+        self, spec: JobSpec, claim: Claim, *, at: datetime | None = None
+    ) -> asyncio.Task[None]:
+        """Run a claimed slot in a new task, from ``at`` on if given (a claim committed
+        ahead of its slot); the job counts as running from this call on.
 
-        Cancelling the task cancels an async body; a thread runs on and is recorded when
-        it ends.
+        Cancelling the task cancels an async body (one cancelled before it began is
+        recorded cancelled); a thread runs on and is recorded when it ends.
         """
         began = asyncio.Event()
-        task = asyncio.create_task(self._execute_from_start(spec, claim, began), name=spec.id)
+        task = asyncio.create_task(self._execute_from_start(spec, claim, began, at), name=spec.id)
         self._alive[spec.id] = task
         task.add_done_callback(functools.partial(self._if_never_started, spec, claim, began))
         return task
 
-    async def _execute_from_start(self, spec: JobSpec, claim: Claim, began: asyncio.Event) -> None:
+    async def _execute_from_start(
+        self, spec: JobSpec, claim: Claim, began: asyncio.Event, at: datetime | None
+    ) -> None:
+        if at is not None:
+            await self.clock.sleep((at - self.clock.now()).total_seconds())
         began.set()
         await self.execute(spec, claim)
 
@@ -247,7 +255,7 @@ class Runner:
         return _one(await self.claim_many([Due(spec, requested_at, manual=True)], fence_pid))
 
     async def claim_many(
-        self, dues: Sequence[Due], fence_pid: int | None
+        self, dues: Sequence[Due], fence_pid: int | None, prepared: PreparedCommit | None = None
     ) -> list[Claim | Exception | None]:
         """Claim every slot and run-now request in ``dues`` (one per job) in one commit
         of a few statements (JobStore.claim_many); each claim commits before any body
@@ -266,9 +274,12 @@ class Runner:
         once (no jitter, no misfire grace, nothing coalesced) and leaves the job's next
         slot alone; like a slot, it is recorded skipped_overlap while a body of the job
         runs here or holds the running lease elsewhere.
+
+        ``prepared``: the claim is made now and committed at its ``starts_at``
+        (JobStore.claim_many), planned as of that instant.
         """
         # Read right before the claim: the running lease starts at this instant.
-        now = self.clock.now()
+        now = self.clock.now() if prepared is None else prepared.start()
         slots: dict[tuple[Trigger, datetime], tuple[datetime, int, datetime]] = {}
         plans: list[_Planned | Exception] = []
         for due in dues:
@@ -277,7 +288,9 @@ class Runner:
             except Exception as exc:
                 plans.append(exc)
         items = [plan.item for plan in plans if isinstance(plan, _Planned)]
-        claimed = iter(await self.store.claim_many(items, now=now, fence_pid=fence_pid))
+        claimed = iter(
+            await self.store.claim_many(items, now=now, fence_pid=fence_pid, prepared=prepared)
+        )
         return [
             plan if isinstance(plan, Exception) else self._claimed(plan, next(claimed), now)
             for plan in plans

@@ -6,7 +6,11 @@ before the body runs. Two processes that both think a slot is due race on that
 UPDATE, and PostgreSQL lets exactly one of them match the row. A leader claims every
 slot due at one wake of its timer in ONE such UPDATE over the jobs' rows
 (``claim_many``), each row under the conditions it would meet alone; the one-job
-claim is its one-row case. A guarded leader adds a
+claim is its one-row case. A claim may be *prepared* ahead of its slot
+(``PreparedCommit``): its statements run early, its transaction holds the claimed rows
+until the slot, and only the commit is left for the slot itself, so a thousand bodies
+that share a slot start on time; a demotion before the commit rolls it back and leaves
+the slot to the next leader. A guarded leader adds a
 fence to the same statement: the claim matches only while the leader's own lock
 connection (by backend pid) still holds the key, so a leader that lost its lock while
 paused cannot claim a slot after it wakes.
@@ -60,7 +64,7 @@ written) until a later registration or claim of it succeeds.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -144,6 +148,10 @@ def _iso(moment: datetime | None) -> str | None:
 
 # The registration's inserts are not marked as changes (migration 0016): the leader
 # holds what it wrote. Every other insert of a job row is (a restore, a script).
+# A prepared claim's transaction idles until its slot: the server ends the session if it
+# idles a second longer than planned (its process froze), which rolls the claim back.
+_IDLE_LIMIT = text("SELECT set_config('idle_in_transaction_session_timeout', :ms, true)")
+_PREPARED_IDLE_SLACK = 1.0
 _OWN_INSERTS = text("SELECT set_config('regent.registering', 'on', true)")
 
 _LOAD = text(
@@ -782,6 +790,29 @@ class SlotClaim:
 
 
 @dataclass(frozen=True)
+class PreparedCommit:
+    """When a prepared claim commits: its statements run at once, then its transaction
+    stays open until ``wait()`` returns (the slot), and commits; an exception from
+    ``wait()`` (a cancel, a lost leadership) rolls it back, claiming nothing.
+
+    ``starts_at``: the instant the bodies are meant to start, written as the runs'
+    start (``now()`` gives the clock, read before each write, so that a preparation
+    that outlasts its lead records when the runs really start). ``seconds``: about how
+    long the transaction waits: the server ends its session when it idles in the
+    transaction a second longer (a frozen process must not hold job rows for good).
+    """
+
+    starts_at: datetime
+    wait: Callable[[], Awaitable[None]]
+    now: Callable[[], datetime]
+    seconds: float
+
+    def start(self) -> datetime:
+        """The runs' start as of now: the planned instant, or later if it passed."""
+        return max(self.starts_at, self.now())
+
+
+@dataclass(frozen=True)
 class _Recording:
     """What a claim's UPDATE gave one job, for its run row."""
 
@@ -1122,7 +1153,12 @@ class JobStore:
         return (await self.claim_many([item], now=now, fence_pid=fence_pid))[0]
 
     async def claim_many(
-        self, items: Sequence[SlotClaim], *, now: datetime, fence_pid: int | None
+        self,
+        items: Sequence[SlotClaim],
+        *,
+        now: datetime,
+        fence_pid: int | None,
+        prepared: PreparedCommit | None = None,
     ) -> list[ClaimedSlot | None]:
         """Claim every slot and run-now request in ``items`` (one per job) and record
         their run rows, in one commit and a fixed number of statements however many
@@ -1137,6 +1173,10 @@ class JobStore:
         out is reaped first). A slot that already has its run is 'already_recorded'
         and runs nothing, but the job moves on. Returns, in the order of ``items``,
         each one's run row and status, or None where the claim matched nothing.
+
+        ``prepared``: commit when its ``wait()`` returns rather than at once (``now``
+        is then its ``starts_at``); what ``wait()`` raises rolls the claim back and
+        propagates.
         """
         if not items:
             return []
@@ -1150,6 +1190,15 @@ class JobStore:
         order = sorted(range(len(items)), key=lambda index: ids[index])
         ordered = [items[index] for index in order]
         async with self.engine.begin() as conn:
+            # A lease on the server's clock starts as the UPDATE runs: a prepared
+            # claim's lasts its length from the start it waits for.
+            lead = 0.0
+            if prepared is not None:
+                idle_ms = int((prepared.seconds + _PREPARED_IDLE_SLACK) * 1000)
+                await conn.execute(_IDLE_LIMIT, {"ms": str(idle_ms)})
+                now = prepared.start()
+                if self.lease_clock is None:
+                    lead = max(0.0, (now - prepared.now()).total_seconds())
             runs = [item.job_id for item in ordered if item.runs]
             if runs:
                 await conn.execute(_REAP, self._reap_params(now, job_ids=runs))
@@ -1172,7 +1221,10 @@ class JobStore:
                 "runs": [_flag(item.runs) for item in ordered],
                 "statuses": [item.status for item in ordered],
                 "run_ids": [_text(run_ids.get(item.job_id)) for item in ordered],
-                "lease_seconds": [_text(item.lease_seconds) for item in ordered],
+                "lease_seconds": [
+                    None if item.lease_seconds is None else str(item.lease_seconds + lead)
+                    for item in ordered
+                ],
                 "now": now,
                 "pid": self.pid,
                 "host": self.host,
@@ -1185,6 +1237,8 @@ class JobStore:
             }
             if not claimed:
                 return [None] * len(items)
+            if prepared is not None:
+                now = prepared.start()
             recorded: dict[str, _Recording] = {}
             rows: list[tuple[int | None, str, datetime, bool, str, int, int, str | None]] = []
             for item in ordered:
@@ -1252,6 +1306,8 @@ class JobStore:
                     )
                     continue
                 results[item.job_id] = await self._already_recorded(conn, item, got)
+            if prepared is not None:
+                await prepared.wait()
         return [results.get(job_id) for job_id in ids]
 
     async def _already_recorded(

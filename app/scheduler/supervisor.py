@@ -169,6 +169,9 @@ class Supervisor:
         self._rows: dict[str, JobRow] = {}
         # Where the tick's next look for rows changed by others starts (store.changed_rows).
         self._horizon = "0"
+        # Jobs whose row a read after their claim could not read again: the horizon may
+        # have moved past what changed them, so the next tick reads them by id.
+        self._unread: set[str] = set()
         self._bodies: set[asyncio.Task[None]] = set()
         self._failures = 0
         self._reload = asyncio.Event()
@@ -450,6 +453,7 @@ class Supervisor:
         changes starts. True when it inserted at least _GREW_ROWS rows, more than the
         schedule held."""
         self._rows = {}
+        self._unread.clear()
         specs = {spec.id: spec for spec in self.leader_jobs}
         stored = await self.store.stored_jobs()
         self._horizon = stored.horizon
@@ -586,9 +590,14 @@ class Supervisor:
             # Pick up what others changed (pause, resume, run now) since the last tick,
             # reading only the rows changed since, reap the running leases whose
             # owners died, and say that we still fire.
+            # The jobs a read after a claim could not read again are read by id: what
+            # changed them may lie behind the horizon already.
             try:
+                unread = set(self._unread)
+                rows = await self.store.load(unread) if unread else {}
                 changed = await self.store.changed_rows(self._horizon)
-                for job_id, row in changed.rows.items():
+                self._unread -= unread
+                for job_id, row in (rows | changed.rows).items():
                     if job_id in self._rows and self._rows[job_id] != row:
                         self._rows[job_id] = row
                         self._row_changed(job_id)
@@ -802,12 +811,20 @@ class Supervisor:
         """Read again the rows of jobs whose claim matched nothing (each given with the
         row it was claimed from) and of jobs whose row the reload found changed while
         they were claimed, and plan them. A row unchanged since its claim is looked at
-        again a tick later, or as soon as a reload finds it changed."""
+        again a tick later, or as soon as a reload finds it changed. When the read
+        fails, each job keeps the row it has and the next tick reads its row again: the
+        tick that found it changed has moved its horizon past the change already."""
         if not unmatched and not changed:
             return
         try:
             fresh = await self.store.load([*unmatched, *changed])
         except Exception:
+            logger.warning(
+                "scheduler: could not read the rows of jobs %s again; the next tick reads them",
+                ", ".join(sorted({*unmatched, *changed})),
+                exc_info=True,
+            )
+            self._unread.update(unmatched, changed)
             fresh = {}
         for job_id, before in unmatched.items():
             self._rows[job_id] = fresh.get(job_id, before)

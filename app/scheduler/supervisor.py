@@ -692,9 +692,12 @@ class Supervisor:
 
     def _next_step(self, job_id: str) -> datetime | None:
         """When to act on the job, from its row: at once to register it if it has none,
-        never while paused (a reload plans it again), at once for its run-now request,
-        else at its next slot plus the slot's jitter."""
+        never while paused or while a newer registration made it per-worker (a reload
+        plans it again), at once for its run-now request, else at its next slot plus the
+        slot's jitter."""
         row = self._rows.get(job_id)
+        if row is not None and not row.leader_only:
+            return None
         if row is None or row.run_requested_at is not None:
             return None if row is not None and row.paused else self.clock.now()
         if row.paused:
@@ -728,7 +731,7 @@ class Supervisor:
         now = self.clock.now()
         for spec in specs:
             row = self._rows.get(spec.id)
-            if row is None or row.paused or spec.id in rows:
+            if row is None or row.paused or not row.leader_only or spec.id in rows:
                 continue
             rows[spec.id] = row
             fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))

@@ -62,7 +62,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -708,6 +708,27 @@ class JobRow:
     run_requested_at: datetime | None = None
     leader_only: bool = True
 
+    @classmethod
+    def read(
+        cls,
+        next_run_at: datetime,
+        paused: bool,
+        run_requested_at: datetime | None,
+        leader_only: bool = True,
+    ) -> JobRow:
+        """The row as the database gave it, its moments aware: asyncpg gives
+        PostgreSQL's 'infinity' and '-infinity' (an operator's "never") as the naive
+        datetime.max and datetime.min, which no aware moment can be compared with."""
+        return cls(_aware(next_run_at), paused, _aware_or_none(run_requested_at), leader_only)
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _aware_or_none(moment: datetime | None) -> datetime | None:
+    return None if moment is None else _aware(moment)
+
 
 @dataclass(frozen=True)
 class StoredJob:
@@ -900,7 +921,10 @@ class JobStore:
             result = await conn.execute(_STORED_JOBS, params)
             jobs = {
                 job_id: StoredJob(
-                    name, trigger, leader_only, JobRow(next_run_at, paused, request, leader_only)
+                    name,
+                    trigger,
+                    leader_only,
+                    JobRow.read(next_run_at, paused, request, leader_only),
                 )
                 for job_id, name, trigger, leader_only, next_run_at, paused, request in result
             }
@@ -922,7 +946,7 @@ class JobStore:
             params = {"since": since, "schedule": self.schedule}
             fetched = (await conn.execute(_CHANGED_JOBS, params)).all()
         rows = {
-            job_id: JobRow(next_run_at, paused, request, leader_only)
+            job_id: JobRow.read(next_run_at, paused, request, leader_only)
             for _, job_id, next_run_at, paused, request, leader_only in fetched
         }
         return ChangedRows(fetched[0].horizon if fetched else since, rows)
@@ -945,7 +969,8 @@ class JobStore:
             await conn.execute(_OWN_INSERTS)
             result = await conn.execute(_UPSERT, params)
             return {
-                row.id: JobRow(row.next_run_at, row.paused, row.run_requested_at) for row in result
+                row.id: JobRow.read(row.next_run_at, row.paused, row.run_requested_at)
+                for row in result
             }
 
     async def blames_job(self, exc: BaseException) -> bool:
@@ -1070,7 +1095,9 @@ class JobStore:
         async with self.engine.connect() as conn:
             result = await conn.execute(_LOAD, {"ids": list(job_ids), "schedule": self.schedule})
             return {
-                row.id: JobRow(row.next_run_at, row.paused, row.run_requested_at, row.leader_only)
+                row.id: JobRow.read(
+                    row.next_run_at, row.paused, row.run_requested_at, row.leader_only
+                )
                 for row in result
             }
 

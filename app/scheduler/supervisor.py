@@ -702,8 +702,7 @@ class Supervisor:
             return None if row is not None and row.paused else self.clock.now()
         if row.paused:
             return None
-        spec = self.registry.jobs[job_id]
-        return row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
+        return _fire_time(self.registry.jobs[job_id], row.next_run_at)
 
     def _row_changed(self, job_id: str) -> None:
         """The tick's reload found the job's row changed: plan it again, or read it
@@ -734,12 +733,14 @@ class Supervisor:
             if row is None or row.paused or not row.leader_only or spec.id in rows:
                 continue
             rows[spec.id] = row
-            fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
+            fire_at = _fire_time(spec, row.next_run_at)
             request = row.run_requested_at
-            slot_first = fire_at <= now and (request is None or fire_at <= request)
+            slot_first = (
+                fire_at is not None and fire_at <= now and (request is None or fire_at <= request)
+            )
             if request is not None and not slot_first:
                 dues.append(Due(spec, request, manual=True))
-            elif fire_at <= now:
+            elif fire_at is not None and fire_at <= now:
                 dues.append(Due(spec, row.next_run_at))
             else:
                 # Not due after all: its row changed since it was planned.
@@ -1099,6 +1100,16 @@ class _Timetable:
         heap = self._heap
         while heap and self._at.get(heap[0][2]) != heap[0][0]:
             heapq.heappop(heap)
+
+
+def _fire_time(spec: JobSpec, slot: datetime) -> datetime | None:
+    """When the job's slot fires: the slot plus its jitter. None when that is past the
+    last moment a datetime holds (a next run an operator set to 'infinity'): such a
+    slot never comes, and nothing else may stop for it."""
+    try:
+        return slot + timedelta(seconds=spec.jitter_delay(slot))
+    except OverflowError:
+        return None
 
 
 def _loop_death(loop: asyncio.Task[None]) -> str:

@@ -11,6 +11,10 @@ operator sees and can do:
   its lateness counts from the jittered fire time.
 - *Pause*: every worker reads the row's pause flag at each slot and skips the slot
   while the job is paused.
+- *Another release*: the row's ``leader_only`` is the newest registration's. While a
+  leader of a release where the job is leader-only has registered it since this
+  worker did, this worker skips its slots (that leader fires them); a leader of this
+  release likewise leaves alone a leader job a newer worker registered per-worker.
 - *Running*: each run holds a running lease on its own run row, renewed by its worker
   while the body runs, and its start shows the job's last status as ``running``; the
   job is listed running while any of those leases holds. A run whose worker died is
@@ -109,7 +113,9 @@ class _ReplicaLoop:
         latest, _ = spec.trigger.latest_slot(slot, self.clock.now(), self.zone)
         next_slot = spec.trigger.next_after(latest, self.zone)
         rows = await self.store.load([spec.id])
-        if spec.id in rows and not rows[spec.id].paused:
+        # A leader of a release where the job is leader-only registered it after this
+        # worker did: that leader fires it now, and this worker only waits out the slot.
+        if spec.id in rows and not rows[spec.id].paused and not rows[spec.id].leader_only:
             await self.runner.fire_replica(
                 spec, latest, jitter=spec.jitter_delay(latest, salt=self.salt)
             )

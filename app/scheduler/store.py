@@ -66,7 +66,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -155,7 +155,7 @@ _PREPARED_IDLE_SLACK = 1.0
 _OWN_INSERTS = text("SELECT set_config('regent.registering', 'on', true)")
 
 _LOAD = text(
-    "SELECT id, next_run_at, paused, run_requested_at FROM scheduler_jobs"
+    "SELECT id, next_run_at, paused, run_requested_at, leader_only FROM scheduler_jobs"
     " WHERE schedule = :schedule AND id = ANY(:ids)"
 )
 
@@ -182,7 +182,7 @@ _ANALYZE_JOBS = text("ANALYZE scheduler_jobs")
 # of the marks leaves it out.
 _CHANGED_JOBS = text(
     f"""
-    SELECT {_HORIZON} AS horizon, id, next_run_at, paused, run_requested_at
+    SELECT {_HORIZON} AS horizon, id, next_run_at, paused, run_requested_at, leader_only
     FROM scheduler_jobs
     WHERE schedule = :schedule AND changed_xid <> '0'
         AND changed_xid >= CAST(CAST(:since AS text) AS xid8)
@@ -581,10 +581,13 @@ _LEADER_JOBS = text(
 
 # Each worker keeps its own slots of a per-worker job; the row shows the soonest
 # upcoming one: a worker replaces a slot that has passed or is later than its own.
+# Never on a row a leader fires (a leader of another release registered the job
+# leader-only since): its next_run_at is the slot the leader claims.
 _SHOW_REPLICA_SLOT = text(
     """
     UPDATE scheduler_jobs SET next_run_at = :slot
-    WHERE schedule = :schedule AND id = :job_id AND (next_run_at <= :now OR next_run_at > :slot)
+    WHERE schedule = :schedule AND id = :job_id AND NOT leader_only
+        AND (next_run_at <= :now OR next_run_at > :slot)
     """
 )
 
@@ -704,11 +707,35 @@ class LeaderRow:
 @dataclass(frozen=True)
 class JobRow:
     """A job's schedule state as the database holds it. ``run_requested_at``: when an
-    operator asked to run it now (None: no request pending)."""
+    operator asked to run it now (None: no request pending). ``leader_only``: False once
+    the newest registration of the job is a per-worker one's (a release that made it
+    per-worker runs beside this one): no leader fires it then."""
 
     next_run_at: datetime
     paused: bool
     run_requested_at: datetime | None = None
+    leader_only: bool = True
+
+    @classmethod
+    def read(
+        cls,
+        next_run_at: datetime,
+        paused: bool,
+        run_requested_at: datetime | None,
+        leader_only: bool = True,
+    ) -> JobRow:
+        """The row as the database gave it, its moments aware: asyncpg gives
+        PostgreSQL's 'infinity' and '-infinity' (an operator's "never") as the naive
+        datetime.max and datetime.min, which no aware moment can be compared with."""
+        return cls(_aware(next_run_at), paused, _aware_or_none(run_requested_at), leader_only)
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _aware_or_none(moment: datetime | None) -> datetime | None:
+    return None if moment is None else _aware(moment)
 
 
 @dataclass(frozen=True)
@@ -924,7 +951,12 @@ class JobStore:
             horizon, broken = (await conn.execute(_PROMOTION_HORIZON, params)).one()
             result = await conn.execute(_STORED_JOBS, params)
             jobs = {
-                job_id: StoredJob(name, trigger, leader_only, JobRow(next_run_at, paused, request))
+                job_id: StoredJob(
+                    name,
+                    trigger,
+                    leader_only,
+                    JobRow.read(next_run_at, paused, request, leader_only),
+                )
                 for job_id, name, trigger, leader_only, next_run_at, paused, request in result
             }
         return StoredJobs(horizon, jobs, frozenset(broken))
@@ -945,8 +977,8 @@ class JobStore:
             params = {"since": since, "schedule": self.schedule}
             fetched = (await conn.execute(_CHANGED_JOBS, params)).all()
         rows = {
-            job_id: JobRow(next_run_at, paused, request)
-            for _, job_id, next_run_at, paused, request in fetched
+            job_id: JobRow.read(next_run_at, paused, request, leader_only)
+            for _, job_id, next_run_at, paused, request, leader_only in fetched
         }
         return ChangedRows(fetched[0].horizon if fetched else since, rows)
 
@@ -968,7 +1000,8 @@ class JobStore:
             await conn.execute(_OWN_INSERTS)
             result = await conn.execute(_UPSERT, params)
             return {
-                row.id: JobRow(row.next_run_at, row.paused, row.run_requested_at) for row in result
+                row.id: JobRow.read(row.next_run_at, row.paused, row.run_requested_at)
+                for row in result
             }
 
     async def blames_job(self, exc: BaseException) -> bool:
@@ -1058,7 +1091,8 @@ class JobStore:
 
     async def show_replica_slot(self, job_id: str, slot: datetime, now: datetime) -> None:
         """Show ``slot`` as the per-worker job's next run unless another worker's
-        upcoming slot is sooner."""
+        upcoming slot is sooner, or a leader fires the job now (its row is
+        leader-only)."""
         async with self.engine.begin() as conn:
             await conn.execute(
                 _SHOW_REPLICA_SLOT,
@@ -1088,11 +1122,14 @@ class JobStore:
             )
 
     async def load(self, job_ids: Iterable[str]) -> dict[str, JobRow]:
-        """The stored next slot, pause flag and run-now request of each job."""
+        """The stored next slot, pause flag, run-now request and leader_only of each job."""
         async with self.engine.connect() as conn:
             result = await conn.execute(_LOAD, {"ids": list(job_ids), "schedule": self.schedule})
             return {
-                row.id: JobRow(row.next_run_at, row.paused, row.run_requested_at) for row in result
+                row.id: JobRow.read(
+                    row.next_run_at, row.paused, row.run_requested_at, row.leader_only
+                )
+                for row in result
             }
 
     async def claim(

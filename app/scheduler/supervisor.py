@@ -191,6 +191,9 @@ class Supervisor:
         self._rows: dict[str, JobRow] = {}
         # Where the tick's next look for rows changed by others starts (store.changed_rows).
         self._horizon = "0"
+        # Jobs whose row a read after their claim could not read again: the horizon may
+        # have moved past what changed them, so the next tick reads them by id.
+        self._unread: set[str] = set()
         self._bodies: set[asyncio.Task[None]] = set()
         self._failures = 0
         self._reload = asyncio.Event()
@@ -472,6 +475,7 @@ class Supervisor:
         changes starts. True when it inserted at least _GREW_ROWS rows, more than the
         schedule held."""
         self._rows = {}
+        self._unread.clear()
         specs = {spec.id: spec for spec in self.leader_jobs}
         stored = await self.store.stored_jobs()
         self._horizon = stored.horizon
@@ -608,9 +612,14 @@ class Supervisor:
             # Pick up what others changed (pause, resume, run now) since the last tick,
             # reading only the rows changed since, reap the running leases whose
             # owners died, and say that we still fire.
+            # The jobs a read after a claim could not read again are read by id: what
+            # changed them may lie behind the horizon already.
             try:
+                unread = set(self._unread)
+                rows = await self.store.load(unread) if unread else {}
                 changed = await self.store.changed_rows(self._horizon)
-                for job_id, row in changed.rows.items():
+                self._unread -= unread
+                for job_id, row in (rows | changed.rows).items():
                     if job_id in self._rows and self._rows[job_id] != row:
                         self._rows[job_id] = row
                         self._row_changed(job_id)
@@ -705,16 +714,18 @@ class Supervisor:
 
     def _next_step(self, job_id: str) -> datetime | None:
         """When to act on the job, from its row: at once to register it if it has none,
-        never while paused (a reload plans it again), at once for its run-now request,
-        else the claim lead before its next slot plus the slot's jitter."""
+        never while paused or while a newer registration made it per-worker (a reload
+        plans it again), at once for its run-now request, else the claim lead before its
+        next slot plus the slot's jitter."""
         row = self._rows.get(job_id)
+        if row is not None and not row.leader_only:
+            return None
         if row is None or row.run_requested_at is not None:
             return None if row is not None and row.paused else self.clock.now()
         if row.paused:
             return None
-        spec = self.registry.jobs[job_id]
-        fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
-        return fire_at - self._claim_ahead
+        fire_at = _fire_time(self.registry.jobs[job_id], row.next_run_at)
+        return None if fire_at is None else fire_at - self._claim_ahead
 
     def _row_changed(self, job_id: str) -> None:
         """The tick's reload found the job's row changed: plan it again, or read it
@@ -743,17 +754,19 @@ class Supervisor:
         now = self.clock.now()
         for spec in specs:
             row = self._rows.get(spec.id)
-            if row is None or row.paused or spec.id in rows:
+            if row is None or row.paused or not row.leader_only or spec.id in rows:
                 continue
             rows[spec.id] = row
-            fire_at = row.next_run_at + timedelta(seconds=spec.jitter_delay(row.next_run_at))
+            fire_at = _fire_time(spec, row.next_run_at)
             request = row.run_requested_at
-            slot_first = fire_at <= now and (request is None or fire_at <= request)
+            slot_first = (
+                fire_at is not None and fire_at <= now and (request is None or fire_at <= request)
+            )
             if request is not None and not slot_first:
                 dues.append(Due(spec, request, manual=True))
-            elif fire_at <= now:
+            elif fire_at is not None and fire_at <= now:
                 dues.append(Due(spec, row.next_run_at))
-            elif fire_at > now + self._claim_ahead:
+            elif fire_at is None or fire_at > now + self._claim_ahead:
                 # Not due after all: its row changed since it was planned.
                 self._plan_row(spec.id)
             elif self.runner.is_running(spec.id):
@@ -893,12 +906,20 @@ class Supervisor:
         """Read again the rows of jobs whose claim matched nothing (each given with the
         row it was claimed from) and of jobs whose row the reload found changed while
         they were claimed, and plan them. A row unchanged since its claim is looked at
-        again a tick later, or as soon as a reload finds it changed."""
+        again a tick later, or as soon as a reload finds it changed. When the read
+        fails, each job keeps the row it has and the next tick reads its row again: the
+        tick that found it changed has moved its horizon past the change already."""
         if not unmatched and not changed:
             return
         try:
             fresh = await self.store.load([*unmatched, *changed])
         except Exception:
+            logger.warning(
+                "scheduler: could not read the rows of jobs %s again; the next tick reads them",
+                ", ".join(sorted({*unmatched, *changed})),
+                exc_info=True,
+            )
+            self._unread.update(unmatched, changed)
             fresh = {}
         for job_id, before in unmatched.items():
             self._rows[job_id] = fresh.get(job_id, before)
@@ -1216,6 +1237,16 @@ def _collector_held_off() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+def _fire_time(spec: JobSpec, slot: datetime) -> datetime | None:
+    """When the job's slot fires: the slot plus its jitter. None when that is past the
+    last moment a datetime holds (a next run an operator set to 'infinity'): such a
+    slot never comes, and nothing else may stop for it."""
+    try:
+        return slot + timedelta(seconds=spec.jitter_delay(slot))
+    except OverflowError:
+        return None
 
 
 def _loop_death(loop: asyncio.Task[None]) -> str:

@@ -1,0 +1,182 @@
+"""A change the leader's tick saw while the job's claim was under way is not lost when
+the read that follows the claim fails: the tick's horizon has moved past the change
+by then, so the job's row is read again at the next tick.
+
+The window is real where a claim commits long before its wake ends: a wake whose
+claim of several jobs failed for one job's fault claims each alone, and the jobs
+claimed first stay "under way" until the last is in. Here the operator's run-now of
+such a job commits right after its claim (it waited on the row), the tick reads it
+while the next job's claim waits, and the read after the claims loses its
+connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from app.scheduler import FakeClock, JobContext, Scheduler, every
+from app.scheduler.election import WAKE_CHANNEL
+
+from ..scheduler.conftest import JobRowTraffic, StartScheduler, eventually
+from ..scheduler.conftest import job_row_traffic as job_row_traffic
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+SLOT = T0 + timedelta(hours=1)
+ASKED_AT = T0 + timedelta(minutes=30)
+# The advisory lock the refused job's claim waits on once its batch claim has failed.
+REFUSAL_GATE = 7_204_011
+
+_REFUSE = f"""
+CREATE SEQUENCE refusals;
+CREATE FUNCTION refuse_a_refused() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    -- The batch claim is refused at once; the claim of the job alone waits first.
+    IF nextval('refusals') > 1 THEN
+        PERFORM pg_advisory_xact_lock({REFUSAL_GATE});
+    END IF;
+    RAISE EXCEPTION 'this row cannot be updated';
+END $$;
+CREATE TRIGGER refuse_a_refused BEFORE UPDATE ON scheduler_jobs FOR EACH ROW
+    WHEN (OLD.id = 'a_refused') EXECUTE FUNCTION refuse_a_refused();
+"""
+# Held uncommitted: the claim of b_asked waits on it, its job row updated and locked.
+_RUN_OF_THE_SLOT = """
+INSERT INTO scheduler_runs (id, schedule, job_id, scope, slot, manual, started_at, status,
+    lateness_ms, pid, host)
+VALUES (nextval(pg_get_serial_sequence('scheduler_runs', 'id')), 'default', 'b_asked',
+    'leader', %s, false, %s, 'running', 0, 0, 'test')
+"""
+_WAITING = """
+SELECT pid FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE %s
+"""
+_GATE_WAITERS = (
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = %s"
+)
+
+
+async def _noop(ctx: JobContext) -> None:
+    return None
+
+
+class _Database:
+    """Autocommit connections of the test, as other processes would hold them."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.connections: list[psycopg.AsyncConnection[tuple[object, ...]]] = []
+
+    async def connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        self.connections.append(conn)
+        return conn
+
+    async def one(self, query: str, params: tuple[object, ...]) -> object:
+        async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
+            row = await (await conn.execute(query, params)).fetchone()
+            return None if row is None else row[0]
+
+    async def waiting(self, pattern: str) -> int:
+        """The backend of the statement matching ``pattern`` once it waits on a lock."""
+        found: list[int] = []
+
+        async def waits() -> bool:
+            pid = await self.one(_WAITING, (pattern,))
+            found[:] = [pid] if isinstance(pid, int) else []
+            return bool(found)
+
+        await eventually(waits, what=f"a statement like {pattern!r} waiting on a lock")
+        return found[0]
+
+
+@pytest.fixture
+async def other_processes(database_url: str) -> AsyncIterator[_Database]:
+    database = _Database(database_url)
+    try:
+        yield database
+    finally:
+        for conn in database.connections:
+            await conn.close()
+
+
+async def _tick(clock: FakeClock, traffic: JobRowTraffic, seconds: float, sleepers: int) -> None:
+    await clock.wait_for_sleepers(sleepers)
+    traffic.clear()
+    clock.advance(seconds)
+    await asyncio.wait_for(traffic.heartbeat.wait(), 10)
+
+
+async def test_a_run_now_the_tick_saw_during_a_claim_runs_though_the_read_after_the_claim_failed(
+    start_scheduler: StartScheduler,
+    other_processes: _Database,
+    job_row_traffic: JobRowTraffic,
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    # b_asked is claimed alone first (its wake's order), a_refused after it.
+    scheduler.job(every(hours=1), id="b_asked")(_noop)
+    scheduler.job(every(hours=1), id="a_refused")(_noop)
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    tick = supervisor.config.leader_tick_seconds
+
+    setup = await other_processes.connect()
+    await setup.execute(_REFUSE)
+    await setup.execute("SELECT pg_advisory_lock(%s)", (REFUSAL_GATE,))
+    runs_blocker = await other_processes.connect()
+    await runs_blocker.execute("BEGIN")
+    await runs_blocker.execute(_RUN_OF_THE_SLOT, (SLOT, SLOT))
+
+    # The slot: the batch claim fails on a_refused; b_asked is claimed alone and waits
+    # on the uncommitted run row, its job row locked.
+    await _tick(clock, job_row_traffic, SLOT.timestamp() - T0.timestamp(), sleepers=2)
+    await other_processes.waiting("%INSERT INTO scheduler_runs%")
+    operator = await other_processes.connect()
+    asking = asyncio.ensure_future(
+        operator.execute(
+            "UPDATE scheduler_jobs SET run_requested_at = %s WHERE id = 'b_asked'", (ASKED_AT,)
+        )
+    )
+    await other_processes.waiting("UPDATE scheduler_jobs SET run_requested_at%")
+    # b_asked's claim commits, and the run-now that waited on its row right after.
+    await runs_blocker.execute("ROLLBACK")
+    await asking
+
+    async def refused_claim_waits() -> bool:
+        return await other_processes.one(_GATE_WAITERS, (REFUSAL_GATE,)) == 1
+
+    await eventually(refused_claim_waits, what="a_refused's own claim waiting")
+    # The tick reads the run-now while b_asked's claim is still under way.
+    await _tick(clock, job_row_traffic, tick, sleepers=1)
+
+    # The read after the claims waits on a table lock and loses its connection there.
+    locker = await other_processes.connect()
+    await locker.execute("BEGIN")
+    locking = asyncio.ensure_future(
+        locker.execute("LOCK TABLE scheduler_jobs IN ACCESS EXCLUSIVE MODE")
+    )
+    await other_processes.waiting("LOCK TABLE scheduler_jobs%")
+    await setup.execute("SELECT pg_advisory_unlock(%s)", (REFUSAL_GATE,))
+    await locking
+    reader = await other_processes.waiting("SELECT id, next_run_at, paused, run_requested_at%")
+    await setup.execute("SELECT pg_terminate_backend(%s)", (reader,))
+    await locker.execute("ROLLBACK")
+
+    async def asked_run_recorded() -> bool:
+        found = await other_processes.one(
+            "SELECT count(*) FROM scheduler_runs WHERE job_id = 'b_asked' AND manual AND slot = %s",
+            (ASKED_AT,),
+        )
+        return found == 1
+
+    # Two more ticks, woken as the admin wakes them (the clock would race the body's
+    # lease keeper for the sleeper count).
+    for _ in range(2):
+        job_row_traffic.clear()
+        await setup.execute(f"NOTIFY {WAKE_CHANNEL}")
+        await asyncio.wait_for(job_row_traffic.heartbeat.wait(), 10)
+    await eventually(asked_run_recorded, timeout=5, what="the run-now of b_asked")

@@ -73,6 +73,7 @@ _CANCELLED = "cancelled: this worker stopped leading or shut down"
 _CANCELLED_BEFORE_START = (
     "cancelled before its body started: this worker stopped leading or shut down"
 )
+_PAUSED_BEFORE_START = "cancelled before its body started: the job was paused before its slot"
 _SERVICE_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _BUSY_HERE = "the previous run was still going in this process"
 # Claim outcomes that start no body.
@@ -176,6 +177,10 @@ class Runner:
         # Per job, what is alive while its body runs: the run's task until the body
         # starts, then a future of the body (async) or the task watching its thread.
         self._alive: dict[str, asyncio.Future[Any]] = {}
+        # Per job, the task of a body started ahead of its slot, until it begins; and
+        # those cancelled because the job was paused meanwhile.
+        self._waiting: dict[str, asyncio.Task[None]] = {}
+        self._paused_before_start: dict[str, asyncio.Task[None]] = {}
         # Outcome writes under way, kept from the garbage collector until they land.
         self._writes: set[asyncio.Task[None]] = set()
         self._outcomes = OutcomeWriter(store)
@@ -210,6 +215,8 @@ class Runner:
         began = asyncio.Event()
         task = asyncio.create_task(self._execute_from_start(spec, claim, began, at), name=spec.id)
         self._alive[spec.id] = task
+        if at is not None:
+            self._waiting[spec.id] = task
         task.add_done_callback(functools.partial(self._if_never_started, spec, claim, began))
         return task
 
@@ -217,7 +224,11 @@ class Runner:
         self, spec: JobSpec, claim: Claim, began: asyncio.Event, at: datetime | None
     ) -> None:
         if at is not None:
-            await self.clock.sleep((at - self.clock.now()).total_seconds())
+            # Checked again after each sleep: a wall clock slewed or stepped back ends
+            # a sleep before the moment it was computed for.
+            while (ahead := (at - self.clock.now()).total_seconds()) > 0:
+                await self.clock.sleep(ahead)
+            self._waiting.pop(spec.id, None)
         began.set()
         await self.execute(spec, claim)
 
@@ -228,9 +239,21 @@ class Runner:
         # would stay 'running' and hold the job's lease until it ran out. Record it.
         if began.is_set() or not task.cancelled():
             return
+        paused = self._paused_before_start.pop(spec.id, None) is task
+        if self._waiting.get(spec.id) is task:
+            del self._waiting[spec.id]
         log = _adapter(f"app.jobs.{spec.id}", spec.id, self.store.pid)
         run = _Run(spec, claim, log, time.perf_counter(), self.clock.now() - claim.slot)
-        self._spawn(self._finish(run, "cancelled", _CANCELLED_BEFORE_START))
+        error = _PAUSED_BEFORE_START if paused else _CANCELLED_BEFORE_START
+        self._spawn(self._finish(run, "cancelled", error))
+
+    def drop_for_pause(self, job_id: str) -> None:
+        """The job was paused: its body started ahead of its slot (start(at=...)) that
+        has not begun yet never begins; its run is recorded cancelled."""
+        task = self._waiting.get(job_id)
+        if task is not None and not task.done():
+            self._paused_before_start[job_id] = task
+            task.cancel()
 
     def _spawn(self, write: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run an outcome write to its end whatever happens to the task that asked for

@@ -149,9 +149,29 @@ def _iso(moment: datetime | None) -> str | None:
 # The registration's inserts are not marked as changes (migration 0016): the leader
 # holds what it wrote. Every other insert of a job row is (a restore, a script).
 # A prepared claim's transaction idles until its slot: the server ends the session if it
-# idles a second longer than planned (its process froze), which rolls the claim back.
-_IDLE_LIMIT = text("SELECT set_config('idle_in_transaction_session_timeout', :ms, true)")
-_PREPARED_IDLE_SLACK = 1.0
+# idles a few seconds longer than planned (its process froze), which rolls the claim
+# back. It also reads the server's moment of the start (now + lead).
+_PREPARE = text(
+    "SELECT set_config('idle_in_transaction_session_timeout', :ms, true) AS idle_limit,"
+    " clock_timestamp() + make_interval(secs => CAST(:lead AS double precision)) AS at_start"
+)
+_PREPARED_IDLE_SLACK = 3.0
+# The runs of a prepared claim that committed late start when it commits.
+_RESTAMP_START = text(
+    """
+    WITH runs AS (
+        UPDATE scheduler_runs
+        SET started_at = CAST(:started AS timestamptz),
+            lateness_ms = lateness_ms + CAST(:late_ms AS bigint)
+        WHERE id = ANY(CAST(CAST(:run_ids AS text[]) AS bigint[]))
+        RETURNING id
+    )
+    UPDATE scheduler_jobs
+    SET last_started_at = CAST(:started AS timestamptz),
+        running_since = CAST(:started AS timestamptz)
+    WHERE running_run_id IN (SELECT id FROM runs)
+    """
+)
 _OWN_INSERTS = text("SELECT set_config('regent.registering', 'on', true)")
 
 _LOAD = text(
@@ -1222,23 +1242,27 @@ class JobStore:
         assert all(item.status != "running" or item.lease_seconds is not None for item in items), (
             "a run needs the length of its lease"
         )
-        lease_now = self._lease_now(now)
         # Rows in id order: two claims of overlapping jobs lock them in the same order.
         order = sorted(range(len(items)), key=lambda index: ids[index])
         ordered = [items[index] for index in order]
         async with self.engine.begin() as conn:
-            # A lease on the server's clock starts as the UPDATE runs: a prepared
-            # claim's lasts its length from the start it waits for.
-            lead = 0.0
+            lease_now = self._lease_now(now)
             if prepared is not None:
-                idle_ms = int((prepared.seconds + _PREPARED_IDLE_SLACK) * 1000)
-                await conn.execute(_IDLE_LIMIT, {"ms": str(idle_ms)})
                 now = prepared.start()
-                if self.lease_clock is None:
-                    lead = max(0.0, (now - prepared.now()).total_seconds())
+                # Leases are reaped, compared and taken as of the start the claim waits
+                # for: on the server's clock, its moment as far ahead of the server's
+                # now as the start is ahead of ours.
+                lead = max(0.0, (now - prepared.now()).total_seconds())
+                idle_ms = int((prepared.seconds + _PREPARED_IDLE_SLACK) * 1000)
+                at_start = (
+                    (await conn.execute(_PREPARE, {"ms": str(idle_ms), "lead": lead}))
+                    .one()
+                    .at_start
+                )
+                lease_now = self._lease_now(now) if self.lease_clock else {"lease_now": at_start}
             runs = [item.job_id for item in ordered if item.runs]
             if runs:
-                await conn.execute(_REAP, self._reap_params(now, job_ids=runs))
+                await conn.execute(_REAP, self._reap_params(now, job_ids=runs) | lease_now)
             # History reads in id order: a job's passed-over slots get the lower id,
             # though the claim allocates the run's id (its lease token) first.
             wanted = sum(item.runs + (item.missed_before is not None) for item in ordered)
@@ -1258,10 +1282,7 @@ class JobStore:
                 "runs": [_flag(item.runs) for item in ordered],
                 "statuses": [item.status for item in ordered],
                 "run_ids": [_text(run_ids.get(item.job_id)) for item in ordered],
-                "lease_seconds": [
-                    None if item.lease_seconds is None else str(item.lease_seconds + lead)
-                    for item in ordered
-                ],
+                "lease_seconds": [_text(item.lease_seconds) for item in ordered],
                 "now": now,
                 "pid": self.pid,
                 "host": self.host,
@@ -1345,7 +1366,27 @@ class JobStore:
                 results[item.job_id] = await self._already_recorded(conn, item, got)
             if prepared is not None:
                 await prepared.wait()
+                started = prepared.now()
+                if started > now:
+                    # The commit comes late (a busy loop, a slow preparation): the runs
+                    # start now, not when their rows said.
+                    await self._restamp(conn, results.values(), now, started)
         return [results.get(job_id) for job_id in ids]
+
+    @staticmethod
+    async def _restamp(
+        conn: AsyncConnection, claimed: Iterable[ClaimedSlot], was: datetime, started: datetime
+    ) -> None:
+        run_ids = [str(slot.run_id) for slot in claimed if slot.status == "running"]
+        if run_ids:
+            await conn.execute(
+                _RESTAMP_START,
+                {
+                    "run_ids": run_ids,
+                    "started": started,
+                    "late_ms": int((started - was).total_seconds() * 1000),
+                },
+            )
 
     async def _already_recorded(
         self, conn: AsyncConnection, item: SlotClaim, got: _Recording

@@ -623,6 +623,10 @@ class Supervisor:
                     if job_id in self._rows and self._rows[job_id] != row:
                         self._rows[job_id] = row
                         self._row_changed(job_id)
+                        if row.paused:
+                            # A body claimed ahead of its slot does not begin once
+                            # the pause is seen.
+                            self.runner.drop_for_pause(job_id)
                 self._horizon = changed.horizon
                 for job_id in await self.store.reap(self.clock.now()):
                     logger.warning(
@@ -790,6 +794,7 @@ class Supervisor:
         failed: list[tuple[str, Exception]] = []
         repaired: list[str] = []
         moved: list[str] = []
+        claims_ran = False
         with _collector_held_off():
             for due, claim in zip(dues, claims, strict=True):
                 spec, row = due.spec, rows[due.spec.id]
@@ -805,6 +810,7 @@ class Supervisor:
                     row, next_run_at=claim.next_slot, run_requested_at=requested
                 )
                 if claim.runs:
+                    claims_ran = True
                     body = self.runner.start(spec, claim, at=starts_at)
                     self._bodies.add(body)
                     body.add_done_callback(self._bodies.discard)
@@ -813,9 +819,10 @@ class Supervisor:
                 if spec.id in self._broken:
                     repaired.append(spec.id)
                 moved.append(spec.id)
-            if starts_at is not None:
+            if starts_at is not None and claims_ran:
                 self._committing.learn(len(dues))
-                await self.clock.sleep((starts_at - self.clock.now()).total_seconds())
+                while (ahead := (starts_at - self.clock.now()).total_seconds()) > 0:
+                    await self.clock.sleep(ahead)
             # The bodies take their first step before the bookkeeping below (and before
             # the collector runs again): the last of a thousand that share a slot is
             # not kept waiting for it.
@@ -867,7 +874,8 @@ class Supervisor:
     async def _until_commit(self, commit_at: datetime) -> None:
         """The wait of a prepared claim: until its commit; a leadership lost meanwhile
         drops it (rolled back: the next leader runs its slots)."""
-        await self.clock.sleep((commit_at - self.clock.now()).total_seconds())
+        while (ahead := (commit_at - self.clock.now()).total_seconds()) > 0:
+            await self.clock.sleep(ahead)
         if self._lost.is_set():
             raise _PreparedClaimDropped
         self._committing.began()

@@ -409,7 +409,12 @@ class Supervisor:
                 )
             self._firing.set()
             fired = True
-            reason = await self._tick_until_done(lock, until, timer)
+            ticking = asyncio.ensure_future(self._tick_until_done(lock, until, timer))
+            # A tick's statements may wait on the database (a row lock, the pool): a lost
+            # lock connection ends the leadership without waiting for them, since the
+            # next leader starts its services once its grace is over.
+            lost = await _first(ticking, self._lost.wait()) == 1
+            reason = "lock connection lost" if lost else ticking.result()
         except Exception as exc:
             # The database went away while registering (a job's own fault only marks
             # that job broken): without the job rows we cannot lead.

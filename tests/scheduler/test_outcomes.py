@@ -56,6 +56,29 @@ async def test_a_run_cancelled_before_its_body_started_is_recorded_and_frees_the
     assert not ran.is_set()
 
 
+async def test_waiting_for_the_bodies_waits_for_the_record_of_a_run_cancelled_before_it_started(
+    database: Database, engine: AsyncEngine
+) -> None:
+    # The app disposes its engine once the bodies are waited for: a record still being
+    # written then would hold a pool connection across dispose(), and leak it.
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+
+    @scheduler.job(every(seconds=10), id="early")
+    async def early(ctx: JobContext) -> None:
+        return None
+
+    spec = scheduler.jobs["early"]
+    runner = make_runner(database, clock)
+    rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    clock.advance(10)
+    claim = await runner.claim_leader(spec, rows["early"].next_run_at, None)
+    assert claim is not None and claim.runs
+    runner.start(spec, claim).cancel()
+    await runner.wait_for_bodies()
+    assert await runs(engine, "early") == [("cancelled", claim.slot)]
+
+
 async def test_an_outcome_write_cut_by_a_demotion_still_lands(
     database: Database, engine: AsyncEngine
 ) -> None:

@@ -742,7 +742,7 @@ class Supervisor:
         claiming = {due.spec.id for due in dues}
         self._claiming |= claiming
         try:
-            claims = await self._claim(dues, fence)
+            claims = await self._claim_to_its_answer(dues, fence)
         finally:
             self._claiming -= claiming
         lost = self._lost.is_set()
@@ -779,6 +779,29 @@ class Supervisor:
             await self._job_failed(job_id, exc)
         if repaired:
             await self._repaired(repaired)
+
+    async def _claim_to_its_answer(
+        self, dues: list[Due], fence: int | None
+    ) -> list[Claim | Exception | None]:
+        """_claim(), carried to its answer when the step-down cancels the timer meanwhile:
+        a claim that committed just then has runs that no body will serve. They are
+        started and cancelled at once, so each is recorded cancelled rather than left
+        'running' until its lease runs out; then the cancel goes on. The answer is
+        awaited for a leader tick at most: a statement that hangs (a partition) must not
+        hold up the step-down, and its runs are then left to their lease."""
+        claiming = asyncio.ensure_future(self._claim(dues, fence))
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.wait({claiming}, timeout=self.config.leader_tick_seconds)
+            finally:
+                claiming.cancel()
+            if claiming.done() and not claiming.cancelled() and claiming.exception() is None:
+                for due, claim in zip(dues, claiming.result(), strict=True):
+                    if isinstance(claim, Claim) and claim.runs:
+                        self.runner.start(due.spec, claim).cancel()
+            raise
 
     async def _claim(self, dues: list[Due], fence: int | None) -> list[Claim | Exception | None]:
         """runner.claim_many(), and each job's failure in its place: when the claim of

@@ -412,7 +412,12 @@ class Supervisor:
                 )
             self._firing.set()
             fired = True
-            reason = await self._tick_until_done(lock, until, timer)
+            ticking = asyncio.ensure_future(self._tick_until_done(lock, until, timer))
+            # A tick's statements may wait on the database (a row lock, the pool): a lost
+            # lock connection ends the leadership without waiting for them, since the
+            # next leader starts its services once its grace is over.
+            lost = await _first(ticking, self._lost.wait()) == 1
+            reason = "lock connection lost" if lost else ticking.result()
         except Exception as exc:
             # The database went away while registering (a job's own fault only marks
             # that job broken): without the job rows we cannot lead.
@@ -750,7 +755,7 @@ class Supervisor:
         claiming = {due.spec.id for due in dues}
         self._claiming |= claiming
         try:
-            claims = await self._claim(dues, fence)
+            claims = await self._claim_to_its_answer(dues, fence)
         finally:
             self._claiming -= claiming
         lost = self._lost.is_set()
@@ -787,6 +792,29 @@ class Supervisor:
             await self._job_failed(job_id, exc)
         if repaired:
             await self._repaired(repaired)
+
+    async def _claim_to_its_answer(
+        self, dues: list[Due], fence: int | None
+    ) -> list[Claim | Exception | None]:
+        """_claim(), carried to its answer when the step-down cancels the timer meanwhile:
+        a claim that committed just then has runs that no body will serve. They are
+        started and cancelled at once, so each is recorded cancelled rather than left
+        'running' until its lease runs out; then the cancel goes on. The answer is
+        awaited for a leader tick at most: a statement that hangs (a partition) must not
+        hold up the step-down, and its runs are then left to their lease."""
+        claiming = asyncio.ensure_future(self._claim(dues, fence))
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            try:
+                await asyncio.wait({claiming}, timeout=self.config.leader_tick_seconds)
+            finally:
+                claiming.cancel()
+            if claiming.done() and not claiming.cancelled() and claiming.exception() is None:
+                for due, claim in zip(dues, claiming.result(), strict=True):
+                    if isinstance(claim, Claim) and claim.runs:
+                        self.runner.start(due.spec, claim).cancel()
+            raise
 
     async def _claim(self, dues: list[Due], fence: int | None) -> list[Claim | Exception | None]:
         """runner.claim_many(), and each job's failure in its place: when the claim of

@@ -198,9 +198,15 @@ class Runner:
         return alive is not None and not alive.done()
 
     async def wait_for_bodies(self) -> None:
-        """Return once no job body runs in this process, each recorded with its outcome;
-        a thread that outlived its run's task keeps its lease renewed meanwhile."""
-        while pending := [alive for alive in self._alive.values() if not alive.done()]:
+        """Return once no job body runs in this process, each recorded with its outcome,
+        the run cancelled before its body started too (its record is a write of its
+        own): the app disposes the engine next, and a write holding a pool connection
+        across that would leak it. A thread that outlived its run's task keeps its
+        lease renewed meanwhile."""
+        while pending := [
+            *(alive for alive in self._alive.values() if not alive.done()),
+            *(write for write in self._writes if not write.done()),
+        ]:
             await asyncio.wait(pending)
 
     def start(

@@ -257,7 +257,9 @@ class Scheduler:
         self._task = None
 
     async def wait_for_threads(self) -> None:
-        """After ``stop()``: return once no job body of this process runs in a thread.
+        """After ``stop()``: return once no job body of this process runs in a thread
+        and every run's outcome is written (Runner.wait_for_bodies): the app disposes
+        its engine next.
 
         A thread cannot be stopped, so ``stop()`` returns while one may still run; it
         keeps its running lease renewed and its real outcome is recorded when it ends,

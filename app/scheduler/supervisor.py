@@ -175,6 +175,8 @@ class Supervisor:
         self.config = config
         self._claim_ahead = timedelta(seconds=config.claim_ahead_seconds)
         self._committing = _CommitCost()
+        # A prepared claim under way that has not begun to commit (a step-down rolls it back).
+        self._uncommitted = False
         self.clock = clock
         self.role = Role.STARTING
         self.lock: LockConnection | None = None
@@ -434,7 +436,12 @@ class Supervisor:
                 )
             self._firing.set()
             fired = True
-            reason = await self._tick_until_done(lock, until, timer)
+            ticking = asyncio.ensure_future(self._tick_until_done(lock, until, timer))
+            # A tick's statements may wait on the database (a row lock, the pool): a lost
+            # lock connection ends the leadership without waiting for them, since the
+            # next leader starts its services once its grace is over.
+            lost = await _first(ticking, self._lost.wait()) == 1
+            reason = "lock connection lost" if lost else ticking.result()
         except Exception as exc:
             # The database went away while registering (a job's own fault only marks
             # that job broken): without the job rows we cannot lead.
@@ -785,7 +792,7 @@ class Supervisor:
         claiming = {due.spec.id for due in dues}
         self._claiming |= claiming
         try:
-            claims = await self._claim(dues, fence, prepared)
+            claims = await self._claim_to_its_answer(dues, fence, prepared)
         finally:
             self._claiming -= claiming
         starts_at = None if prepared is None else prepared.starts_at
@@ -878,7 +885,38 @@ class Supervisor:
             await self.clock.sleep(ahead)
         if self._lost.is_set():
             raise _PreparedClaimDropped
+        self._uncommitted = False
         self._committing.began()
+
+    async def _claim_to_its_answer(
+        self, dues: list[Due], fence: int | None, prepared: PreparedCommit | None
+    ) -> list[Claim | Exception | None]:
+        """_claim(), carried to its answer when the step-down cancels the timer meanwhile:
+        a claim that committed just then has runs that no body will serve. They are
+        started and cancelled at once, so each is recorded cancelled rather than left
+        'running' until its lease runs out; then the cancel goes on. The answer is
+        awaited for a leader tick at most: a statement that hangs (a partition) must not
+        hold up the step-down, and its runs are then left to their lease. A prepared
+        claim that has not begun to commit is rolled back at once instead: the next
+        leader runs its slots."""
+        self._uncommitted = prepared is not None
+        claiming = asyncio.ensure_future(self._claim(dues, fence, prepared))
+        try:
+            return await asyncio.shield(claiming)
+        except asyncio.CancelledError:
+            if self._uncommitted:
+                claiming.cancel()
+                await asyncio.wait({claiming})
+                raise
+            try:
+                await asyncio.wait({claiming}, timeout=self.config.leader_tick_seconds)
+            finally:
+                claiming.cancel()
+            if claiming.done() and not claiming.cancelled() and claiming.exception() is None:
+                for due, claim in zip(dues, claiming.result(), strict=True):
+                    if isinstance(claim, Claim) and claim.runs:
+                        self.runner.start(due.spec, claim).cancel()
+            raise
 
     async def _claim(
         self, dues: list[Due], fence: int | None, prepared: PreparedCommit | None = None

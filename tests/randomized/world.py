@@ -725,11 +725,15 @@ class World:
             await conn.execute(text(sql), params)
 
     async def close(self) -> None:
-        """Release waiting threads, stop every node, close what the world opened."""
+        """Release waiting threads, stop every node, wait for the bodies that outlived
+        their node (and their outcomes) as the app's lifespan does, then close what the
+        world opened: a pool connection checked out across dispose() would go back to
+        the disposed pool, which nothing closes."""
         with self._time_moved:
             self._released = True
             self._time_moved.notify_all()
         await asyncio.gather(*(node.stop() for node in self.nodes if node.running))
+        await asyncio.gather(*(node.scheduler.wait_for_threads() for node in self.nodes))
         if self._foreign is not None:
             self._foreign.terminate()
         await self.receiver.close()

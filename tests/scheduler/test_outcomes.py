@@ -1,6 +1,7 @@
 """Every claimed run ends with a recorded outcome, however its task is cancelled."""
 
 import asyncio
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -9,9 +10,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
+from app.scheduler.runner import Claim, Due
+from app.scheduler.store import PreparedCommit
 from app.testing import run_job
 
-from .conftest import eventually, make_runner, runs
+from .conftest import StartScheduler, eventually, make_runner, runs, wait_for_runs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 UTC_ZONE = ZoneInfo("UTC")
@@ -54,6 +57,29 @@ async def test_a_run_cancelled_before_its_body_started_is_recorded_and_frees_the
     await eventually(recorded, what="the never-started run recorded as cancelled")
     assert await _lease_holder(engine, "early") is None
     assert not ran.is_set()
+
+
+async def test_waiting_for_the_bodies_waits_for_the_record_of_a_run_cancelled_before_it_started(
+    database: Database, engine: AsyncEngine
+) -> None:
+    # The app disposes its engine once the bodies are waited for: a record still being
+    # written then would hold a pool connection across dispose(), and leak it.
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+
+    @scheduler.job(every(seconds=10), id="early")
+    async def early(ctx: JobContext) -> None:
+        return None
+
+    spec = scheduler.jobs["early"]
+    runner = make_runner(database, clock)
+    rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
+    clock.advance(10)
+    claim = await runner.claim_leader(spec, rows["early"].next_run_at, None)
+    assert claim is not None and claim.runs
+    runner.start(spec, claim).cancel()
+    await runner.wait_for_bodies()
+    assert await runs(engine, "early") == [("cancelled", claim.slot)]
 
 
 async def test_an_outcome_write_cut_by_a_demotion_still_lands(
@@ -115,3 +141,46 @@ async def test_a_body_whose_error_text_holds_a_nul_byte_is_recorded_as_error(
     scheduler.job(every(minutes=5), id="nul_error")(_raises_with_a_nul_byte)
     record = await run_job(scheduler, "nul_error", database=database, at=T0)
     assert record.status == "error", f"the run stayed {record.status!r}: {record}"
+
+
+async def test_a_run_whose_claim_commits_as_its_leader_steps_down_is_recorded_cancelled(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    # The step-down cancels the job timer: a claim that committed on the server but
+    # whose answer had not reached the timer yet must still be recorded, not left
+    # 'running' until its lease runs out.
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    ran = asyncio.Event()
+
+    @scheduler.job(every(seconds=10), id="late_answer")
+    async def late_answer(ctx: JobContext) -> None:
+        ran.set()
+
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    claim_many = supervisor.runner.claim_many
+    committed = asyncio.Event()
+
+    async def answered_once_the_step_down_began(
+        dues: Sequence[Due], fence_pid: int | None, prepared: PreparedCommit | None = None
+    ) -> list[Claim | Exception | None]:
+        supervisor.runner.claim_many = claim_many  # type: ignore[method-assign]
+        claims = await claim_many(dues, fence_pid, prepared)
+        committed.set()
+        # The step-down clears the flag as it cancels the timer.
+        while supervisor.firing:
+            await asyncio.sleep(0.01)
+        return claims
+
+    supervisor.runner.claim_many = answered_once_the_step_down_began  # type: ignore[method-assign]
+    clock.advance(10)
+    await asyncio.wait_for(committed.wait(), 5)
+    assert supervisor.lock is not None
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("SELECT pg_terminate_backend(:pid)"), {"pid": supervisor.lock.backend_pid}
+        )
+    history = await wait_for_runs(engine, "late_answer", 1)
+    assert [status for status, _ in history] == ["cancelled"]
+    assert not ran.is_set()

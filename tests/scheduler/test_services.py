@@ -9,6 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, ServiceContext, every
+from app.scheduler.election import WAKE_CHANNEL
 from app.testing import TestServer
 
 from .conftest import StartScheduler, eventually, wait_for_runs
@@ -231,3 +232,49 @@ async def test_a_new_leader_starts_its_services_only_after_the_whole_handover_gr
         return started == ["old", "new"]
 
     await eventually(new_service_started, what="the new leader's service")
+
+
+async def test_a_leader_whose_lock_connection_dies_mid_tick_stops_its_services_at_once(
+    start_scheduler: StartScheduler, engine: AsyncEngine
+) -> None:
+    """A service has no fence: a new leader starts its own once the handover grace has
+    passed, counting on the old one to stop its copy as soon as it learns that its lock
+    connection died, even while the old leader's tick waits on the database."""
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    @scheduler.service(id="long_poll")
+    async def long_poll(ctx: ServiceContext) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    await asyncio.wait_for(started.wait(), 5)
+    assert supervisor.lock is not None
+    lock_pid = supervisor.lock.backend_pid
+    async with engine.connect() as blocker, engine.connect() as other:
+        # The tick's last statement, the heartbeat, waits for this row lock.
+        await blocker.execute(text("SELECT 1 FROM scheduler_leadership FOR UPDATE"))
+        await other.execute(text(f"NOTIFY {WAKE_CHANNEL}"))
+        await other.commit()
+
+        async def heartbeat_waits() -> bool:
+            waiting = await other.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND query LIKE '%SET heartbeat_at%'"
+                )
+            )
+            await other.commit()
+            return bool(waiting.scalar_one())
+
+        await eventually(heartbeat_waits, what="the tick's heartbeat waiting on the row lock")
+        await other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": lock_pid})
+        await other.commit()
+        await asyncio.wait_for(cancelled.wait(), 5)
+        await blocker.rollback()

@@ -210,30 +210,28 @@ class Runner:
             await asyncio.wait(pending)
 
     def start(
-        self, spec: JobSpec, claim: Claim, *, at: datetime | None = None
+        self, spec: JobSpec, claim: Claim, *, gate: asyncio.Event | None = None
     ) -> asyncio.Task[None]:
-        """Run a claimed slot in a new task, from ``at`` on if given (a claim committed
-        ahead of its slot); the job counts as running from this call on.
+        """Run a claimed slot in a new task, once ``gate`` is set if given (a claim
+        committed ahead of its slot: the gate opens at the slot); the job counts as
+        running from this call on.
 
         Cancelling the task cancels an async body (one cancelled before it began is
         recorded cancelled); a thread runs on and is recorded when it ends.
         """
         began = asyncio.Event()
-        task = asyncio.create_task(self._execute_from_start(spec, claim, began, at), name=spec.id)
+        task = asyncio.create_task(self._execute_from_start(spec, claim, began, gate), name=spec.id)
         self._alive[spec.id] = task
-        if at is not None:
+        if gate is not None:
             self._waiting[spec.id] = task
         task.add_done_callback(functools.partial(self._if_never_started, spec, claim, began))
         return task
 
     async def _execute_from_start(
-        self, spec: JobSpec, claim: Claim, began: asyncio.Event, at: datetime | None
+        self, spec: JobSpec, claim: Claim, began: asyncio.Event, gate: asyncio.Event | None
     ) -> None:
-        if at is not None:
-            # Checked again after each sleep: a wall clock slewed or stepped back ends
-            # a sleep before the moment it was computed for.
-            while (ahead := (at - self.clock.now()).total_seconds()) > 0:
-                await self.clock.sleep(ahead)
+        if gate is not None:
+            await gate.wait()
             self._waiting.pop(spec.id, None)
         began.set()
         await self.execute(spec, claim)
@@ -254,7 +252,7 @@ class Runner:
         self._spawn(self._finish(run, "cancelled", error))
 
     def drop_for_pause(self, job_id: str) -> None:
-        """The job was paused: its body started ahead of its slot (start(at=...)) that
+        """The job was paused: its body started ahead of its slot (start(gate=...)) that
         has not begun yet never begins; its run is recorded cancelled."""
         task = self._waiting.get(job_id)
         if task is not None and not task.done():

@@ -801,7 +801,9 @@ class Supervisor:
         failed: list[tuple[str, Exception]] = []
         repaired: list[str] = []
         moved: list[str] = []
-        claims_ran = False
+        # The bodies of a prepared claim begin together when the slot comes.
+        gate = None if starts_at is None else asyncio.Event()
+        gated: list[asyncio.Task[None]] = []
         with _collector_held_off():
             for due, claim in zip(dues, claims, strict=True):
                 spec, row = due.spec, rows[due.spec.id]
@@ -817,8 +819,8 @@ class Supervisor:
                     row, next_run_at=claim.next_slot, run_requested_at=requested
                 )
                 if claim.runs:
-                    claims_ran = True
-                    body = self.runner.start(spec, claim, at=starts_at)
+                    body = self.runner.start(spec, claim, gate=gate)
+                    gated.append(body)
                     self._bodies.add(body)
                     body.add_done_callback(self._bodies.discard)
                     if lost:
@@ -826,10 +828,19 @@ class Supervisor:
                 if spec.id in self._broken:
                     repaired.append(spec.id)
                 moved.append(spec.id)
-            if starts_at is not None and claims_ran:
+            if starts_at is not None and gate is not None and gated:
                 self._committing.learn(len(dues))
-                while (ahead := (starts_at - self.clock.now()).total_seconds()) > 0:
-                    await self.clock.sleep(ahead)
+                try:
+                    # Checked again after each sleep: a wall clock slewed or stepped
+                    # back ends a sleep before the moment it was computed for.
+                    while (ahead := (starts_at - self.clock.now()).total_seconds()) > 0:
+                        await self.clock.sleep(ahead)
+                except asyncio.CancelledError:
+                    # A step-down before the slot: they never begin (recorded cancelled).
+                    for body in gated:
+                        body.cancel()
+                    raise
+                gate.set()
             # The bodies take their first step before the bookkeeping below (and before
             # the collector runs again): the last of a thousand that share a slot is
             # not kept waiting for it.

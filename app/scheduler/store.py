@@ -156,6 +156,11 @@ _PREPARE = text(
     " clock_timestamp() + make_interval(secs => CAST(:lead AS double precision)) AS at_start"
 )
 _PREPARED_IDLE_SLACK = 3.0
+# A prepared claim's fence, checked again right before it commits.
+_STILL_FENCED = text(
+    f"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND}"
+    " AND granted AND pid = :fence_pid)"
+)
 # The runs of a prepared claim that committed late start when it commits.
 _RESTAMP_START = text(
     """
@@ -836,6 +841,11 @@ class SlotClaim:
         return self.status == "running"
 
 
+class PreparedClaimDropped(Exception):
+    """A prepared claim was rolled back before its commit: the leadership it was made
+    for ended while it waited. It claimed nothing; the next leader claims its slots."""
+
+
 @dataclass(frozen=True)
 class PreparedCommit:
     """When a prepared claim commits: its statements run at once, then its transaction
@@ -1233,7 +1243,8 @@ class JobStore:
 
         ``prepared``: commit when its ``wait()`` returns rather than at once (``now``
         is then its ``starts_at``); what ``wait()`` raises rolls the claim back and
-        propagates.
+        propagates. A fenced prepared claim checks its fence again before it commits
+        and raises PreparedClaimDropped (rolled back) when the key is gone.
         """
         if not items:
             return []
@@ -1366,12 +1377,19 @@ class JobStore:
                 results[item.job_id] = await self._already_recorded(conn, item, got)
             if prepared is not None:
                 await prepared.wait()
+                if fence_pid is not None and not await self._still_fenced(conn, fence_pid):
+                    # The key was lost while the claim waited: roll it back.
+                    raise PreparedClaimDropped
                 started = prepared.now()
                 if started > now:
                     # The commit comes late (a busy loop, a slow preparation): the runs
                     # start now, not when their rows said.
                     await self._restamp(conn, results.values(), now, started)
         return [results.get(job_id) for job_id in ids]
+
+    async def _still_fenced(self, conn: AsyncConnection, fence_pid: int) -> bool:
+        held = await conn.execute(_STILL_FENCED, {"fence_pid": fence_pid} | self.key.bind_params)
+        return bool(held.scalar_one())
 
     @staticmethod
     async def _restamp(

@@ -59,7 +59,15 @@ from .registry import JobSpec, Registry, ServiceSpec
 from .replicas import run_replica_jobs
 from .retry import backoff_delay, log_retry
 from .runner import Claim, Due, Runner
-from .store import JobRow, JobStore, LeaderJobs, LeaderRow, PreparedCommit, format_error
+from .store import (
+    JobRow,
+    JobStore,
+    LeaderJobs,
+    LeaderRow,
+    PreparedClaimDropped,
+    PreparedCommit,
+    format_error,
+)
 from .triggers import Trigger
 
 __all__ = ["Role", "SchedulerConfig", "Supervisor"]
@@ -148,10 +156,6 @@ class SchedulerConfig:
                 f"claim_ahead_seconds must be between 0 and a quarter of the lease "
                 f"({self.lease_seconds / 4:g} s); got {self.claim_ahead_seconds!r}"
             )
-
-
-class _PreparedClaimDropped(Exception):
-    """The leadership was lost while a prepared claim waited for its start."""
 
 
 class _LockCheckError(Exception):
@@ -828,8 +832,9 @@ class Supervisor:
                 if spec.id in self._broken:
                     repaired.append(spec.id)
                 moved.append(spec.id)
+            if prepared is not None:
+                self._committing.learn(len(gated))
             if starts_at is not None and gate is not None and gated:
-                self._committing.learn(len(dues))
                 try:
                     # Checked again after each sleep: a wall clock slewed or stepped
                     # back ends a sleep before the moment it was computed for.
@@ -895,7 +900,7 @@ class Supervisor:
         while (ahead := (commit_at - self.clock.now()).total_seconds()) > 0:
             await self.clock.sleep(ahead)
         if self._lost.is_set():
-            raise _PreparedClaimDropped
+            raise PreparedClaimDropped
         self._uncommitted = False
         self._committing.began()
 
@@ -938,7 +943,7 @@ class Supervisor:
         dropped for a lost leadership claimed nothing (None each)."""
         try:
             return await self.runner.claim_many(dues, fence, prepared)
-        except _PreparedClaimDropped:
+        except PreparedClaimDropped:
             return [None] * len(dues)
         except Exception as exc:
             if len(dues) == 1 or not await self.store.blames_job(exc):
@@ -953,7 +958,7 @@ class Supervisor:
         for due in dues:
             try:
                 claims += await self.runner.claim_many([due], fence, prepared)
-            except _PreparedClaimDropped:
+            except PreparedClaimDropped:
                 claims.append(None)
             except Exception as exc:
                 claims.append(exc)
@@ -1271,13 +1276,13 @@ class _CommitCost:
         self._began = time.perf_counter()
 
     def learn(self, jobs: int) -> None:
-        """The bodies of the claim of ``jobs`` jobs that last began committing are
-        started: average the cost per job with the earlier ones."""
-        if self._began is None:
+        """The claim that last began committing is in and its ``jobs`` bodies are
+        started: average the cost per job with the earlier ones (none started: the
+        claim taught nothing)."""
+        began, self._began = self._began, None
+        if began is None or not jobs:
             return
-        per_job = (time.perf_counter() - self._began) / jobs
-        self._began = None
-        self._per_job = (self._per_job + per_job) / 2
+        self._per_job = (self._per_job + (time.perf_counter() - began) / jobs) / 2
 
 
 @contextlib.contextmanager

@@ -11,13 +11,17 @@ import asyncio
 import gc
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
+import asyncpg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db import Database, asyncpg_dsn
 from app.scheduler import FakeClock, JobContext, Scheduler, SchedulerConfig, cron, every
+from app.scheduler.store import JobStore, PreparedClaimDropped, PreparedCommit, SlotClaim
 
 from .conftest import BlockingBodies, StartScheduler, eventually, runs
 
@@ -234,3 +238,38 @@ def test_a_claim_lead_of_more_than_a_quarter_of_the_lease_is_refused_naming_the_
             leader_tick_seconds=1,
             claim_ahead_seconds=2.6,
         )
+
+
+async def test_a_prepared_claim_whose_leader_lost_the_key_while_it_waited_claims_nothing(
+    database: Database, database_url: str
+) -> None:
+    store = JobStore(database.engine, pid=4242, host="here", lease_clock=FakeClock(T0))
+    scheduler = Scheduler()
+    _recording_job(scheduler, [])
+    [row] = (
+        await store.register_leader_jobs(scheduler.jobs.values(), T0, ZoneInfo("UTC"))
+    ).values()
+    holder = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await holder.execute(store.key.call("pg_advisory_lock"), *store.key.args)
+        fence_pid = await holder.fetchval("SELECT pg_backend_pid()")
+
+        async def key_lost_meanwhile() -> None:
+            # Lost without the leader noticing (a partition): only the fence can tell.
+            await holder.execute(store.key.call("pg_advisory_unlock"), *store.key.args)
+
+        prepared = PreparedCommit(row.next_run_at, key_lost_meanwhile, lambda: T0, 1.0)
+        item = SlotClaim(
+            "minutely",
+            row.next_run_at,
+            row.next_run_at,
+            row.next_run_at + timedelta(minutes=1),
+            "running",
+            lease_seconds=30,
+        )
+        with pytest.raises(PreparedClaimDropped):
+            await store.claim_many([item], now=T0, fence_pid=fence_pid, prepared=prepared)
+    finally:
+        await holder.close()
+    assert await _next_run_at(database.engine, "minutely") == row.next_run_at
+    assert await runs(database.engine, "minutely") == []

@@ -63,6 +63,7 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
         leader_tick_seconds=settings.LEADER_TICK_SECONDS,
         handover_grace_seconds=settings.HANDOVER_GRACE_SECONDS,
         shutdown_grace_seconds=settings.SHUTDOWN_GRACE_SECONDS,
+        claim_ahead_seconds=settings.CLAIM_AHEAD_SECONDS,
         connect_timeout_seconds=settings.DATABASE_CONNECT_TIMEOUT_SECONDS,
         fail_closed=settings.is_production,
         schedule=settings.SCHEDULER_NAME,

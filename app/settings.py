@@ -110,6 +110,7 @@ class Settings(BaseSettings):
     LEADER_TICK_SECONDS: float = _finite(default=5, gt=0, le=1800)
     HANDOVER_GRACE_SECONDS: float = _finite(default=1, ge=0, le=3600)
     SHUTDOWN_GRACE_SECONDS: float = _finite(default=10, ge=0, le=3600)
+    CLAIM_AHEAD_SECONDS: float = _finite(default=0.5, ge=0, le=900)
     HOST_LOCK_ENABLED: bool = Field(
         default=True,
         description="only one worker per host (per REGENT_RUNTIME_DIR) queues for the "
@@ -204,6 +205,12 @@ class Settings(BaseSettings):
                 "LEADER_TICK_SECONDS must be at most half of LEASE_SECONDS, or a healthy "
                 f"leader loses its lease (tick {self.LEADER_TICK_SECONDS}, "
                 f"lease {self.LEASE_SECONDS})"
+            )
+        if self.CLAIM_AHEAD_SECONDS * 4 > self.LEASE_SECONDS:
+            raise ValueError(
+                "CLAIM_AHEAD_SECONDS must be at most a quarter of LEASE_SECONDS: a claim "
+                "holds its rows that long before its slot "
+                f"(claim ahead {self.CLAIM_AHEAD_SECONDS}, lease {self.LEASE_SECONDS})"
             )
         return self
 

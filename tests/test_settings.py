@@ -54,6 +54,11 @@ def test_leader_tick_must_fit_twice_in_the_lease() -> None:
         load_settings(_env_file=None, LEASE_SECONDS=6, LEADER_TICK_SECONDS=5)
 
 
+def test_a_claim_lead_of_more_than_a_quarter_of_the_lease_is_refused() -> None:
+    with pytest.raises(SettingsError, match="CLAIM_AHEAD_SECONDS must be at most a quarter"):
+        load_settings(_env_file=None, LEASE_SECONDS=8, LEADER_TICK_SECONDS=1, CLAIM_AHEAD_SECONDS=3)
+
+
 def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ENVIRONMENT", "production")
     monkeypatch.setenv("LOG_LEVEL", "DEBUG")
@@ -67,6 +72,7 @@ TIMING_SETTINGS = [
     "LEADER_TICK_SECONDS",
     "HANDOVER_GRACE_SECONDS",
     "SHUTDOWN_GRACE_SECONDS",
+    "CLAIM_AHEAD_SECONDS",
     "DATABASE_CONNECT_TIMEOUT_SECONDS",
     "CHARGE_CLAIM_COOLDOWN_SECONDS",
     "REPORT_WARM_INTERVAL_MINUTES",

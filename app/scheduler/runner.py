@@ -53,6 +53,7 @@ from .store import (
     HeldLease,
     JobStore,
     Outcome,
+    PreparedCommit,
     SlotClaim,
     ThreadStore,
     format_error,
@@ -72,6 +73,7 @@ _CANCELLED = "cancelled: this worker stopped leading or shut down"
 _CANCELLED_BEFORE_START = (
     "cancelled before its body started: this worker stopped leading or shut down"
 )
+_PAUSED_BEFORE_START = "cancelled before its body started: the job was paused before its slot"
 _SERVICE_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _BUSY_HERE = "the previous run was still going in this process"
 # Claim outcomes that start no body.
@@ -175,6 +177,10 @@ class Runner:
         # Per job, what is alive while its body runs: the run's task until the body
         # starts, then a future of the body (async) or the task watching its thread.
         self._alive: dict[str, asyncio.Future[Any]] = {}
+        # Per job, the task of a body started ahead of its slot, until it begins; and
+        # those cancelled because the job was paused meanwhile.
+        self._waiting: dict[str, asyncio.Task[None]] = {}
+        self._paused_before_start: dict[str, asyncio.Task[None]] = {}
         # Outcome writes under way, kept from the garbage collector until they land.
         self._writes: set[asyncio.Task[None]] = set()
         self._outcomes = OutcomeWriter(store)
@@ -203,19 +209,30 @@ class Runner:
         ]:
             await asyncio.wait(pending)
 
-    def start(self, spec: JobSpec, claim: Claim) -> asyncio.Task[None]:
-        """Run a claimed slot in a new task; the job counts as running from this call on.
+    def start(
+        self, spec: JobSpec, claim: Claim, *, gate: asyncio.Event | None = None
+    ) -> asyncio.Task[None]:
+        """Run a claimed slot in a new task, once ``gate`` is set if given (a claim
+        committed ahead of its slot: the gate opens at the slot); the job counts as
+        running from this call on.
 
-        Cancelling the task cancels an async body; a thread runs on and is recorded when
-        it ends.
+        Cancelling the task cancels an async body (one cancelled before it began is
+        recorded cancelled); a thread runs on and is recorded when it ends.
         """
         began = asyncio.Event()
-        task = asyncio.create_task(self._execute_from_start(spec, claim, began), name=spec.id)
+        task = asyncio.create_task(self._execute_from_start(spec, claim, began, gate), name=spec.id)
         self._alive[spec.id] = task
+        if gate is not None:
+            self._waiting[spec.id] = task
         task.add_done_callback(functools.partial(self._if_never_started, spec, claim, began))
         return task
 
-    async def _execute_from_start(self, spec: JobSpec, claim: Claim, began: asyncio.Event) -> None:
+    async def _execute_from_start(
+        self, spec: JobSpec, claim: Claim, began: asyncio.Event, gate: asyncio.Event | None
+    ) -> None:
+        if gate is not None:
+            await gate.wait()
+            self._waiting.pop(spec.id, None)
         began.set()
         await self.execute(spec, claim)
 
@@ -226,9 +243,21 @@ class Runner:
         # would stay 'running' and hold the job's lease until it ran out. Record it.
         if began.is_set() or not task.cancelled():
             return
+        paused = self._paused_before_start.pop(spec.id, None) is task
+        if self._waiting.get(spec.id) is task:
+            del self._waiting[spec.id]
         log = _adapter(f"app.jobs.{spec.id}", spec.id, self.store.pid)
         run = _Run(spec, claim, log, time.perf_counter(), self.clock.now() - claim.slot)
-        self._spawn(self._finish(run, "cancelled", _CANCELLED_BEFORE_START))
+        error = _PAUSED_BEFORE_START if paused else _CANCELLED_BEFORE_START
+        self._spawn(self._finish(run, "cancelled", error))
+
+    def drop_for_pause(self, job_id: str) -> None:
+        """The job was paused: its body started ahead of its slot (start(gate=...)) that
+        has not begun yet never begins; its run is recorded cancelled."""
+        task = self._waiting.get(job_id)
+        if task is not None and not task.done():
+            self._paused_before_start[job_id] = task
+            task.cancel()
 
     def _spawn(self, write: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run an outcome write to its end whatever happens to the task that asked for
@@ -253,7 +282,7 @@ class Runner:
         return _one(await self.claim_many([Due(spec, requested_at, manual=True)], fence_pid))
 
     async def claim_many(
-        self, dues: Sequence[Due], fence_pid: int | None
+        self, dues: Sequence[Due], fence_pid: int | None, prepared: PreparedCommit | None = None
     ) -> list[Claim | Exception | None]:
         """Claim every slot and run-now request in ``dues`` (one per job) in one commit
         of a few statements (JobStore.claim_many); each claim commits before any body
@@ -272,9 +301,12 @@ class Runner:
         once (no jitter, no misfire grace, nothing coalesced) and leaves the job's next
         slot alone; like a slot, it is recorded skipped_overlap while a body of the job
         runs here or holds the running lease elsewhere.
+
+        ``prepared``: the claim is made now and committed at its ``starts_at``
+        (JobStore.claim_many), planned as of that instant.
         """
         # Read right before the claim: the running lease starts at this instant.
-        now = self.clock.now()
+        now = self.clock.now() if prepared is None else prepared.start()
         slots: dict[tuple[Trigger, datetime], tuple[datetime, int, datetime]] = {}
         plans: list[_Planned | Exception] = []
         for due in dues:
@@ -283,7 +315,9 @@ class Runner:
             except Exception as exc:
                 plans.append(exc)
         items = [plan.item for plan in plans if isinstance(plan, _Planned)]
-        claimed = iter(await self.store.claim_many(items, now=now, fence_pid=fence_pid))
+        claimed = iter(
+            await self.store.claim_many(items, now=now, fence_pid=fence_pid, prepared=prepared)
+        )
         return [
             plan if isinstance(plan, Exception) else self._claimed(plan, next(claimed), now)
             for plan in plans

@@ -6,7 +6,11 @@ before the body runs. Two processes that both think a slot is due race on that
 UPDATE, and PostgreSQL lets exactly one of them match the row. A leader claims every
 slot due at one wake of its timer in ONE such UPDATE over the jobs' rows
 (``claim_many``), each row under the conditions it would meet alone; the one-job
-claim is its one-row case. A guarded leader adds a
+claim is its one-row case. A claim may be *prepared* ahead of its slot
+(``PreparedCommit``): its statements run early, its transaction holds the claimed rows
+until the slot, and only the commit is left for the slot itself, so a thousand bodies
+that share a slot start on time; a demotion before the commit rolls it back and leaves
+the slot to the next leader. A guarded leader adds a
 fence to the same statement: the claim matches only while the leader's own lock
 connection (by backend pid) still holds the key, so a leader that lost its lock while
 paused cannot claim a slot after it wakes.
@@ -60,7 +64,7 @@ written) until a later registration or claim of it succeeds.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -144,6 +148,35 @@ def _iso(moment: datetime | None) -> str | None:
 
 # The registration's inserts are not marked as changes (migration 0016): the leader
 # holds what it wrote. Every other insert of a job row is (a restore, a script).
+# A prepared claim's transaction idles until its slot: the server ends the session if it
+# idles a few seconds longer than planned (its process froze), which rolls the claim
+# back. It also reads the server's moment of the start (now + lead).
+_PREPARE = text(
+    "SELECT set_config('idle_in_transaction_session_timeout', :ms, true) AS idle_limit,"
+    " clock_timestamp() + make_interval(secs => CAST(:lead AS double precision)) AS at_start"
+)
+_PREPARED_IDLE_SLACK = 3.0
+# A prepared claim's fence, checked again right before it commits.
+_STILL_FENCED = text(
+    f"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND}"
+    " AND granted AND pid = :fence_pid)"
+)
+# The runs of a prepared claim that committed late start when it commits.
+_RESTAMP_START = text(
+    """
+    WITH runs AS (
+        UPDATE scheduler_runs
+        SET started_at = CAST(:started AS timestamptz),
+            lateness_ms = lateness_ms + CAST(:late_ms AS bigint)
+        WHERE id = ANY(CAST(CAST(:run_ids AS text[]) AS bigint[]))
+        RETURNING id
+    )
+    UPDATE scheduler_jobs
+    SET last_started_at = CAST(:started AS timestamptz),
+        running_since = CAST(:started AS timestamptz)
+    WHERE running_run_id IN (SELECT id FROM runs)
+    """
+)
 _OWN_INSERTS = text("SELECT set_config('regent.registering', 'on', true)")
 
 _LOAD = text(
@@ -808,6 +841,34 @@ class SlotClaim:
         return self.status == "running"
 
 
+class PreparedClaimDropped(Exception):
+    """A prepared claim was rolled back before its commit: the leadership it was made
+    for ended while it waited. It claimed nothing; the next leader claims its slots."""
+
+
+@dataclass(frozen=True)
+class PreparedCommit:
+    """When a prepared claim commits: its statements run at once, then its transaction
+    stays open until ``wait()`` returns (the slot), and commits; an exception from
+    ``wait()`` (a cancel, a lost leadership) rolls it back, claiming nothing.
+
+    ``starts_at``: the instant the bodies are meant to start, written as the runs'
+    start (``now()`` gives the clock, read before each write, so that a preparation
+    that outlasts its lead records when the runs really start). ``seconds``: about how
+    long the transaction waits: the server ends its session when it idles in the
+    transaction a second longer (a frozen process must not hold job rows for good).
+    """
+
+    starts_at: datetime
+    wait: Callable[[], Awaitable[None]]
+    now: Callable[[], datetime]
+    seconds: float
+
+    def start(self) -> datetime:
+        """The runs' start as of now: the planned instant, or later if it passed."""
+        return max(self.starts_at, self.now())
+
+
 @dataclass(frozen=True)
 class _Recording:
     """What a claim's UPDATE gave one job, for its run row."""
@@ -1159,7 +1220,12 @@ class JobStore:
         return (await self.claim_many([item], now=now, fence_pid=fence_pid))[0]
 
     async def claim_many(
-        self, items: Sequence[SlotClaim], *, now: datetime, fence_pid: int | None
+        self,
+        items: Sequence[SlotClaim],
+        *,
+        now: datetime,
+        fence_pid: int | None,
+        prepared: PreparedCommit | None = None,
     ) -> list[ClaimedSlot | None]:
         """Claim every slot and run-now request in ``items`` (one per job) and record
         their run rows, in one commit and a fixed number of statements however many
@@ -1174,6 +1240,11 @@ class JobStore:
         out is reaped first). A slot that already has its run is 'already_recorded'
         and runs nothing, but the job moves on. Returns, in the order of ``items``,
         each one's run row and status, or None where the claim matched nothing.
+
+        ``prepared``: commit when its ``wait()`` returns rather than at once (``now``
+        is then its ``starts_at``); what ``wait()`` raises rolls the claim back and
+        propagates. A fenced prepared claim checks its fence again before it commits
+        and raises PreparedClaimDropped (rolled back) when the key is gone.
         """
         if not items:
             return []
@@ -1182,14 +1253,27 @@ class JobStore:
         assert all(item.status != "running" or item.lease_seconds is not None for item in items), (
             "a run needs the length of its lease"
         )
-        lease_now = self._lease_now(now)
         # Rows in id order: two claims of overlapping jobs lock them in the same order.
         order = sorted(range(len(items)), key=lambda index: ids[index])
         ordered = [items[index] for index in order]
         async with self.engine.begin() as conn:
+            lease_now = self._lease_now(now)
+            if prepared is not None:
+                now = prepared.start()
+                # Leases are reaped, compared and taken as of the start the claim waits
+                # for: on the server's clock, its moment as far ahead of the server's
+                # now as the start is ahead of ours.
+                lead = max(0.0, (now - prepared.now()).total_seconds())
+                idle_ms = int((prepared.seconds + _PREPARED_IDLE_SLACK) * 1000)
+                at_start = (
+                    (await conn.execute(_PREPARE, {"ms": str(idle_ms), "lead": lead}))
+                    .one()
+                    .at_start
+                )
+                lease_now = self._lease_now(now) if self.lease_clock else {"lease_now": at_start}
             runs = [item.job_id for item in ordered if item.runs]
             if runs:
-                await conn.execute(_REAP, self._reap_params(now, job_ids=runs))
+                await conn.execute(_REAP, self._reap_params(now, job_ids=runs) | lease_now)
             # History reads in id order: a job's passed-over slots get the lower id,
             # though the claim allocates the run's id (its lease token) first.
             wanted = sum(item.runs + (item.missed_before is not None) for item in ordered)
@@ -1222,6 +1306,8 @@ class JobStore:
             }
             if not claimed:
                 return [None] * len(items)
+            if prepared is not None:
+                now = prepared.start()
             recorded: dict[str, _Recording] = {}
             rows: list[tuple[int | None, str, datetime, bool, str, int, int, str | None]] = []
             for item in ordered:
@@ -1289,7 +1375,36 @@ class JobStore:
                     )
                     continue
                 results[item.job_id] = await self._already_recorded(conn, item, got)
+            if prepared is not None:
+                await prepared.wait()
+                if fence_pid is not None and not await self._still_fenced(conn, fence_pid):
+                    # The key was lost while the claim waited: roll it back.
+                    raise PreparedClaimDropped
+                started = prepared.now()
+                if started > now:
+                    # The commit comes late (a busy loop, a slow preparation): the runs
+                    # start now, not when their rows said.
+                    await self._restamp(conn, results.values(), now, started)
         return [results.get(job_id) for job_id in ids]
+
+    async def _still_fenced(self, conn: AsyncConnection, fence_pid: int) -> bool:
+        held = await conn.execute(_STILL_FENCED, {"fence_pid": fence_pid} | self.key.bind_params)
+        return bool(held.scalar_one())
+
+    @staticmethod
+    async def _restamp(
+        conn: AsyncConnection, claimed: Iterable[ClaimedSlot], was: datetime, started: datetime
+    ) -> None:
+        run_ids = [str(slot.run_id) for slot in claimed if slot.status == "running"]
+        if run_ids:
+            await conn.execute(
+                _RESTAMP_START,
+                {
+                    "run_ids": run_ids,
+                    "started": started,
+                    "late_ms": int((started - was).total_seconds() * 1000),
+                },
+            )
 
     async def _already_recorded(
         self, conn: AsyncConnection, item: SlotClaim, got: _Recording

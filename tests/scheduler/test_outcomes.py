@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.runner import Claim, Due
+from app.scheduler.store import PreparedCommit
 from app.testing import run_job
 
 from .conftest import StartScheduler, eventually, make_runner, runs, wait_for_runs
@@ -162,10 +163,10 @@ async def test_a_run_whose_claim_commits_as_its_leader_steps_down_is_recorded_ca
     committed = asyncio.Event()
 
     async def answered_once_the_step_down_began(
-        dues: Sequence[Due], fence_pid: int | None
+        dues: Sequence[Due], fence_pid: int | None, prepared: PreparedCommit | None = None
     ) -> list[Claim | Exception | None]:
         supervisor.runner.claim_many = claim_many  # type: ignore[method-assign]
-        claims = await claim_many(dues, fence_pid)
+        claims = await claim_many(dues, fence_pid, prepared)
         committed.set()
         # The step-down clears the flag as it cancels the timer.
         while supervisor.firing:

@@ -11,25 +11,20 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.queries import set_paused
-from app.scheduler import FakeClock, JobContext, Scheduler, cron, every
+from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.clock import SystemClock
 
-from ..scheduler.conftest import StartScheduler, eventually, runs
+from ..scheduler.conftest import (
+    StartScheduler,
+    eventually,
+    minutely_recording,
+    prepared_claim_waits,
+    runs,
+)
 
 T0 = datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
 SLOT = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
 IN_THE_LEAD = 29.8
-
-
-async def _prepared_claim_waits(engine: AsyncEngine) -> bool:
-    async with engine.connect() as conn:
-        waiting = await conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
-                " AND query LIKE '%INSERT INTO scheduler_runs%'"
-            )
-        )
-        return bool(waiting.scalar_one())
 
 
 async def _a_statement_waits_for_a_row_lock(engine: AsyncEngine) -> bool:
@@ -40,25 +35,19 @@ async def _a_statement_waits_for_a_row_lock(engine: AsyncEngine) -> bool:
         return bool(waiting.scalar_one())
 
 
-def _recording_job(scheduler: Scheduler, started: list[tuple[datetime, datetime]]) -> None:
-    @scheduler.job(cron("* * * * *"), id="minutely")
-    async def minutely(ctx: JobContext) -> None:
-        started.append((ctx.scheduled_at, ctx.clock.now()))
-
-
 async def test_a_pause_committed_and_seen_before_the_slot_starts_no_prepared_body(
     start_scheduler: StartScheduler, engine: AsyncEngine
 ) -> None:
     clock = FakeClock(T0)
     scheduler = Scheduler()
     started: list[tuple[datetime, datetime]] = []
-    _recording_job(scheduler, started)
+    minutely_recording(scheduler, started)
     supervisor = await start_scheduler(scheduler, clock=clock)
     await supervisor.wait_until_firing()
     await clock.wait_for_sleepers(2)
 
     clock.advance(IN_THE_LEAD)
-    await eventually(lambda: _prepared_claim_waits(engine), what="a prepared claim")
+    await eventually(lambda: prepared_claim_waits(engine), what="a prepared claim")
     # The operator pauses during the lead: the UPDATE waits for the claim's row lock.
     pausing = asyncio.create_task(set_paused(engine, "minutely", True))
     await eventually(lambda: _a_statement_waits_for_a_row_lock(engine), what="the pause to wait")
@@ -88,13 +77,13 @@ async def test_a_prepared_claim_that_commits_late_records_when_its_body_really_s
     clock = FakeClock(T0)
     scheduler = Scheduler()
     started: list[tuple[datetime, datetime]] = []
-    _recording_job(scheduler, started)
+    minutely_recording(scheduler, started)
     supervisor = await start_scheduler(scheduler, clock=clock)
     await supervisor.wait_until_firing()
     await clock.wait_for_sleepers(2)
 
     clock.advance(IN_THE_LEAD)
-    await eventually(lambda: _prepared_claim_waits(engine), what="a prepared claim")
+    await eventually(lambda: prepared_claim_waits(engine), what="a prepared claim")
     # The wake is woken late (a busy loop): 0.8 s past the slot, within the server's
     # idle limit (the planned wait plus 1 s).
     clock.set(SLOT + timedelta(seconds=0.8))
@@ -116,8 +105,8 @@ async def test_a_leadership_lost_between_the_prepared_commit_and_the_slot_record
     first, second = Scheduler(), Scheduler()
     started_first: list[tuple[datetime, datetime]] = []
     started_second: list[tuple[datetime, datetime]] = []
-    _recording_job(first, started_first)
-    _recording_job(second, started_second)
+    minutely_recording(first, started_first)
+    minutely_recording(second, started_second)
     leader = await start_scheduler(first, clock=clock)
     await leader.wait_until_firing()
     standby = await start_scheduler(second, clock=clock)
@@ -125,11 +114,11 @@ async def test_a_leadership_lost_between_the_prepared_commit_and_the_slot_record
     assert leader.lock is not None
 
     clock.advance(IN_THE_LEAD)
-    await eventually(lambda: _prepared_claim_waits(engine), what="a prepared claim")
+    await eventually(lambda: prepared_claim_waits(engine), what="a prepared claim")
     # Past the commit, before the slot: the bodies wait for the slot.
     clock.set(SLOT - timedelta(milliseconds=1))
     await eventually(
-        lambda: _not(_prepared_claim_waits(engine)), what="the prepared claim to commit"
+        lambda: _not(prepared_claim_waits(engine)), what="the prepared claim to commit"
     )
     async with engine.connect() as conn:
         await conn.execute(

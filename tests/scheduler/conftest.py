@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -19,7 +20,7 @@ from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database
-from app.scheduler import FakeClock, SchedulerConfig
+from app.scheduler import FakeClock, JobContext, Scheduler, SchedulerConfig, cron
 from app.scheduler.keys import LEADER_KEY_LOCKS
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
@@ -238,3 +239,25 @@ def make_runner(database: Database, clock: FakeClock, pid: int = 1) -> Runner:
         sessions=database.sessions,
         sync_sessions=database.sync_sessions,
     )
+
+
+async def prepared_claim_waits(engine: AsyncEngine) -> bool:
+    """A leader claim whose statements ran sits in an open transaction, waiting to
+    commit at its slot (a claim prepared ahead)."""
+    async with engine.connect() as conn:
+        waiting = await conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
+                " AND query LIKE '%INSERT INTO scheduler_runs%'"
+            )
+        )
+        return bool(waiting.scalar_one())
+
+
+def minutely_recording(scheduler: Scheduler, started: list[tuple[datetime, datetime]]) -> None:
+    """Register job "minutely" (every minute), which records its slot and the clock's
+    time as it begins."""
+
+    @scheduler.job(cron("* * * * *"), id="minutely")
+    async def minutely(ctx: JobContext) -> None:
+        started.append((ctx.scheduled_at, ctx.clock.now()))

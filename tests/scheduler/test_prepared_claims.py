@@ -23,24 +23,19 @@ from app.db import Database, asyncpg_dsn
 from app.scheduler import FakeClock, JobContext, Scheduler, SchedulerConfig, cron, every
 from app.scheduler.store import JobStore, PreparedClaimDropped, PreparedCommit, SlotClaim
 
-from .conftest import BlockingBodies, StartScheduler, eventually, runs
+from .conftest import (
+    BlockingBodies,
+    StartScheduler,
+    eventually,
+    minutely_recording,
+    prepared_claim_waits,
+    runs,
+)
 
 T0 = datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
 SLOT = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
 # Inside the default claim lead (0.5 s) of SLOT.
 IN_THE_LEAD = 29.8
-
-
-async def _prepared_claim_waits(engine: AsyncEngine) -> bool:
-    """A claim whose statements ran sits in an open transaction on the app's database."""
-    async with engine.connect() as conn:
-        waiting = await conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"
-                " AND query LIKE '%INSERT INTO scheduler_runs%'"
-            )
-        )
-        return bool(waiting.scalar_one())
 
 
 async def _next_run_at(engine: AsyncEngine, job_id: str) -> datetime:
@@ -53,25 +48,19 @@ async def _next_run_at(engine: AsyncEngine, job_id: str) -> datetime:
         return moment
 
 
-def _recording_job(scheduler: Scheduler, started: list[tuple[datetime, datetime]]) -> None:
-    @scheduler.job(cron("* * * * *"), id="minutely")
-    async def minutely(ctx: JobContext) -> None:
-        started.append((ctx.scheduled_at, ctx.clock.now()))
-
-
 async def test_a_claim_prepared_ahead_of_its_slot_commits_nothing_and_starts_no_body_before_it(
     start_scheduler: StartScheduler, engine: AsyncEngine
 ) -> None:
     clock = FakeClock(T0)
     scheduler = Scheduler()
     started: list[tuple[datetime, datetime]] = []
-    _recording_job(scheduler, started)
+    minutely_recording(scheduler, started)
     supervisor = await start_scheduler(scheduler, clock=clock)
     await supervisor.wait_until_firing()
     await clock.wait_for_sleepers(2)
 
     clock.advance(IN_THE_LEAD)
-    await eventually(lambda: _prepared_claim_waits(engine), what="a prepared claim")
+    await eventually(lambda: prepared_claim_waits(engine), what="a prepared claim")
     assert await _next_run_at(engine, "minutely") == SLOT
     assert await runs(engine, "minutely") == []
     assert started == []
@@ -96,8 +85,8 @@ async def test_a_leadership_that_ends_before_its_prepared_claim_commits_leaves_t
     first, second = Scheduler(), Scheduler()
     started_first: list[tuple[datetime, datetime]] = []
     started_second: list[tuple[datetime, datetime]] = []
-    _recording_job(first, started_first)
-    _recording_job(second, started_second)
+    minutely_recording(first, started_first)
+    minutely_recording(second, started_second)
     leader = await start_scheduler(first, clock=clock)
     await leader.wait_until_firing()
     standby = await start_scheduler(second, clock=clock)
@@ -105,7 +94,7 @@ async def test_a_leadership_that_ends_before_its_prepared_claim_commits_leaves_t
     assert leader.lock is not None
 
     clock.advance(IN_THE_LEAD)
-    await eventually(lambda: _prepared_claim_waits(engine), what="a prepared claim")
+    await eventually(lambda: prepared_claim_waits(engine), what="a prepared claim")
     if ending == "worker stopped":
         await first.stop()
     else:
@@ -127,14 +116,14 @@ async def test_a_frozen_leader_does_not_hold_its_prepared_claims_rows_for_long(
     clock = FakeClock(T0)
     scheduler = Scheduler()
     started: list[tuple[datetime, datetime]] = []
-    _recording_job(scheduler, started)
+    minutely_recording(scheduler, started)
     supervisor = await start_scheduler(scheduler, clock=clock)
     await supervisor.wait_until_firing()
     await clock.wait_for_sleepers(2)
 
     # The clock stops inside the lead: to the server, a process that froze there.
     clock.advance(IN_THE_LEAD)
-    await eventually(lambda: _prepared_claim_waits(engine), what="a prepared claim")
+    await eventually(lambda: prepared_claim_waits(engine), what="a prepared claim")
     async with engine.begin() as conn:
         # Waits for the claim's row lock until the server ends the idle transaction.
         await conn.execute(text("UPDATE scheduler_jobs SET paused = true WHERE id = 'minutely'"))
@@ -173,7 +162,7 @@ async def test_whether_a_slot_runs_while_its_last_body_still_runs_here_is_decide
     clock.advance(59.8)
     # The timer, the tick and the running body's lease renewal park again.
     await clock.wait_for_sleepers(3)
-    assert not await _prepared_claim_waits(engine)
+    assert not await prepared_claim_waits(engine)
     bodies.release.set()
 
     async def first_body_ended() -> bool:
@@ -245,7 +234,7 @@ async def test_a_prepared_claim_whose_leader_lost_the_key_while_it_waited_claims
 ) -> None:
     store = JobStore(database.engine, pid=4242, host="here", lease_clock=FakeClock(T0))
     scheduler = Scheduler()
-    _recording_job(scheduler, [])
+    minutely_recording(scheduler, [])
     [row] = (
         await store.register_leader_jobs(scheduler.jobs.values(), T0, ZoneInfo("UTC"))
     ).values()

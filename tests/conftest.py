@@ -112,6 +112,8 @@ def config(database_url: str) -> SchedulerConfig:
         handover_grace_seconds=0,
         shutdown_grace_seconds=2,
         simulated_workers=True,
+        # Claims prepared ahead are off by default; the tests run with them on.
+        claim_ahead_seconds=0.5,
     )
 
 

@@ -129,7 +129,8 @@ class SchedulerConfig:
     however many jobs share a slot their bodies start on time. A leadership lost or
     stepped down before the slot rolls the claim back (the next leader runs the slot);
     a pause written during the lead waits for the commit and takes effect from the
-    next slot. 0 claims each slot when it is due.
+    next slot. 0 (the default) claims each slot when it is due: see docs/DESIGN.md for
+    why it is not on by default yet.
     """
 
     lock_dsn: str
@@ -143,7 +144,7 @@ class SchedulerConfig:
     host_lock_dir: Path | None = None
     schedule: str = DEFAULT_SCHEDULE
     simulated_workers: bool = False
-    claim_ahead_seconds: float = 0.5
+    claim_ahead_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         validate_schedule_name(self.schedule)

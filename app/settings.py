@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     LEADER_TICK_SECONDS: float = _finite(default=5, gt=0, le=1800)
     HANDOVER_GRACE_SECONDS: float = _finite(default=1, ge=0, le=3600)
     SHUTDOWN_GRACE_SECONDS: float = _finite(default=10, ge=0, le=3600)
-    CLAIM_AHEAD_SECONDS: float = _finite(default=0, ge=0, le=900)
+    CLAIM_AHEAD_SECONDS: float = _finite(default=0.5, ge=0, le=900)
     HOST_LOCK_ENABLED: bool = Field(
         default=True,
         description="only one worker per host (per REGENT_RUNTIME_DIR) queues for the "

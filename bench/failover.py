@@ -5,11 +5,12 @@ HANDOVER_GRACE_SECONDS (1 s). For each fault the script measures, --repeat times
 
 - "holder s": from the fault until another process holds the key;
 - "ready s": from the fault to the first fire by a process other than the old leader
-  (for a PostgreSQL restart: by any process), with a run-now request of the probe job
-  made just before the fault (just after it, for a restart): an UPDATE of its row with
-  no NOTIFY, which a running leader sees only at its next 1 s tick and a new one when
-  it registers. Something is always due, so this is the time until the new leader is
-  ready to fire a due slot, with no wait for the next one;
+  (for a PostgreSQL restart: by any process), with a run-now request of the probe app's
+  on-request job (never due on its own) made just before the fault (just after it,
+  for a restart): an UPDATE of its row with no NOTIFY, which a running leader sees only
+  at its next 1 s tick and a new one when it registers. Something is always due, so
+  this is the time until the new leader is ready to fire a due slot, with no wait for
+  the next one;
 - "slot s": the old figure, from the fault to the first fire of a scheduled 1 s slot by
   such a process. The fault lands at a random point of the slot, so it includes the
   wait for the next slot (0.5 s on average); "late s" is how long after its slot that
@@ -136,14 +137,18 @@ def _settled(log_dir: Path, count: int) -> bool:
 
 
 def _request_run(cluster: Cluster) -> datetime:
-    """Ask for a run now of the probe job, with no NOTIFY: a live leader sees it only
-    at its next tick's reload (LEADER_TICK_SECONDS=1), a new one when it registers. Made
-    just before the fault, so the old leader picks it up first only when a tick of its
-    falls in that instant (then "ready" shows the next slot, an outlier in its max).
-    Returns the request time: the slot its run records."""
+    """Ask for a run now of the probe app's on-request job, with no NOTIFY: a live leader
+    sees it only at its next tick's reload (LEADER_TICK_SECONDS=1), a new one when it
+    registers. Made just before the fault, so the old leader picks it up first only when
+    a tick of its falls in that instant (then "ready" shows the next slot, an outlier in
+    its max). That job is never due on its own: a request of the 1 s probe job could
+    wait for a claim of its slot prepared ahead (CLAIM_AHEAD_SECONDS) to commit, which
+    would land every fault at the start of a slot's body, and a kill -9 there leaves
+    that job to wait out its running lease. Returns the request time: the slot its run
+    records."""
     [(requested,)] = cluster.query(
-        "UPDATE scheduler_jobs SET run_requested_at = clock_timestamp() WHERE id = 'probe'"
-        " RETURNING run_requested_at"
+        "UPDATE scheduler_jobs SET run_requested_at = clock_timestamp()"
+        " WHERE id = 'on_request' RETURNING run_requested_at"
     )
     assert isinstance(requested, datetime)
     return requested

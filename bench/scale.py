@@ -80,9 +80,7 @@ def _rss_mb() -> float:
 
 async def _start(scheduler: Scheduler, database: Database) -> None:
     await scheduler.start(
-        SchedulerConfig(
-            lock_dsn=asyncpg_dsn(database.url), handover_grace_seconds=0, claim_ahead_seconds=0.5
-        ),
+        SchedulerConfig(lock_dsn=asyncpg_dsn(database.url), handover_grace_seconds=0),
         engine=database.engine,
         sessions=database.sessions,
         sync_sessions=database.sync_sessions,
@@ -269,7 +267,7 @@ def _report_counts(results: dict[int, dict[str, Any]], window: float) -> None:
 def _report_crowd(lone: dict[str, Any], crowd: dict[str, Any], minutes: int) -> None:
     print(
         f"\nthundering slot: cron('* * * * *'), {minutes} minute(s), "
-        "claim_ahead_seconds=0.5; lateness in ms"
+        f"claim_ahead_seconds={SchedulerConfig.claim_ahead_seconds} (the default); lateness in ms"
     )
     print(f"{'':<34} {'minutes':>8} {'p50':>8} {'p99':>8} {'max':>8}")
     rows = {

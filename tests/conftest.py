@@ -112,7 +112,7 @@ def config(database_url: str) -> SchedulerConfig:
         handover_grace_seconds=0,
         shutdown_grace_seconds=2,
         simulated_workers=True,
-        # Claims prepared ahead are off by default; the tests run with them on.
+        # The default, pinned: the prepared-claim tests depend on it.
         claim_ahead_seconds=0.5,
     )
 

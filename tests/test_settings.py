@@ -59,6 +59,11 @@ def test_a_claim_lead_of_more_than_a_quarter_of_the_lease_is_refused() -> None:
         load_settings(_env_file=None, LEASE_SECONDS=8, LEADER_TICK_SECONDS=1, CLAIM_AHEAD_SECONDS=3)
 
 
+def test_the_default_claim_lead_fits_the_shortest_lease() -> None:
+    settings = load_settings(_env_file=None, LEASE_SECONDS=2, LEADER_TICK_SECONDS=1)
+    assert settings.CLAIM_AHEAD_SECONDS * 4 <= settings.LEASE_SECONDS
+
+
 def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ENVIRONMENT", "production")
     monkeypatch.setenv("LOG_LEVEL", "DEBUG")

@@ -129,8 +129,9 @@ class SchedulerConfig:
     however many jobs share a slot their bodies start on time. A leadership lost or
     stepped down before the slot rolls the claim back (the next leader runs the slot);
     a pause written during the lead waits for the commit and takes effect from the
-    next slot. 0 (the default) claims each slot when it is due: see docs/DESIGN.md for
-    why it is not on by default yet.
+    next slot; an operator's write to a prepared job's row (a pause, a run-now) waits
+    for that commit, at most the lead. 0.5 s by default (the lease is at least 2 s, so
+    it always fits); 0 claims each slot when it is due.
     """
 
     lock_dsn: str
@@ -144,7 +145,7 @@ class SchedulerConfig:
     host_lock_dir: Path | None = None
     schedule: str = DEFAULT_SCHEDULE
     simulated_workers: bool = False
-    claim_ahead_seconds: float = 0.0
+    claim_ahead_seconds: float = 0.5
 
     def __post_init__(self) -> None:
         validate_schedule_name(self.schedule)

@@ -6,11 +6,14 @@ messages name the problem.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.outbox import (
     MessageDeliveredError,
@@ -117,6 +120,15 @@ _PAUSE = text(
     """
 )
 _WAKE = text(f"NOTIFY {WAKE_CHANNEL}")
+# A write to a job's row waits for the leader's claim of its next slot, which holds the
+# row from CLAIM_AHEAD_SECONDS before the slot until the slot: longer than a lock_timeout
+# or statement_timeout a database or role may set for short statements. These apply to
+# the write's own transaction only.
+_PATIENT_WRITE = text(
+    "SELECT set_config('lock_timeout', '10s', true), set_config('statement_timeout', '20s', true)"
+)
+# lock_not_available, query_canceled: the row stayed held past that patience.
+_HELD_TOO_LONG = {"55P03", "57014"}
 # The key is the schedule's own unless scheduler_schedules gives it to another name: a
 # name refused for a colliding key would otherwise count the other name's leader and
 # standbys as its own.
@@ -204,6 +216,24 @@ async def list_jobs(
         return _rows(await conn.execute(_JOBS, params))
 
 
+@asynccontextmanager
+async def _job_write(engine: AsyncEngine, job_id: str) -> AsyncIterator[AsyncConnection]:
+    """A transaction that writes a job's row, patient with the leader's claim holding
+    it (see _PATIENT_WRITE); Conflict when the row stays held past that."""
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(_PATIENT_WRITE)
+            yield conn
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) not in _HELD_TOO_LONG:
+            raise
+        raise Conflict(
+            f"job {job_id!r}: its row stayed locked by another transaction past the wait "
+            "(the leader holds it at most CLAIM_AHEAD_SECONDS while it claims the next "
+            "slot); try again"
+        ) from None
+
+
 async def _require_job(conn: Any, job_id: str, schedule: str) -> Any:
     # A value no text column can hold names no row; asking would be a driver error.
     if not is_storable_text(job_id):
@@ -248,11 +278,12 @@ async def run_job_now(
     (its running lease holds, read on the lease clock as in list_jobs: ``lease_now``,
     None for the database server's), while it is paused, and for a per-worker job
     (``leader_only=False``): each worker runs that on its own schedule, and no leader
-    takes a request for it.
+    takes a request for it. Waits for a claim of the job's next slot that holds its row
+    (at most CLAIM_AHEAD_SECONDS); Conflict when the row stays locked much longer.
     """
-    async with engine.begin() as conn:
-        if not is_storable_text(job_id):
-            raise UnknownJobError(job_id, schedule)
+    if not is_storable_text(job_id):
+        raise UnknownJobError(job_id, schedule)
+    async with _job_write(engine, job_id) as conn:
         params = {"job_id": job_id, "lease_now": lease_now, "schedule": schedule}
         row = (await conn.execute(_RUN_NOW_CHECK, params)).first()
         if row is None:
@@ -275,8 +306,10 @@ async def set_paused(
 ) -> None:
     """Pause or resume a job: the leader claims no slot of a paused job, and every
     worker skips the slots of a paused per-worker job. Pausing drops a pending run-now
-    request. Raises UnknownJobError for an unknown job."""
-    async with engine.begin() as conn:
+    request. Waits for a claim of the job's next slot that holds its row (at most
+    CLAIM_AHEAD_SECONDS). Raises UnknownJobError for an unknown job, Conflict when the
+    row stays locked much longer."""
+    async with _job_write(engine, job_id) as conn:
         await _require_job(conn, job_id, schedule)
         params = {"job_id": job_id, "paused": paused, "schedule": schedule}
         if (await conn.execute(_PAUSE, params)).first() is None:

@@ -119,7 +119,7 @@ _UPSERT = text(
         FROM given g
         WHERE g.first_slot IS NULL AND j.schedule = :schedule AND j.id = g.id
             AND j.trigger = g.trigger
-        RETURNING j.id, j.next_run_at, j.paused, j.run_requested_at
+        RETURNING j.id, j.next_run_at, j.paused, j.run_requested_at, j.running_until
     ), upserted AS (
         INSERT INTO scheduler_jobs (schedule, id, name, trigger, leader_only, next_run_at)
         SELECT :schedule, id, name, trigger, true, first_slot FROM given
@@ -134,7 +134,7 @@ _UPSERT = text(
                 ELSE scheduler_jobs.next_run_at
             END,
             updated_at = now()
-        RETURNING id, next_run_at, paused, run_requested_at
+        RETURNING id, next_run_at, paused, run_requested_at, running_until
     )
     SELECT * FROM kept UNION ALL SELECT * FROM upserted
     """
@@ -180,8 +180,8 @@ _RESTAMP_START = text(
 _OWN_INSERTS = text("SELECT set_config('regent.registering', 'on', true)")
 
 _LOAD = text(
-    "SELECT id, next_run_at, paused, run_requested_at, leader_only FROM scheduler_jobs"
-    " WHERE schedule = :schedule AND id = ANY(:ids)"
+    "SELECT id, next_run_at, paused, run_requested_at, leader_only, running_until"
+    " FROM scheduler_jobs WHERE schedule = :schedule AND id = ANY(:ids)"
 )
 
 # Change marks (migration 0016): every update of a job row's schedule state sets its
@@ -198,8 +198,8 @@ _PROMOTION_HORIZON = text(
     " WHERE schedule = :schedule) AS broken"
 )
 _STORED_JOBS = text(
-    "SELECT id, name, trigger, leader_only, next_run_at, paused, run_requested_at"
-    " FROM scheduler_jobs WHERE schedule = :schedule"
+    "SELECT id, name, trigger, leader_only, next_run_at, paused, run_requested_at,"
+    " running_until FROM scheduler_jobs WHERE schedule = :schedule"
 )
 _ANALYZE_JOBS = text("ANALYZE scheduler_jobs")
 # The rows changed at or after a horizon, each with this read's own horizon. A row never
@@ -207,7 +207,8 @@ _ANALYZE_JOBS = text("ANALYZE scheduler_jobs")
 # of the marks leaves it out.
 _CHANGED_JOBS = text(
     f"""
-    SELECT {_HORIZON} AS horizon, id, next_run_at, paused, run_requested_at, leader_only
+    SELECT {_HORIZON} AS horizon, id, next_run_at, paused, run_requested_at, leader_only,
+        running_until
     FROM scheduler_jobs
     WHERE schedule = :schedule AND changed_xid <> '0'
         AND changed_xid >= CAST(CAST(:since AS text) AS xid8)
@@ -734,12 +735,15 @@ class JobRow:
     """A job's schedule state as the database holds it. ``run_requested_at``: when an
     operator asked to run it now (None: no request pending). ``leader_only``: False once
     the newest registration of the job is a per-worker one's (a release that made it
-    per-worker runs beside this one): no leader fires it then."""
+    per-worker runs beside this one): no leader fires it then. ``running_until``: the end
+    of the running lease of a run of it as read (None: none). A renewal or a release
+    does not mark the row changed, so it may be stale: only a hint, never a decision."""
 
     next_run_at: datetime
     paused: bool
     run_requested_at: datetime | None = None
     leader_only: bool = True
+    running_until: datetime | None = None
 
     @classmethod
     def read(
@@ -748,11 +752,18 @@ class JobRow:
         paused: bool,
         run_requested_at: datetime | None,
         leader_only: bool = True,
+        running_until: datetime | None = None,
     ) -> JobRow:
         """The row as the database gave it, its moments aware: asyncpg gives
         PostgreSQL's 'infinity' and '-infinity' (an operator's "never") as the naive
         datetime.max and datetime.min, which no aware moment can be compared with."""
-        return cls(_aware(next_run_at), paused, _aware_or_none(run_requested_at), leader_only)
+        return cls(
+            _aware(next_run_at),
+            paused,
+            _aware_or_none(run_requested_at),
+            leader_only,
+            _aware_or_none(running_until),
+        )
 
 
 def _aware(moment: datetime) -> datetime:
@@ -981,13 +992,19 @@ class JobStore:
             horizon, broken = (await conn.execute(_PROMOTION_HORIZON, params)).one()
             result = await conn.execute(_STORED_JOBS, params)
             jobs = {
-                job_id: StoredJob(
-                    name,
-                    trigger,
-                    leader_only,
-                    JobRow.read(next_run_at, paused, request, leader_only),
+                row.id: StoredJob(
+                    row.name,
+                    row.trigger,
+                    row.leader_only,
+                    JobRow.read(
+                        row.next_run_at,
+                        row.paused,
+                        row.run_requested_at,
+                        row.leader_only,
+                        row.running_until,
+                    ),
                 )
-                for job_id, name, trigger, leader_only, next_run_at, paused, request in result
+                for row in result
             }
         return StoredJobs(horizon, jobs, frozenset(broken))
 
@@ -1007,8 +1024,8 @@ class JobStore:
             params = {"since": since, "schedule": self.schedule}
             fetched = (await conn.execute(_CHANGED_JOBS, params)).all()
         rows = {
-            job_id: JobRow.read(next_run_at, paused, request, leader_only)
-            for _, job_id, next_run_at, paused, request, leader_only in fetched
+            job_id: JobRow.read(next_run_at, paused, request, leader_only, running_until)
+            for _, job_id, next_run_at, paused, request, leader_only, running_until in fetched
         }
         return ChangedRows(fetched[0].horizon if fetched else since, rows)
 
@@ -1030,7 +1047,9 @@ class JobStore:
             await conn.execute(_OWN_INSERTS)
             result = await conn.execute(_UPSERT, params)
             return {
-                row.id: JobRow.read(row.next_run_at, row.paused, row.run_requested_at)
+                row.id: JobRow.read(
+                    row.next_run_at, row.paused, row.run_requested_at, True, row.running_until
+                )
                 for row in result
             }
 
@@ -1157,7 +1176,11 @@ class JobStore:
             result = await conn.execute(_LOAD, {"ids": list(job_ids), "schedule": self.schedule})
             return {
                 row.id: JobRow.read(
-                    row.next_run_at, row.paused, row.run_requested_at, row.leader_only
+                    row.next_run_at,
+                    row.paused,
+                    row.run_requested_at,
+                    row.leader_only,
+                    row.running_until,
                 )
                 for row in result
             }

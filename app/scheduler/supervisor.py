@@ -786,8 +786,9 @@ class Supervisor:
             elif fire_at is None or fire_at > now + self._claim_ahead:
                 # Not due after all: its row changed since it was planned.
                 self._plan_row(spec.id)
-            elif self.runner.is_running(spec.id):
-                # A body of the job still runs here: whether the slot runs or is
+            elif self.runner.is_running(spec.id) or _leased_at(row, fire_at):
+                # A body of the job still runs, here or (its lease as last read says)
+                # elsewhere, and may end before the slot: whether the slot runs or is
                 # skipped is decided at the slot, not ahead of it.
                 self._timetable.plan(spec.id, fire_at)
             else:
@@ -1311,6 +1312,11 @@ def _fire_time(spec: JobSpec, slot: datetime) -> datetime | None:
         return slot + timedelta(seconds=spec.jitter_delay(slot))
     except OverflowError:
         return None
+
+
+def _leased_at(row: JobRow, moment: datetime) -> bool:
+    """Whether the row, as last read, has a running lease that lasts to ``moment``."""
+    return row.running_until is not None and row.running_until >= moment
 
 
 def _loop_death(loop: asyncio.Task[None]) -> str:

@@ -303,3 +303,30 @@ async def test_health_is_503_without_a_leader(settings: Settings) -> None:
             response = await client.get("/health/scheduler")
     assert response.status_code == 503
     assert response.json()["leader"] is False
+
+
+@pytest.mark.parametrize("action", ["pause", "run"])
+async def test_a_job_row_locked_past_the_wait_is_a_409_that_says_to_try_again(
+    admin: tuple[httpx.AsyncClient, FastAPI], database: Database, action: str
+) -> None:
+    """Another transaction holds the job's row; the admin write waits for it and is cut
+    off (here by a cancel, as a lock or statement timeout would): a 409, not a 500."""
+    client, _ = admin
+    async with database.engine.connect() as holder:
+        await holder.execute(
+            text("SELECT 1 FROM scheduler_jobs WHERE id = 'hourly_report' FOR UPDATE")
+        )
+        request = asyncio.create_task(
+            client.post(f"/admin/api/jobs/hourly_report/{action}", headers=AUTH)
+        )
+        waiting = text(
+            "SELECT pg_cancel_backend(pid) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        while not (await holder.execute(waiting)).first():
+            assert not request.done(), (await request).text
+            await asyncio.sleep(0.01)
+        response = await request
+        await holder.rollback()
+    assert response.status_code == 409, response.text
+    assert "try again" in response.json()["detail"]

@@ -949,7 +949,9 @@ class Supervisor:
         except PreparedClaimDropped:
             return [None] * len(dues)
         except Exception as exc:
-            if len(dues) == 1 or not await self.store.blames_job(exc):
+            # While the database answers, one job's row (bad, or busy past a timeout)
+            # must not hold up the others.
+            if len(dues) == 1 or not await self.store.answered(exc):
                 return [exc] * len(dues)
             logger.warning(
                 "scheduler.claim_one_by_one: the claim of %s jobs failed (%s); claiming each alone",

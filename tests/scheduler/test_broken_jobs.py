@@ -1,12 +1,14 @@
 """One bad job never stops the schedule: a job whose row or next slot cannot be handled
 is marked broken (logged once, kept in scheduler_broken_jobs) and every other job fires."""
 
+import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import FakeClock, Interval, JobContext, Scheduler, every
@@ -111,3 +113,65 @@ async def test_a_per_worker_job_whose_slot_cannot_be_computed_stops_no_other(
     assert list(await _broken(engine)) == ["poisoned"]
     [record] = _broken_logs(caplog)
     assert getattr(record, "job_id", None) == "poisoned"
+
+
+@pytest.mark.parametrize("timeout", ["lock_timeout", "statement_timeout"])
+async def test_a_claim_cut_off_by_a_database_timeout_is_retried_and_the_job_is_not_broken(
+    start_scheduler: StartScheduler,
+    engine: AsyncEngine,
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
+    timeout: str,
+) -> None:
+    """The database's own lock_timeout or statement_timeout (a DBA's 200 ms) cuts off a
+    claim that waits for a row another transaction holds (an operator's write, a claim
+    prepared ahead by a frozen leader): the row is busy, not bad. The claim is tried
+    again a tick later and the slot runs; the job is never marked broken."""
+    caplog.set_level(logging.INFO, logger="app.scheduler")
+    name = make_url(database_url).database
+    async with engine.begin() as conn:
+        await conn.execute(text(f"ALTER DATABASE \"{name}\" SET {timeout} = '200ms'"))
+    await engine.dispose()
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(every(minutes=1), id="held")(_noop)
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    async with engine.connect() as holder:
+        await holder.execute(text("SELECT 1 FROM scheduler_jobs WHERE id = 'held' FOR UPDATE"))
+        # Parked: the leader tick and the job timer.
+        await clock.wait_for_sleepers(2)
+        clock.advance(60)
+        while not any(
+            getattr(record, "action", None) in ("job.broken", "scheduler.claim_failed")
+            for record in caplog.records
+        ):
+            await asyncio.sleep(0.01)
+        await holder.rollback()
+    await clock.wait_for_sleepers(2)
+    clock.advance(1)
+    assert await wait_for_runs(engine, "held", 1) == [("ok", T0 + timedelta(minutes=1))]
+    assert await _broken(engine) == {}
+    assert _broken_logs(caplog) == []
+
+
+async def test_a_row_busy_past_a_database_timeout_holds_up_no_other_job_of_its_slot(
+    start_scheduler: StartScheduler, engine: AsyncEngine, database_url: str
+) -> None:
+    name = make_url(database_url).database
+    async with engine.begin() as conn:
+        await conn.execute(text(f"ALTER DATABASE \"{name}\" SET lock_timeout = '200ms'"))
+    await engine.dispose()
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(every(minutes=1), id="held")(_noop)
+    scheduler.job(every(minutes=1), id="free")(_noop)
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    async with engine.connect() as holder:
+        await holder.execute(text("SELECT 1 FROM scheduler_jobs WHERE id = 'held' FOR UPDATE"))
+        await clock.wait_for_sleepers(2)
+        clock.advance(60)
+        assert await wait_for_runs(engine, "free", 1) == [("ok", T0 + timedelta(minutes=1))]
+        await holder.rollback()
+    assert await _broken(engine) == {}

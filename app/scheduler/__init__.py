@@ -195,9 +195,10 @@ connection, in one statement that matches only while that connection holds the k
 fence is its own leadership's, and the run's ``JobContext.term`` keeps it.
 
 ``await ctx.fence(session)`` (``ctx.fence_sync(session)`` in a thread job) takes the
-term row FOR SHARE inside the job's transaction: when the term moved it rolls the
+term row FOR KEY SHARE inside the job's transaction: when the term moved it rolls the
 transaction back and raises ``LeadershipLostError``; otherwise the transaction holds
-the row until it ends, and the next promotion's bump (a row lock) waits for it. A
+the row until it ends, and the next promotion's bump (which locks the row FOR UPDATE)
+waits for it, while the leader's heartbeat on that row does not. A
 fenced commit of an old leadership thus lands before the next leadership's first
 claim, or not at all. The fence covers only the transaction it runs in, and a
 transaction held open delays the next promotion by as long, so fence the commits that

@@ -18,9 +18,13 @@ from .keys import DEFAULT_SCHEDULE
 
 __all__ = ["JobContext", "ServiceContext"]
 
-# FOR SHARE: a promotion's term bump waits until this transaction ends. No row yet (no
+# FOR KEY SHARE: a promotion's term bump, which locks the row FOR UPDATE first, waits
+# until this transaction ends; the leader's heartbeat, a plain UPDATE, does not (a tick
+# that waited would stop reloading and checking the lock for as long). No row yet (no
 # leader was ever recorded) reads as term 0, as the claim does.
-_TERM_FOR_SHARE = text("SELECT term FROM scheduler_leadership WHERE schedule = :schedule FOR SHARE")
+_TERM_FOR_KEY_SHARE = text(
+    "SELECT term FROM scheduler_leadership WHERE schedule = :schedule FOR KEY SHARE"
+)
 
 
 @dataclass
@@ -88,7 +92,7 @@ class JobContext:
         leadership began; SchedulerError in a per-worker job."""
         run_term = self._term_to_fence()
         current = (
-            await session.execute(_TERM_FOR_SHARE, {"schedule": self.schedule})
+            await session.execute(_TERM_FOR_KEY_SHARE, {"schedule": self.schedule})
         ).scalar_one_or_none() or 0
         if current != run_term:
             await session.rollback()
@@ -98,7 +102,8 @@ class JobContext:
         """``fence`` for a thread job's sync ``session`` (call it in the job's thread)."""
         run_term = self._term_to_fence()
         current = (
-            session.execute(_TERM_FOR_SHARE, {"schedule": self.schedule}).scalar_one_or_none() or 0
+            session.execute(_TERM_FOR_KEY_SHARE, {"schedule": self.schedule}).scalar_one_or_none()
+            or 0
         )
         if current != run_term:
             session.rollback()

@@ -115,17 +115,23 @@ def _record_leadership_sql(key: LeaderKey) -> str:
     """Who leads, for operators, the jobs it fires and the services it runs, for its
     standbys, and the leadership
     term, for the jobs' fence: one statement on the schedule's row, matching only while
-    this connection holds the schedule's key. Its row lock waits for every transaction
-    that holds the row FOR SHARE (ctx.fence), so the new term begins after the fenced
-    commits under way. The term starts at 1 on the first promotion. The first heartbeat
+    this connection holds the schedule's key. It locks the row FOR UPDATE first, which
+    waits for every transaction that holds it FOR KEY SHARE (ctx.fence), so the new term
+    begins after the fenced commits under way; the upsert's own row lock would not (it
+    changes no key column). The term starts at 1 on the first promotion. The first heartbeat
     is on the lease clock ($7; NULL for the database server's), as every later one is."""
     return f"""
+    WITH fenced_commits_done AS (
+        SELECT 1 FROM scheduler_leadership WHERE schedule = $1 FOR UPDATE
+    )
     INSERT INTO scheduler_leadership AS led
         (schedule, pid, host, backend_pid, since, heartbeat_at, term, job_ids, service_ids)
     SELECT $1, $2, $3, pg_backend_pid(), $4, COALESCE($7::timestamptz, clock_timestamp()), 1,
         $5, $6
     WHERE EXISTS (
         SELECT 1 FROM pg_locks WHERE {key.locks} AND granted AND pid = pg_backend_pid())
+        -- Read, so that the lock is taken (an unread CTE never runs), before the upsert.
+        AND (SELECT count(*) FROM fenced_commits_done) >= 0
     ON CONFLICT (schedule) DO UPDATE SET pid = excluded.pid, host = excluded.host,
         backend_pid = excluded.backend_pid, since = excluded.since,
         heartbeat_at = excluded.heartbeat_at, term = led.term + 1, job_ids = excluded.job_ids,
@@ -396,7 +402,7 @@ class LockConnection:
         The first heartbeat is ``heartbeat_at`` on a test's lease clock, else the
         database server's clock (never the host's: health ages it on that clock).
 
-        Waits for every job transaction that took the term FOR SHARE (``ctx.fence``) to
+        Waits for every job transaction that took the term FOR KEY SHARE (``ctx.fence``) to
         end. While it waits the connection runs a statement, so ``idle_session_timeout``
         does not cut it, and a connection that dies makes it raise.
         """

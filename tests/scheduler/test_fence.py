@@ -191,6 +191,30 @@ async def test_a_promotion_waits_for_a_fenced_commit_under_way(
     assert await _term(engine) == term + 1
 
 
+async def test_a_fenced_transaction_held_open_does_not_stall_the_leaders_tick(
+    start_scheduler: StartScheduler, engine: AsyncEngine, effects: Effects
+) -> None:
+    """The tick's heartbeat writes the row a fenced transaction holds: were it to wait,
+    the tick would stop (no reload, no lock check) for as long as a job keeps a fenced
+    transaction open, and past the lease the server would end the lock connection."""
+    clock = FakeClock(T0)
+    body = HeldBody(hold="inside")
+    await _first_leader_with_body_held(start_scheduler, body, clock)
+    clock.advance(1)
+
+    async def beat() -> bool:
+        async with engine.connect() as conn:
+            at = await conn.execute(text("SELECT heartbeat_at FROM scheduler_leadership"))
+            return bool(at.scalar_one() >= T0 + timedelta(seconds=11))
+
+    try:
+        await eventually(beat, 5, "the tick's heartbeat beside the fenced transaction")
+    finally:
+        body.release.set()
+    assert await wait_for_runs(engine, "fenced", 1) == [("ok", T0 + timedelta(seconds=10))]
+    assert await effects() == [T0 + timedelta(seconds=10)]
+
+
 async def test_an_async_body_whose_term_moved_commits_nothing(
     database: Database, database_url: str, effects: Effects
 ) -> None:

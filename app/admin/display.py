@@ -11,7 +11,15 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-__all__ = ["error_summary", "milliseconds", "relative", "timestamp", "trigger", "yes_no"]
+__all__ = [
+    "error_summary",
+    "is_never",
+    "milliseconds",
+    "relative",
+    "timestamp",
+    "trigger",
+    "yes_no",
+]
 
 _EVERY = re.compile(r"^every (\d+(?:\.\d+)?)s$")
 _CRON = re.compile(r"^cron '(.+)' (\S+)$")
@@ -22,15 +30,24 @@ _TRACEBACK = "Traceback (most recent call last):"
 
 
 def timestamp(moment: datetime | None) -> str:
-    """``moment`` in UTC to the second, ``2026-12-02 15:47:37Z``; blank for None."""
+    """``moment`` in UTC to the second, ``2026-12-02 15:47:37Z``; blank for None;
+    ``never`` for PostgreSQL's 'infinity' (read as the last moment a datetime holds)."""
     if moment is None:
         return ""
+    if is_never(moment):
+        return "never"
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def is_never(moment: datetime) -> bool:
+    """True for PostgreSQL's 'infinity' as read: datetime.max (an operator's "never")."""
+    return moment.replace(tzinfo=None) == datetime.max
+
+
 def relative(moment: datetime | None, now: datetime) -> str:
-    """``in 14 min`` / ``3 d ago`` / ``now``, in the largest whole unit; blank for None."""
-    if moment is None:
+    """``in 14 min`` / ``3 d ago`` / ``now``, in the largest whole unit; blank for None
+    and for 'infinity'."""
+    if moment is None or is_never(moment):
         return ""
     seconds = round((moment - now).total_seconds())
     if seconds == 0:

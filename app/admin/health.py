@@ -37,6 +37,7 @@ from app.settings import Settings
 
 from . import queries
 from .api import lease_now_of, schedule_name
+from .display import is_never
 
 __all__ = ["last_due_slots", "router", "stale_jobs"]
 
@@ -71,6 +72,9 @@ def stale_jobs(
         row = by_id.get(spec.id)
         # A broken job is reported as broken; its trigger may be what raises.
         if not spec.leader_only or row is None or row["paused"] or row.get("broken"):
+            continue
+        if row.get("next_run_at") is not None and is_never(row["next_run_at"]):
+            # An operator's 'infinity': it has no slot to miss.
             continue
         try:
             anchor = row.get("next_run_at") or spec.trigger.next_after(now, zone)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from sqlalchemy import text
@@ -194,7 +194,16 @@ _MESSAGES_BY_STATUS = {"stuck": _STUCK, "pending": _PENDING}
 
 
 def _rows(result: Any) -> list[dict[str, Any]]:
-    return [dict(row._mapping) for row in result]
+    return [{key: _aware(value) for key, value in row._mapping.items()} for row in result]
+
+
+def _aware(value: Any) -> Any:
+    # asyncpg reads a timestamptz 'infinity' or '-infinity' (an operator's "never") as
+    # a naive datetime.max or .min; every other one is aware. Made aware (UTC), they
+    # compare, sort and serialize as the rest do; display.timestamp() says "never".
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
 
 
 async def list_jobs(

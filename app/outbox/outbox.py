@@ -176,7 +176,6 @@ class Outbox:
         if row_id is None:
             existing = await session.execute(sql.SELECT_EXISTING, params)
             return Enqueued(existing.scalar_one(), created=False)
-        await session.execute(sql.NOTIFY, {"outbox": self.name})
         return Enqueued(row_id, created=True)
 
     def enqueue_sync(self, session: Session | Connection, payload: Any, *, key: str) -> Enqueued:
@@ -185,7 +184,6 @@ class Outbox:
         row_id = session.execute(sql.INSERT, params).scalar()
         if row_id is None:
             return Enqueued(session.execute(sql.SELECT_EXISTING, params).scalar_one(), False)
-        session.execute(sql.NOTIFY, {"outbox": self.name})
         return Enqueued(row_id, created=True)
 
     async def drain_once(self) -> DrainReport:

@@ -68,13 +68,18 @@ CLAIM_ONE = text(
     """
 )
 
+# The insert and the wake-up in one round trip: pg_notify runs once per row inserted,
+# so a key the outbox already has (nothing inserted) wakes nobody.
 INSERT = text(
-    """
-    INSERT INTO outbox_messages
-        (outbox, key, payload, status, attempts, next_attempt_at, created_at, updated_at)
-    VALUES (:outbox, :key, CAST(:payload AS jsonb), 'pending', 0, :now, :now, :now)
-    ON CONFLICT (outbox, key) DO NOTHING
-    RETURNING id
+    f"""
+    WITH inserted AS (
+        INSERT INTO outbox_messages
+            (outbox, key, payload, status, attempts, next_attempt_at, created_at, updated_at)
+        VALUES (:outbox, :key, CAST(:payload AS jsonb), 'pending', 0, :now, :now, :now)
+        ON CONFLICT (outbox, key) DO NOTHING
+        RETURNING id
+    )
+    SELECT id, pg_notify('{NOTIFY_CHANNEL}', :outbox) FROM inserted
     """
 )
 

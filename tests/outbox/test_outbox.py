@@ -8,13 +8,14 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+import asyncpg
 import httpx
 import psycopg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import Database
+from app.db import Database, asyncpg_dsn
 from app.outbox import (
     HttpTransport,
     Message,
@@ -171,6 +172,27 @@ async def test_enqueue_of_an_existing_key_adds_no_second_row(
         again = await outbox.enqueue(session, {"amount": 99}, key="grant-3")
     assert again.id == first
     assert not again.created
+
+
+async def test_an_enqueue_wakes_the_drains_once_and_a_key_already_there_wakes_none(
+    make_outbox: MakeOutbox, database: Database, database_url: str
+) -> None:
+    grants, other = make_outbox("grants"), make_outbox("other")
+    woken: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await listener.add_listener(
+            sql.NOTIFY_CHANNEL, lambda _conn, _pid, _channel, outbox: woken.put_nowait(outbox)
+        )
+        await _enqueue(database, grants, "g-1")
+        await _enqueue(database, grants, "g-1")
+        # Notifications arrive in commit order: once this one is in, any of the repeat's is.
+        await _enqueue(database, other, "o-1")
+        heard = [await asyncio.wait_for(woken.get(), 10) for _ in range(2)]
+    finally:
+        await listener.close()
+    assert heard == ["grants", "other"]
+    assert woken.empty()
 
 
 async def test_payload_that_is_not_json_names_the_field(

@@ -23,7 +23,7 @@ from app.outbox import (
 )
 from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
-from app.scheduler.store import LEASE_NOW_SQL
+from app.scheduler.store import BUSY_ROW_SQLSTATES, LEASE_NOW_SQL
 from app.storable import is_int64, is_storable_text
 
 from .errors import AdminError, Conflict, NotFound, UnknownJobError
@@ -127,8 +127,6 @@ _WAKE = text(f"NOTIFY {WAKE_CHANNEL}")
 _PATIENT_WRITE = text(
     "SELECT set_config('lock_timeout', '10s', true), set_config('statement_timeout', '20s', true)"
 )
-# lock_not_available, query_canceled: the row stayed held past that patience.
-_HELD_TOO_LONG = {"55P03", "57014"}
 # The key is the schedule's own unless scheduler_schedules gives it to another name: a
 # name refused for a colliding key would otherwise count the other name's leader and
 # standbys as its own.
@@ -228,18 +226,19 @@ async def list_jobs(
 @asynccontextmanager
 async def _job_write(engine: AsyncEngine, job_id: str) -> AsyncIterator[AsyncConnection]:
     """A transaction that writes a job's row, patient with the leader's claim holding
-    it (see _PATIENT_WRITE); Conflict when the row stays held past that."""
+    it (see _PATIENT_WRITE); Conflict when the row stays held past that, or the write
+    met another on it (a deadlock, a serialization failure)."""
     try:
         async with engine.begin() as conn:
             await conn.execute(_PATIENT_WRITE)
             yield conn
     except DBAPIError as exc:
-        if getattr(exc.orig, "sqlstate", None) not in _HELD_TOO_LONG:
+        if getattr(exc.orig, "sqlstate", None) not in BUSY_ROW_SQLSTATES:
             raise
         raise Conflict(
-            f"job {job_id!r}: its row stayed locked by another transaction past the wait "
-            "(the leader holds it at most CLAIM_AHEAD_SECONDS while it claims the next "
-            "slot); try again"
+            f"job {job_id!r}: its row stayed locked by another transaction past the wait, "
+            "or another write met this one on it (the leader holds it at most "
+            "CLAIM_AHEAD_SECONDS while it claims the next slot); try again"
         ) from None
 
 

@@ -316,6 +316,10 @@ class LockConnection:
                 # shorter role default all the same, and equals the lease should one
                 # ever be left open.
                 "idle_in_transaction_session_timeout": str(lease_seconds * 1000),
+                # The promotion's record waits for fenced transactions while the old
+                # leader's heartbeat may rewrite the row; under a repeatable-read
+                # default it would then fail to serialize instead of moving on.
+                "default_transaction_isolation": "read committed",
                 **_NO_TIMEOUTS,
             },
         )

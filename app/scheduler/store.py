@@ -82,6 +82,7 @@ from .registry import JobSpec
 from .triggers import Trigger
 
 __all__ = [
+    "BUSY_ROW_SQLSTATES",
     "LEASE_NOW_SQL",
     "ChangedRows",
     "ClaimedSlot",
@@ -417,7 +418,7 @@ _START_REPLICA_JOB = text(
 _ROW_LOCK_PATIENCE = text("SET LOCAL lock_timeout = '1s'")
 # Errors of a statement that met a busy row, not a bad one: lock_not_available,
 # query_canceled (a statement_timeout), deadlock_detected, serialization_failure.
-_PASSING = frozenset({"55P03", "57014", "40P01", "40001"})
+BUSY_ROW_SQLSTATES = frozenset({"55P03", "57014", "40P01", "40001"})
 
 # The leases of a batch of runs (l): a leader run's is on its job row, a per-worker
 # run's on its own run row (a reaped run no longer holds one).
@@ -1062,7 +1063,10 @@ class JobStore:
         passing outage, which is retried instead. A statement cut off by a timeout or
         a deadlock while waiting for a row another transaction held (an operator's
         write, a claim prepared ahead) is passing too: the row was busy, not bad."""
-        if isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) in _PASSING:
+        if (
+            isinstance(exc, DBAPIError)
+            and getattr(exc.orig, "sqlstate", None) in BUSY_ROW_SQLSTATES
+        ):
             return False
         return await self.answered(exc)
 

@@ -769,6 +769,13 @@ class JobRow:
             _aware_or_none(running_until),
         )
 
+    @classmethod
+    def of(cls, row: Any) -> JobRow:
+        """read() of a result row that has the columns of the same names."""
+        return cls.read(
+            row.next_run_at, row.paused, row.run_requested_at, row.leader_only, row.running_until
+        )
+
 
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
@@ -1000,13 +1007,7 @@ class JobStore:
                     row.name,
                     row.trigger,
                     row.leader_only,
-                    JobRow.read(
-                        row.next_run_at,
-                        row.paused,
-                        row.run_requested_at,
-                        row.leader_only,
-                        row.running_until,
-                    ),
+                    JobRow.of(row),
                 )
                 for row in result
             }
@@ -1190,16 +1191,7 @@ class JobStore:
         """The stored next slot, pause flag, run-now request and leader_only of each job."""
         async with self.engine.connect() as conn:
             result = await conn.execute(_LOAD, {"ids": list(job_ids), "schedule": self.schedule})
-            return {
-                row.id: JobRow.read(
-                    row.next_run_at,
-                    row.paused,
-                    row.run_requested_at,
-                    row.leader_only,
-                    row.running_until,
-                )
-                for row in result
-            }
+            return {row.id: JobRow.of(row) for row in result}
 
     async def claim(
         self,

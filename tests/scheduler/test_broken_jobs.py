@@ -42,6 +42,16 @@ async def _broken(engine: AsyncEngine) -> dict[str, str]:
         return {row.job_id: row.error for row in rows}
 
 
+async def _set_on_the_database(
+    engine: AsyncEngine, database_url: str, setting: str, value: str
+) -> None:
+    """A database default every new session inherits (the pool is emptied for it)."""
+    name = make_url(database_url).database
+    async with engine.begin() as conn:
+        await conn.execute(text(f"ALTER DATABASE \"{name}\" SET {setting} = '{value}'"))
+    await engine.dispose()
+
+
 def _broken_logs(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if getattr(r, "action", None) == "job.broken"]
 
@@ -128,10 +138,7 @@ async def test_a_claim_cut_off_by_a_database_timeout_is_retried_and_the_job_is_n
     prepared ahead by a frozen leader): the row is busy, not bad. The claim is tried
     again a tick later and the slot runs; the job is never marked broken."""
     caplog.set_level(logging.INFO, logger="app.scheduler")
-    name = make_url(database_url).database
-    async with engine.begin() as conn:
-        await conn.execute(text(f"ALTER DATABASE \"{name}\" SET {timeout} = '200ms'"))
-    await engine.dispose()
+    await _set_on_the_database(engine, database_url, timeout, "200ms")
     clock = FakeClock(T0)
     scheduler = Scheduler()
     scheduler.job(every(minutes=1), id="held")(_noop)
@@ -158,10 +165,7 @@ async def test_a_claim_cut_off_by_a_database_timeout_is_retried_and_the_job_is_n
 async def test_a_row_busy_past_a_database_timeout_holds_up_no_other_job_of_its_slot(
     start_scheduler: StartScheduler, engine: AsyncEngine, database_url: str
 ) -> None:
-    name = make_url(database_url).database
-    async with engine.begin() as conn:
-        await conn.execute(text(f"ALTER DATABASE \"{name}\" SET lock_timeout = '200ms'"))
-    await engine.dispose()
+    await _set_on_the_database(engine, database_url, "lock_timeout", "200ms")
     clock = FakeClock(T0)
     scheduler = Scheduler()
     scheduler.job(every(minutes=1), id="held")(_noop)

@@ -90,6 +90,11 @@ _NO_TRANSACTION_TIMEOUT = (
     "SELECT set_config('transaction_timeout', '0', false)"
     " WHERE current_setting('transaction_timeout', true) IS NOT NULL"
 )
+# The promotion's record waits for fenced transactions while the old leader's heartbeat
+# may rewrite the row; under a repeatable-read default it would then fail to serialize
+# instead of moving on. Set after connect, not in the startup packet: a session pooler
+# refuses startup parameters it was not told to ignore.
+_READ_COMMITTED = "SET default_transaction_isolation = 'read committed'"
 
 # How often the server checks that a waiting client is still connected.
 CLIENT_CHECK_SECONDS = 1
@@ -316,10 +321,6 @@ class LockConnection:
                 # shorter role default all the same, and equals the lease should one
                 # ever be left open.
                 "idle_in_transaction_session_timeout": str(lease_seconds * 1000),
-                # The promotion's record waits for fenced transactions while the old
-                # leader's heartbeat may rewrite the row; under a repeatable-read
-                # default it would then fail to serialize instead of moving on.
-                "default_transaction_isolation": "read committed",
                 **_NO_TIMEOUTS,
             },
         )
@@ -329,6 +330,7 @@ class LockConnection:
             check_pooling(backend_pid, await connection.fetchval("SELECT pg_backend_pid()"))
             check_primary(await connection.fetchval("SELECT pg_is_in_recovery()"))
             await connection.execute(_NO_TRANSACTION_TIMEOUT)
+            await connection.execute(_READ_COMMITTED)
             await connection.execute(
                 _LIVENESS,
                 str(_KEEPALIVE_IDLE),

@@ -136,6 +136,8 @@ def _record_leadership_sql(key: LeaderKey) -> str:
     WHERE EXISTS (
         SELECT 1 FROM pg_locks WHERE {key.locks} AND granted AND pid = pg_backend_pid())
         -- Read, so that the lock is taken (an unread CTE never runs), before the upsert.
+        -- It also makes the bump an exclusive update: a repeatable-read fence whose
+        -- snapshot predates it fails to serialize instead of locking the old term.
         AND (SELECT count(*) FROM fenced_commits_done) >= 0
     ON CONFLICT (schedule) DO UPDATE SET pid = excluded.pid, host = excluded.host,
         backend_pid = excluded.backend_pid, since = excluded.since,

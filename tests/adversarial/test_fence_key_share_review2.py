@@ -56,6 +56,23 @@ async def test_a_repeatable_read_body_cannot_pass_the_fence_after_a_new_promotio
         await session.close()
 
 
+async def test_a_repeatable_read_body_passes_the_fence_when_only_heartbeats_wrote_the_row(
+    database: Database, database_url: str, engine: AsyncEngine
+) -> None:
+    """The leader's tick rewrites the term row every tick (its heartbeat). A fenced job
+    transaction under repeatable read whose snapshot predates a heartbeat is still of the
+    current leadership: its fence passes (FOR SHARE failed it to serialize)."""
+    term = await promote_elsewhere(database_url)
+    session = await _repeatable_read(database)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(_HEARTBEAT)
+        await _ctx(term).fence(session)
+        await session.commit()
+    finally:
+        await session.close()
+
+
 async def test_a_repeatable_read_body_cannot_pass_the_fence_after_a_heartbeat_and_a_promotion(
     database: Database, database_url: str, engine: AsyncEngine
 ) -> None:

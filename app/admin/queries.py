@@ -196,9 +196,10 @@ def _rows(result: Any) -> list[dict[str, Any]]:
 
 
 def _aware(value: Any) -> Any:
-    # asyncpg reads a timestamptz 'infinity' or '-infinity' (an operator's "never") as
+    # asyncpg reads a timestamptz 'infinity' (an operator's "never") or '-infinity' as
     # a naive datetime.max or .min; every other one is aware. Made aware (UTC), they
-    # compare, sort and serialize as the rest do; display.timestamp() says "never".
+    # compare, sort and serialize as the rest do; display.timestamp() says "never" for
+    # the first.
     if isinstance(value, datetime) and value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     return value

@@ -18,7 +18,7 @@ from app.scheduler import JobContext, Role, Scheduler, every
 from app.settings import Settings
 
 from ..conftest import StartScheduler
-from ..scheduler.conftest import eventually, prepared_claim_waits, runs
+from ..scheduler.conftest import eventually, lease_elsewhere, prepared_claim_waits, runs
 
 TOKEN = "s3cret-admin-token-for-review"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -81,15 +81,13 @@ async def test_a_run_elsewhere_that_ends_before_the_slot_does_not_skip_the_slot(
 
     supervisor = await start_scheduler(scheduler)
     await supervisor.wait_until_firing()
-    async with engine.begin() as conn:
-        await conn.execute(
-            text(
-                "UPDATE scheduler_jobs SET running_run_id = 999999, running_pid = 999999,"
-                " running_host = 'elsewhere', running_since = now(), last_status = 'running',"
-                " running_until = now() + interval '1 hour',"
-                " next_run_at = clock_timestamp() + interval '3 seconds' WHERE id = 'hourly'"
-            )
-        )
+    await lease_elsewhere(
+        engine,
+        "hourly",
+        "now() + interval '1 hour'",
+        "last_status = 'running'",
+        "next_run_at = clock_timestamp() + interval '3 seconds'",
+    )
 
     async def slot_within_the_lead() -> bool:
         async with engine.connect() as conn:

@@ -17,6 +17,7 @@ from app.scheduler.clock import SystemClock
 from ..scheduler.conftest import (
     StartScheduler,
     eventually,
+    lease_elsewhere,
     minutely_recording,
     prepared_claim_waits,
     runs,
@@ -158,15 +159,7 @@ async def test_a_running_lease_that_runs_out_before_the_slot_does_not_skip_the_s
 
     supervisor = await start_scheduler(scheduler)
     await supervisor.wait_until_firing()
-    async with engine.begin() as conn:
-        await conn.execute(
-            text(
-                "UPDATE scheduler_jobs SET running_run_id = 999999, running_pid = 999999,"
-                " running_host = 'elsewhere', running_since = now(),"
-                " running_until = next_run_at - interval '0.2 seconds'"
-                " WHERE id = 'hourly'"
-            )
-        )
+    await lease_elsewhere(engine, "hourly", "next_run_at - interval '0.2 seconds'")
 
     async def recorded() -> bool:
         return bool(await runs(engine, "hourly"))

@@ -241,6 +241,26 @@ def make_runner(database: Database, clock: FakeClock, pid: int = 1) -> Runner:
     )
 
 
+async def lease_elsewhere(engine: AsyncEngine, job_id: str, until: str, *extra: str) -> None:
+    """Give the job's row the running lease of a run in another process (run 999999 of
+    pid 999999 on host 'elsewhere'), lasting until the SQL expression ``until``;
+    ``extra`` are more ``column = expression`` assignments of the same UPDATE."""
+    assignments = ", ".join(
+        [
+            "running_run_id = 999999",
+            "running_pid = 999999",
+            "running_host = 'elsewhere'",
+            "running_since = now()",
+            f"running_until = {until}",
+            *extra,
+        ]
+    )
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(f"UPDATE scheduler_jobs SET {assignments} WHERE id = :id"), {"id": job_id}
+        )
+
+
 async def prepared_claim_waits(engine: AsyncEngine) -> bool:
     """A leader claim whose statements ran sits in an open transaction, waiting to
     commit at its slot (a claim prepared ahead)."""

@@ -3,13 +3,15 @@ is marked broken (logged once, kept in scheduler_broken_jobs) and every other jo
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.scheduler import FakeClock, Interval, JobContext, Scheduler, every
 
@@ -50,6 +52,16 @@ async def _set_on_the_database(
     async with engine.begin() as conn:
         await conn.execute(text(f"ALTER DATABASE \"{name}\" SET {setting} = '{value}'"))
     await engine.dispose()
+
+
+@asynccontextmanager
+async def _row_held(engine: AsyncEngine, job_id: str) -> AsyncIterator[AsyncConnection]:
+    """Another transaction holding the job's row (FOR UPDATE) until it rolls back."""
+    async with engine.connect() as holder:
+        await holder.execute(
+            text("SELECT 1 FROM scheduler_jobs WHERE id = :id FOR UPDATE"), {"id": job_id}
+        )
+        yield holder
 
 
 def _broken_logs(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -144,8 +156,7 @@ async def test_a_claim_cut_off_by_a_database_timeout_is_retried_and_the_job_is_n
     scheduler.job(every(minutes=1), id="held")(_noop)
     supervisor = await start_scheduler(scheduler, clock=clock)
     await supervisor.wait_until_firing()
-    async with engine.connect() as holder:
-        await holder.execute(text("SELECT 1 FROM scheduler_jobs WHERE id = 'held' FOR UPDATE"))
+    async with _row_held(engine, "held") as holder:
         # Parked: the leader tick and the job timer.
         await clock.wait_for_sleepers(2)
         clock.advance(60)
@@ -172,8 +183,7 @@ async def test_a_row_busy_past_a_database_timeout_holds_up_no_other_job_of_its_s
     scheduler.job(every(minutes=1), id="free")(_noop)
     supervisor = await start_scheduler(scheduler, clock=clock)
     await supervisor.wait_until_firing()
-    async with engine.connect() as holder:
-        await holder.execute(text("SELECT 1 FROM scheduler_jobs WHERE id = 'held' FOR UPDATE"))
+    async with _row_held(engine, "held") as holder:
         await clock.wait_for_sleepers(2)
         clock.advance(60)
         assert await wait_for_runs(engine, "free", 1) == [("ok", T0 + timedelta(minutes=1))]

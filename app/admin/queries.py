@@ -22,8 +22,9 @@ from app.outbox import (
     reset_message,
 )
 from app.scheduler.election import WAKE_CHANNEL
+from app.scheduler.faults import is_busy_row
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
-from app.scheduler.store import BUSY_ROW_SQLSTATES, LEASE_NOW_SQL
+from app.scheduler.store import LEASE_NOW_SQL
 from app.storable import is_int64, is_storable_text
 
 from .errors import AdminError, Conflict, NotFound, UnknownJobError
@@ -234,7 +235,7 @@ async def _job_write(engine: AsyncEngine, job_id: str) -> AsyncIterator[AsyncCon
             await conn.execute(_PATIENT_WRITE)
             yield conn
     except DBAPIError as exc:
-        if getattr(exc.orig, "sqlstate", None) not in BUSY_ROW_SQLSTATES:
+        if not is_busy_row(exc):
             raise
         raise Conflict(
             f"job {job_id!r}: its row stayed locked by another transaction past the wait, "

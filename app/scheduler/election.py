@@ -46,6 +46,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .errors import SchedulerError
+from .faults import LOCK_CONNECTION_ERRORS
 from .keys import DEFAULT_SCHEDULE, LeaderKey
 
 __all__ = [
@@ -61,15 +62,6 @@ __all__ = [
     "engine_identity",
 ]
 
-# What a statement on the lock connection raises when the connection dies under it;
-# asyncpg raises InternalClientError when it is terminated mid-statement.
-_CONNECTION_ERRORS = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.InternalClientError,
-)
 
 # NOTIFY on this channel makes the leader reload its job rows now (pause, run now).
 WAKE_CHANNEL = "regent_scheduler"
@@ -438,7 +430,7 @@ class LockConnection:
         try:
             async with asyncio.timeout(timeout):
                 gone = await self._connection.fetchval(_PREVIOUS_LEADER_GONE, self.key.schedule)
-        except _CONNECTION_ERRORS:
+        except LOCK_CONNECTION_ERRORS:
             return False
         return gone is True
 
@@ -451,7 +443,7 @@ class LockConnection:
         try:
             async with asyncio.timeout(timeout):
                 count = await self._connection.fetchval(_ownership_sql(self.key))
-        except _CONNECTION_ERRORS:
+        except LOCK_CONNECTION_ERRORS:
             return False
         return bool(count == 1)
 
@@ -462,7 +454,7 @@ class LockConnection:
             async with asyncio.timeout(timeout):
                 await self._connection.execute(self.key.call("pg_advisory_unlock"), *self.key.args)
                 await self._connection.close(timeout=timeout)
-        except _CONNECTION_ERRORS:
+        except LOCK_CONNECTION_ERRORS:
             logger.debug("lock connection unlock failed; terminating it", exc_info=True)
         finally:
             self.close()

@@ -34,9 +34,11 @@ import logging
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from .broken import BrokenJobs
 from .clock import Clock
+from .faults import blames_job
 from .registry import JobSpec
-from .retry import backoff_delay, log_retry
+from .retry import BROKEN_JOB, DATABASE, log_retry
 from .runner import Runner
 from .store import JobStore, format_error
 
@@ -44,17 +46,22 @@ __all__ = ["run_replica_jobs"]
 
 logger = logging.getLogger("app.scheduler")
 
-_BROKEN_RETRY_SECONDS = 60.0
-
 
 async def run_replica_jobs(
-    specs: list[JobSpec], *, store: JobStore, runner: Runner, clock: Clock, zone: ZoneInfo
+    specs: list[JobSpec],
+    *,
+    store: JobStore,
+    runner: Runner,
+    clock: Clock,
+    zone: ZoneInfo,
+    broken: BrokenJobs,
 ) -> None:
     """Run each job on its own schedule until cancelled; each registers its own row
-    first, so one job that cannot be handled holds up no other."""
+    first, so one job that cannot be handled holds up no other (it is kept in
+    ``broken``, the process's one book of broken jobs)."""
     async with asyncio.TaskGroup() as group:
         for spec in specs:
-            loop = _ReplicaLoop(spec, store, runner, clock, zone)
+            loop = _ReplicaLoop(spec, store, runner, clock, zone, broken)
             group.create_task(loop.run(), name=f"replica-loop:{spec.id}")
 
 
@@ -62,7 +69,13 @@ class _ReplicaLoop:
     """One per-replica job on this worker: its slots, its pause check, its runs."""
 
     def __init__(
-        self, spec: JobSpec, store: JobStore, runner: Runner, clock: Clock, zone: ZoneInfo
+        self,
+        spec: JobSpec,
+        store: JobStore,
+        runner: Runner,
+        clock: Clock,
+        zone: ZoneInfo,
+        broken: BrokenJobs,
     ) -> None:
         self.spec = spec
         self.store = store
@@ -70,7 +83,7 @@ class _ReplicaLoop:
         self.clock = clock
         self.zone = zone
         self.salt = str(store.pid)
-        self.broken = False
+        self.broken = broken
 
     async def run(self) -> None:
         """Register the job's row, then fire the job at each of its slots until
@@ -90,16 +103,16 @@ class _ReplicaLoop:
                     slot = spec.trigger.first_slot(self.clock.now(), self.zone)
                 slot = await self.run_once(slot)
                 failures = 0
-                if self.broken:
-                    await self._clear_broken()
+                if spec.id in self.broken:
+                    await self.broken.repaired([spec.id])
             except Exception as exc:
                 slot = None
-                if await self.store.blames_job(exc):
-                    await self._mark_broken(exc)
-                    await self.clock.sleep(_BROKEN_RETRY_SECONDS)
+                if await blames_job(self.store.engine, exc):
+                    await self.broken.mark(spec.id, format_error(exc))
+                    await self.clock.sleep(BROKEN_JOB.delay(1))
                     continue
-                delay = backoff_delay(failures)
                 failures += 1
+                delay = DATABASE.delay(failures)
                 log_retry("scheduler.replica_job_waiting", exc, delay)
                 await self.clock.sleep(delay)
 
@@ -120,34 +133,3 @@ class _ReplicaLoop:
                 spec, latest, jitter=spec.jitter_delay(latest, salt=self.salt)
             )
         return next_slot
-
-    async def _clear_broken(self) -> None:
-        try:
-            await self.store.clear_broken([self.spec.id])
-        except Exception:
-            logger.warning("could not clear the broken mark of job %s", self.spec.id, exc_info=True)
-            return
-        self.broken = False
-        logger.info(
-            "job.repaired: job %s is handled again on this worker",
-            self.spec.id,
-            extra={"action": "job.repaired", "job_id": self.spec.id, "pid": self.store.pid},
-        )
-
-    async def _mark_broken(self, exc: Exception) -> None:
-        if self.broken:
-            return
-        self.broken = True
-        logger.error(
-            "job.broken: job %s cannot be handled on this worker (%s: %s); retrying every %s s",
-            self.spec.id,
-            exc.__class__.__name__,
-            exc,
-            _BROKEN_RETRY_SECONDS,
-            exc_info=exc,
-            extra={"action": "job.broken", "job_id": self.spec.id, "pid": self.store.pid},
-        )
-        try:
-            await self.store.mark_broken(self.spec.id, format_error(exc), self.clock.now())
-        except Exception:
-            logger.warning("could not record job %s as broken", self.spec.id, exc_info=True)

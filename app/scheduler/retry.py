@@ -1,32 +1,55 @@
-"""Backoff between attempts to reach the database, and the log line that says so."""
+"""Every retry policy of the scheduler, each one app.backoff.Backoff, and the log line
+that says a retry is coming.
+
+One table per purpose, so what the scheduler does after a failure is read here and
+nowhere else: reaching the database (the supervisor, a per-worker job's loop, a lease
+renewal), restarting a crashed service or supervisor, writing an outcome again, trying
+a broken job again.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 
-__all__ = ["RETRY_BACKOFF", "backoff_delay", "log_retry", "renewal_delay"]
+from app.backoff import Backoff
+
+__all__ = [
+    "BROKEN_JOB",
+    "DATABASE",
+    "OUTCOME_WRITE",
+    "SERVICE_RESTART",
+    "SUPERVISOR_RESTART",
+    "log_retry",
+    "renewal_delay",
+]
 
 logger = logging.getLogger("app.scheduler")
 
-# Capped low: after PostgreSQL returns, a leader must be back well within a lease.
-RETRY_BACKOFF = (0.5, 1.0, 2.0, 4.0, 5.0)
-
-
-def backoff_delay(failures: int) -> float:
-    """Seconds to wait after ``failures`` failed attempts in a row (0-based)."""
-    return RETRY_BACKOFF[min(failures, len(RETRY_BACKOFF) - 1)]
+# Reaching the database: capped low, since after PostgreSQL returns a leader must be
+# back well within a lease.
+DATABASE = Backoff((0.5, 1.0, 2.0, 4.0, 5.0))
+# A service that crashed or returned while its worker leads is started again.
+SERVICE_RESTART = Backoff((1.0, 2.0, 5.0, 10.0, 30.0, 60.0))
+# A supervisor that crashed (a bug, never a database outage, which it retries itself).
+SUPERVISOR_RESTART = Backoff((5.0,))
+# An outcome write cut off by a lost connection is written again, soon: until it lands
+# the run reads 'running'.
+OUTCOME_WRITE = Backoff((0.05, 0.1, 0.2, 0.4, 0.8))
+# A job whose step fails while the database answers (its trigger raised, its row
+# refused the statement) is tried again this often; its other jobs are never held up.
+BROKEN_JOB = Backoff((60.0,))
 
 
 def renewal_delay(period: float, failures: int) -> float:
     """Seconds until the next renewal of a running lease renewed every ``period``
     seconds, after ``failures`` failed renewals in a row: the period after a success,
-    else the short backoff (never above the period). A renewal retried only a period
+    else the DATABASE backoff (never above the period). A renewal retried only a period
     later lets two passing failures use up the whole margin of a lease of three periods:
     the third attempt would fall at the lease's very end."""
     if failures == 0:
         return period
-    return min(period, backoff_delay(failures - 1))
+    return min(period, DATABASE.delay(failures))
 
 
 def log_retry(action: str, exc: BaseException, delay: float) -> None:

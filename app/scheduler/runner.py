@@ -48,6 +48,7 @@ from .context import JobContext, ServiceContext
 from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
+from .retry import OUTCOME_WRITE, SERVICE_RESTART
 from .store import (
     ClaimedSlot,
     HeldLease,
@@ -66,15 +67,11 @@ __all__ = ["Claim", "Due", "Runner"]
 logger = logging.getLogger("app.scheduler")
 
 _RECORD_TIMEOUT = 10.0
-# The first pause before an outcome write is tried again (real time: a wait for the
-# database, as _RECORD_TIMEOUT is); it doubles up to 16 times that.
-_RECORD_RETRY_SECONDS = 0.05
 _CANCELLED = "cancelled: this worker stopped leading or shut down"
 _CANCELLED_BEFORE_START = (
     "cancelled before its body started: this worker stopped leading or shut down"
 )
 _PAUSED_BEFORE_START = "cancelled before its body started: the job was paused before its slot"
-_SERVICE_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 _BUSY_HERE = "the previous run was still going in this process"
 # Claim outcomes that start no body.
 _NOT_RUN = ("already_recorded", "skipped_overlap")
@@ -521,9 +518,8 @@ class Runner:
                     exc_info=failure,
                     extra={"action": "service.crashed"},
                 )
-            delay = _SERVICE_BACKOFF[min(failures, len(_SERVICE_BACKOFF) - 1)]
             failures += 1
-            await self.clock.sleep(delay)
+            await self.clock.sleep(SERVICE_RESTART.delay(failures))
 
     async def execute(self, spec: JobSpec, claim: Claim) -> None:
         """Run the body of a claimed slot and record how it ended. Never raises but
@@ -790,7 +786,7 @@ class Runner:
         outcome = run.outcome(status, error, self.clock.now(), body_ended=body_ended)
         try:
             async with asyncio.timeout(_RECORD_TIMEOUT):
-                for attempt in itertools.count():
+                for attempt in itertools.count(1):
                     try:
                         # Written with the outcomes of the other runs that end meanwhile.
                         await self._outcomes.write(outcome)
@@ -801,7 +797,7 @@ class Runner:
                         # lease ran out, then 'abandoned': the outcome is idempotent,
                         # so it is written again, on a fresh connection, until it lands.
                         logger.debug("outcome write failed; retrying", exc_info=True)
-                        await asyncio.sleep(_RECORD_RETRY_SECONDS * 2 ** min(attempt, 4))
+                        await asyncio.sleep(OUTCOME_WRITE.delay(attempt))
         except Exception:
             logger.warning(
                 'Could not record the outcome %s of job "%s" (run %s)',

@@ -20,6 +20,7 @@ from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .keys import DEFAULT_SCHEDULE, validate_schedule_name
 from .registry import JobSpec, Registry, ServiceSpec
+from .retry import SUPERVISOR_RESTART
 from .runner import Runner
 from .store import JobStore
 from .supervisor import Role, SchedulerConfig, Supervisor
@@ -31,7 +32,6 @@ logger = logging.getLogger("app.scheduler")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_RESTART_DELAY_SECONDS = 5.0
 
 # The schedulers started in this process, by (database server identity, schedule
 # name): two DSNs may spell one server differently (localhost, 127.0.0.1, a DNS alias).
@@ -283,15 +283,18 @@ class Scheduler:
 
     async def _supervise(self, supervisor: Supervisor) -> None:
         # A scheduler failure is logged, never reaches the API, and is retried.
+        crashes = 0
         while True:
             try:
                 await supervisor.run()
                 return
             except Exception:
+                crashes += 1
+                delay = SUPERVISOR_RESTART.delay(crashes)
                 logger.exception(
                     "scheduler.crashed: restarting the supervisor in %s s (pid=%s)",
-                    _RESTART_DELAY_SECONDS,
+                    delay,
                     os.getpid(),
                     extra={"action": "scheduler.crashed", "pid": os.getpid()},
                 )
-            await supervisor.clock.sleep(_RESTART_DELAY_SECONDS)
+            await supervisor.clock.sleep(delay)

@@ -82,7 +82,6 @@ from .registry import JobSpec
 from .triggers import Trigger
 
 __all__ = [
-    "BUSY_ROW_SQLSTATES",
     "LEASE_NOW_SQL",
     "ChangedRows",
     "ClaimedSlot",
@@ -416,9 +415,6 @@ _START_REPLICA_JOB = text(
 # fails, and its writer tries each of its rows alone: one job row locked for long (an
 # operator's open transaction, a stuck claim) must not hold up every other run.
 _ROW_LOCK_PATIENCE = text("SET LOCAL lock_timeout = '1s'")
-# Errors of a statement that met a busy row, not a bad one: lock_not_available,
-# query_canceled (a statement_timeout), deadlock_detected, serialization_failure.
-BUSY_ROW_SQLSTATES = frozenset({"55P03", "57014", "40P01", "40001"})
 
 # The leases of a batch of runs (l): a leader run's is on its job row, a per-worker
 # run's on its own run row (a reaped run no longer holds one).
@@ -1057,31 +1053,6 @@ class JobStore:
                 )
                 for row in result
             }
-
-    async def blames_job(self, exc: BaseException) -> bool:
-        """True when a job's step failed with ``exc`` while the database answers: the
-        fault is the job's (its trigger raised, its row refused the statement), not a
-        passing outage, which is retried instead. A statement cut off by a timeout or
-        a deadlock while waiting for a row another transaction held (an operator's
-        write, a claim prepared ahead) is passing too: the row was busy, not bad."""
-        if (
-            isinstance(exc, DBAPIError)
-            and getattr(exc.orig, "sqlstate", None) in BUSY_ROW_SQLSTATES
-        ):
-            return False
-        return await self.answered(exc)
-
-    async def answered(self, exc: BaseException) -> bool:
-        """True when ``exc`` came from a database that still answers: not a lost
-        connection, and a fresh one runs a statement."""
-        if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-            return False
-        try:
-            async with self.engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
-        except Exception:
-            return False
-        return True
 
     async def mark_broken(self, job_id: str, error: str, now: datetime) -> None:
         """Record that the leader cannot handle the job's row or next slot."""

@@ -50,14 +50,16 @@ from zoneinfo import ZoneInfo
 
 import asyncpg
 
+from .broken import BrokenJobs
 from .clock import Clock
 from .election import LockConnection, UnsafeLockConnectionError, engine_identity
 from .errors import ScheduleNameCollisionError
+from .faults import UNREACHABLE, blames_job, database_answers
 from .host_lock import HostLock, HostLockError
 from .keys import DEFAULT_SCHEDULE, validate_schedule_name
 from .registry import JobSpec, Registry, ServiceSpec
 from .replicas import run_replica_jobs
-from .retry import backoff_delay, log_retry
+from .retry import BROKEN_JOB, DATABASE, log_retry
 from .runner import Claim, Due, Runner
 from .store import (
     JobRow,
@@ -85,17 +87,6 @@ _GONE_POLL_SECONDS = 0.05
 # has the planner count them (Supervisor._refresh_statistics); for fewer, a claim that
 # reads every row costs about what its index probes would.
 _GREW_ROWS = 1000
-# A broken job's loop tries again this often; its other jobs are never held up.
-_BROKEN_RETRY_SECONDS = 60.0
-# The server cannot be reached, is going away or is full: retry, whatever ENVIRONMENT.
-_UNREACHABLE = (
-    OSError,
-    TimeoutError,
-    asyncpg.InterfaceError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,
-)
 
 
 class Role(enum.Enum):
@@ -206,7 +197,7 @@ class Supervisor:
         self._failures = 0
         self._reload = asyncio.Event()
         self._firing = asyncio.Event()
-        self._broken: set[str] = set()
+        self._broken = BrokenJobs(store, clock)
         self.refusal: str | None = None
         # Ids of the leader-only jobs and the services of this worker that the live
         # leader of its schedule does not run (another app of the same name leads):
@@ -249,6 +240,7 @@ class Supervisor:
                 runner=self.runner,
                 clock=self.clock,
                 zone=self.config.zone,
+                broken=self._broken,
             ),
             name="replica-jobs",
         )
@@ -274,7 +266,7 @@ class Supervisor:
             if self._stopping.is_set():
                 return
             raise
-        except _UNREACHABLE as exc:
+        except UNREACHABLE as exc:
             await self._back_off("scheduler.lock_unreachable", exc)
             return
         except (UnsafeLockConnectionError, HostLockError, ScheduleNameCollisionError) as exc:
@@ -364,7 +356,7 @@ class Supervisor:
                 timeout=self.config.connect_timeout_seconds,
                 schedule=self.store.schedule,
             )
-        except (*_UNREACHABLE, UnsafeLockConnectionError):
+        except (*UNREACHABLE, UnsafeLockConnectionError):
             raise
         except asyncpg.PostgresError as exc:
             # The server answered and refused: a wrong database name or password.
@@ -379,7 +371,7 @@ class Supervisor:
                     extra={"action": "scheduler.standby", "pid": os.getpid()},
                 )
                 await lock.wait_acquire()
-        except (*_UNREACHABLE, UnsafeLockConnectionError, ScheduleNameCollisionError):
+        except (*UNREACHABLE, UnsafeLockConnectionError, ScheduleNameCollisionError):
             lock.close()
             raise
         except asyncpg.PostgresError as exc:
@@ -525,7 +517,7 @@ class Supervisor:
             changed = [specs[row.id] for row in rows if row.id not in written]
             self._rows |= await self.store.register_leader_jobs(changed, now, self.config.zone)
         except Exception as exc:
-            if not await self.store.blames_job(exc):
+            if not await blames_job(self.store.engine, exc):
                 raise
             logger.warning(
                 "scheduler.register_one_by_one: the set registration of %s jobs failed (%s); "
@@ -544,9 +536,9 @@ class Supervisor:
                     )
                 except Exception as row_exc:
                     await self._blame(row.id, row_exc)
-        repaired = (stored.broken | self._broken) & self._rows.keys()
+        repaired = (stored.broken | self._broken.ids) & self._rows.keys()
         if repaired:
-            await self._repaired(sorted(repaired))
+            await self._broken.repaired(sorted(repaired))
         inserted = sum(1 for row in rows if row.id in self._rows and row.id not in stored.jobs)
         return inserted >= _GREW_ROWS and inserted > len(stored.jobs)
 
@@ -564,43 +556,9 @@ class Supervisor:
     async def _blame(self, job_id: str, exc: BaseException) -> None:
         """Mark the job broken for ``exc``; re-raise it when the database does not
         answer (an outage, not the job's fault)."""
-        if not await self.store.blames_job(exc):
+        if not await blames_job(self.store.engine, exc):
             raise exc
-        await self._mark_broken(job_id, format_error(exc))
-
-    async def _mark_broken(self, job_id: str, error: str) -> None:
-        """Record the job as broken; log it once per process until it is repaired."""
-        if job_id not in self._broken:
-            self._broken.add(job_id)
-            logger.error(
-                "job.broken: job %s cannot be handled (%s); its other jobs keep firing and "
-                "it is retried every %s s",
-                job_id,
-                # The last line of a traceback names the exception; the table keeps it all.
-                error.strip().splitlines()[-1],
-                _BROKEN_RETRY_SECONDS,
-                extra={"action": "job.broken", "job_id": job_id, "pid": os.getpid()},
-            )
-        try:
-            await self.store.mark_broken(job_id, error, self.clock.now())
-        except Exception:
-            logger.warning("scheduler: could not record job %s as broken", job_id, exc_info=True)
-
-    async def _repaired(self, job_ids: list[str]) -> None:
-        """Forget the broken mark of jobs whose registration or claim succeeded. Never
-        raises: a mark left behind is cleared by the next success."""
-        try:
-            await self.store.clear_broken(job_ids)
-        except Exception:
-            logger.warning("scheduler: could not clear the broken marks", exc_info=True)
-            return
-        for job_id in self._broken.intersection(job_ids):
-            self._broken.discard(job_id)
-            logger.info(
-                "job.repaired: job %s is handled again",
-                job_id,
-                extra={"action": "job.repaired", "job_id": job_id, "pid": os.getpid()},
-            )
+        await self._broken.mark(job_id, format_error(exc))
 
     async def _tick_until_done(
         self,
@@ -659,7 +617,7 @@ class Supervisor:
                 death = _loop_death(timer)
                 for spec in self.leader_jobs:
                     if spec.id not in self._broken:
-                        await self._mark_broken(spec.id, death)
+                        await self._broken.mark(spec.id, death)
 
     async def _step_down(
         self, lock: LockConnection | None, loops: list[asyncio.Task[None]], reason: str
@@ -862,7 +820,7 @@ class Supervisor:
         for job_id, exc in failed:
             await self._job_failed(job_id, exc)
         if repaired:
-            await self._repaired(repaired)
+            await self._broken.repaired(repaired)
 
     def _prepare(
         self,
@@ -951,7 +909,7 @@ class Supervisor:
         except Exception as exc:
             # While the database answers, one job's row (bad, or busy past a timeout)
             # must not hold up the others.
-            if len(dues) == 1 or not await self.store.answered(exc):
+            if len(dues) == 1 or not await database_answers(self.store.engine, exc):
                 return [exc] * len(dues)
             logger.warning(
                 "scheduler.claim_one_by_one: the claim of %s jobs failed (%s); claiming each alone",
@@ -1008,16 +966,16 @@ class Supervisor:
         except Exception as exc:
             await self._job_failed(spec.id, exc)
             return
-        await self._repaired([spec.id])
+        await self._broken.repaired([spec.id])
         self._plan_row(spec.id)
 
     async def _job_failed(self, job_id: str, exc: Exception) -> None:
         """A job's step raised: a fault of the job (its trigger raised, its row refused
-        the statement) marks it broken and retries it after _BROKEN_RETRY_SECONDS; a
+        the statement) marks it broken and retries it after the BROKEN_JOB backoff; a
         passing outage retries it a tick later. Its other jobs are never held up."""
-        if await self.store.blames_job(exc):
-            await self._mark_broken(job_id, format_error(exc))
-            self._retry_in(job_id, _BROKEN_RETRY_SECONDS)
+        if await blames_job(self.store.engine, exc):
+            await self._broken.mark(job_id, format_error(exc))
+            self._retry_in(job_id, BROKEN_JOB.delay(1))
             return
         logger.warning(
             "scheduler: claim of %s failed; retrying",
@@ -1179,12 +1137,9 @@ class Supervisor:
             )
         self._lost.set()
 
-    def _next_backoff(self) -> float:
-        return backoff_delay(self._failures)
-
     async def _back_off(self, action: str, exc: BaseException) -> None:
-        delay = self._next_backoff()
         self._failures += 1
+        delay = DATABASE.delay(self._failures)
         log_retry(action, exc, delay)
         await self._set_role(Role.STANDBY)
         await _first(self.clock.sleep(delay), self._stopping.wait())

@@ -1,0 +1,86 @@
+"""The one classification of database errors the scheduler acts on.
+
+Three answers, each decided here and nowhere else:
+
+- *unreachable*: the server cannot be reached, is going away or is full. A passing
+  outage: retried with the DATABASE backoff, whatever ENVIRONMENT says.
+- *a busy row*: a statement met a row another transaction holds (a lock or statement
+  timeout cut it off, a deadlock, a serialization failure). Passing too: the row is
+  busy, not bad, and its job is tried again a tick later; an operator's write answers
+  409 "try again".
+- *the job's fault*: the job's step failed while the database answers (its trigger
+  raised, its row refused the statement). The job is broken (broken.py) and every
+  other job keeps firing.
+
+The lock connection's own statements answer a fourth question (did the connection die
+under this statement?), LOCK_CONNECTION_ERRORS: any of them counts as a lost or
+unanswered lock, in doubt against leading.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = [
+    "BUSY_ROW_SQLSTATES",
+    "LOCK_CONNECTION_ERRORS",
+    "UNREACHABLE",
+    "blames_job",
+    "database_answers",
+    "is_busy_row",
+]
+
+# The server cannot be reached, is going away or is full.
+UNREACHABLE = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+)
+
+# What a statement on the lock connection raises when the connection dies under it;
+# asyncpg raises InternalClientError when it is terminated mid-statement.
+LOCK_CONNECTION_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+)
+
+# lock_not_available, query_canceled (a statement_timeout), deadlock_detected,
+# serialization_failure.
+BUSY_ROW_SQLSTATES = frozenset({"55P03", "57014", "40P01", "40001"})
+
+
+def is_busy_row(exc: BaseException) -> bool:
+    """True when ``exc`` is a statement that met a row another transaction holds."""
+    return isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) in (
+        BUSY_ROW_SQLSTATES
+    )
+
+
+async def database_answers(engine: AsyncEngine, exc: BaseException) -> bool:
+    """True when ``exc`` came from a database that still answers: not a lost
+    connection, and a fresh connection of ``engine`` runs a statement. Never raises."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return False
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except Exception:
+        return False
+    return True
+
+
+async def blames_job(engine: AsyncEngine, exc: BaseException) -> bool:
+    """True when a job's step failed with ``exc`` by the job's own fault: the database
+    answers and the row was not merely busy. Never raises."""
+    if is_busy_row(exc):
+        return False
+    return await database_answers(engine, exc)

@@ -211,6 +211,7 @@ column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
 """
 
 from .clock import Clock, FakeClock, SystemClock
+from .config import Role, SchedulerConfig
 from .context import JobContext, ServiceContext
 from .election import UnsafeLockConnectionError
 from .errors import (
@@ -222,7 +223,6 @@ from .errors import (
 from .events import RunFinished
 from .keys import InvalidScheduleNameError
 from .scheduler import DuplicateScheduleError, Scheduler
-from .supervisor import Role, SchedulerConfig
 from .triggers import Cron, Interval, Trigger, cron, every
 
 __all__ = [

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import Clock, SystemClock, lease_clock
+from .config import Role, SchedulerConfig
 from .election import DatabaseIdentity, engine_identity
 from .errors import SchedulerError
 from .events import Observers, RunFinished
@@ -23,7 +24,7 @@ from .registry import JobSpec, Registry, ServiceSpec
 from .retry import SUPERVISOR_RESTART
 from .runner import Runner
 from .store import JobStore
-from .supervisor import Role, SchedulerConfig, Supervisor
+from .supervisor import Supervisor
 from .triggers import Trigger
 
 __all__ = ["DuplicateScheduleError", "Scheduler"]

@@ -43,20 +43,18 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timedelta
-from pathlib import Path
-from zoneinfo import ZoneInfo
 
 import asyncpg
 
 from .broken import BrokenJobs
 from .clock import Clock
+from .config import Role, SchedulerConfig
 from .election import LockConnection, UnsafeLockConnectionError, engine_identity
 from .errors import ScheduleNameCollisionError
 from .faults import UNREACHABLE, blames_job, database_answers
 from .host_lock import HostLock, HostLockError
-from .keys import DEFAULT_SCHEDULE, validate_schedule_name
 from .registry import JobSpec, Registry, ServiceSpec
 from .replicas import run_replica_jobs
 from .retry import BROKEN_JOB, DATABASE, log_retry
@@ -72,14 +70,13 @@ from .store import (
 )
 from .triggers import Trigger
 
-__all__ = ["Role", "SchedulerConfig", "Supervisor"]
+__all__ = ["LeadershipEnd", "Supervisor"]
 
 logger = logging.getLogger("app.scheduler")
 
 # A lock-check error is a set-up problem that rarely clears by itself: outside
 # production, fire unguarded this long between checks.
 _FAIL_OPEN_SECONDS = 60.0
-_GRACEFUL = ("stopped", "unguarded period over")
 # During the handover grace, how often a new leader asks whether the previous leader's
 # backend has left the server.
 _GONE_POLL_SECONDS = 0.05
@@ -89,66 +86,23 @@ _GONE_POLL_SECONDS = 0.05
 _GREW_ROWS = 1000
 
 
-class Role(enum.Enum):
-    """What this worker is doing with the schedule right now."""
+class LeadershipEnd(enum.Enum):
+    """Why a leadership ended, logged as ``scheduler.demoted``'s reason. Only an end
+    that still owns the schedule is ``graceful``: its running bodies get the shutdown
+    grace; after a loss another leader may already run, so they are cancelled at once."""
 
-    STARTING = "starting"
-    STANDBY = "standby"
-    LEADER = "leader"
-    UNGUARDED = "unguarded"
     STOPPED = "stopped"
+    UNGUARDED_PERIOD_OVER = "unguarded period over"
+    LOST_DURING_HANDOVER = "lock lost during handover"
+    LOST_BEFORE_TERM = "lock lost before its term"
+    CONNECTION_LOST = "lock connection lost"
+    NO_LONGER_HELD = "lock no longer held"
+    FAILED = "an error while leading"
 
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """How the supervisor elects and leads. Times are seconds.
-
-    ``fail_closed``: a lock-check error starts no scheduler (production); otherwise the
-    worker runs unguarded for one backoff period, its claims still firing each slot once.
-
-    ``host_lock_dir``: the runtime directory of this host's lock file (host_lock.py);
-    only the worker holding its flock opens a lock connection. None: every worker
-    queues in PostgreSQL itself.
-
-    ``schedule``: the schedule name of a Scheduler created without one (SCHEDULER_NAME).
-
-    ``simulated_workers``: several Schedulers of one name in this process stand for
-    several workers (tests, benchmarks); otherwise a second one is refused at start.
-
-    ``claim_ahead_seconds``: a leader claims the slots due within this lead before they
-    are due, holding their rows in a transaction it commits at the slot, so that
-    however many jobs share a slot their bodies start on time. A leadership lost or
-    stepped down before the slot rolls the claim back (the next leader runs the slot);
-    a pause written during the lead waits for the commit and takes effect from the
-    next slot; an operator's write to a prepared job's row (a pause, a run-now) waits
-    for that commit, at most the lead. 0.5 s by default (the lease is at least 2 s, so
-    it always fits); 0 claims each slot when it is due.
-    """
-
-    lock_dsn: str
-    zone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
-    lease_seconds: int = 30
-    leader_tick_seconds: float = 5
-    handover_grace_seconds: float = 1
-    shutdown_grace_seconds: float = 10
-    connect_timeout_seconds: float = 10
-    fail_closed: bool = False
-    host_lock_dir: Path | None = None
-    schedule: str = DEFAULT_SCHEDULE
-    simulated_workers: bool = False
-    claim_ahead_seconds: float = 0.5
-
-    def __post_init__(self) -> None:
-        validate_schedule_name(self.schedule)
-        if self.lease_seconds < 2:
-            raise ValueError("lease_seconds must be at least 2")
-        if not 0 < self.leader_tick_seconds * 2 <= self.lease_seconds:
-            raise ValueError("leader_tick_seconds must be above zero and at most half the lease")
-        if not 0 <= self.claim_ahead_seconds <= self.lease_seconds / 4:
-            raise ValueError(
-                f"claim_ahead_seconds must be between 0 and a quarter of the lease "
-                f"({self.lease_seconds / 4:g} s); got {self.claim_ahead_seconds!r}"
-            )
+    @property
+    def graceful(self) -> bool:
+        """True when the leader still owns the schedule as it steps down."""
+        return self in (LeadershipEnd.STOPPED, LeadershipEnd.UNGUARDED_PERIOD_OVER)
 
 
 class _LockCheckError(Exception):
@@ -399,18 +353,22 @@ class Supervisor:
             extra={"action": "scheduler.promoted", "pid": os.getpid()},
         )
         loops: list[asyncio.Task[None]] = []
-        reason = "stopped"
+        end = LeadershipEnd.STOPPED
         fired, failure = False, None
         try:
             grace_ends = self.clock.now() + timedelta(seconds=self.config.handover_grace_seconds)
             if not await self._handover(lock, grace_ends):
-                reason = "lock lost during handover"
+                end = LeadershipEnd.LOST_DURING_HANDOVER
                 return None
             if self._stopping.is_set():
                 return None
             now = self.clock.now()
             if lock is not None and not await self._begin_term(lock, now):
-                reason = "stopped" if self._stopping.is_set() else "lock lost before its term"
+                end = (
+                    LeadershipEnd.STOPPED
+                    if self._stopping.is_set()
+                    else LeadershipEnd.LOST_BEFORE_TERM
+                )
                 return None
             grew = await self._register(now)
             if lock is not None:
@@ -439,15 +397,15 @@ class Supervisor:
             # lock connection ends the leadership without waiting for them, since the
             # next leader starts its services once its grace is over.
             lost = await _first(ticking, self._lost.wait()) == 1
-            reason = "lock connection lost" if lost else ticking.result()
+            end = LeadershipEnd.CONNECTION_LOST if lost else ticking.result()
         except Exception as exc:
             # The database went away while registering (a job's own fault only marks
             # that job broken): without the job rows we cannot lead.
             logger.warning("scheduler: leading failed", exc_info=True)
-            reason = f"{exc.__class__.__name__} while leading"
+            end = LeadershipEnd.FAILED
             failure = None if fired else exc
         finally:
-            await self._step_down(lock, loops, reason)
+            await self._step_down(lock, loops, end)
         return failure
 
     async def _begin_term(self, lock: LockConnection, now: datetime) -> bool:
@@ -565,7 +523,7 @@ class Supervisor:
         lock: LockConnection | None,
         until: datetime | None,
         timer: asyncio.Task[None],
-    ) -> str:
+    ) -> LeadershipEnd:
         while True:
             woken = await _first(
                 self.clock.sleep(self.config.leader_tick_seconds),
@@ -575,11 +533,13 @@ class Supervisor:
             )
             self._reload.clear()
             if woken in (1, 2):
-                return "lock connection lost" if self._lost.is_set() else "stopped"
+                return (
+                    LeadershipEnd.CONNECTION_LOST if self._lost.is_set() else LeadershipEnd.STOPPED
+                )
             if until is not None and self.clock.now() >= until:
-                return "unguarded period over"
+                return LeadershipEnd.UNGUARDED_PERIOD_OVER
             if lock is not None and not await lock.holds_lock(self.config.leader_tick_seconds):
-                return "lock no longer held"
+                return LeadershipEnd.NO_LONGER_HELD
             # Pick up what others changed (pause, resume, run now) since the last tick,
             # reading only the rows changed since, reap the running leases whose
             # owners died, and say that we still fire.
@@ -620,16 +580,14 @@ class Supervisor:
                         await self._broken.mark(spec.id, death)
 
     async def _step_down(
-        self, lock: LockConnection | None, loops: list[asyncio.Task[None]], reason: str
+        self, lock: LockConnection | None, loops: list[asyncio.Task[None]], end: LeadershipEnd
     ) -> None:
         self._firing.clear()
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         if self._bodies:
-            if reason in _GRACEFUL:
-                # We still own the schedule: give running jobs the shutdown grace. After
-                # a loss another leader may already run, so they are cancelled at once.
+            if end.graceful:
                 await self._shutdown_grace(lock)
             for task in self._bodies:
                 task.cancel()
@@ -644,8 +602,8 @@ class Supervisor:
         logger.info(
             "scheduler.demoted (pid=%s, reason=%s)",
             os.getpid(),
-            reason,
-            extra={"action": "scheduler.demoted", "pid": os.getpid(), "reason": reason},
+            end.value,
+            extra={"action": "scheduler.demoted", "pid": os.getpid(), "reason": end.value},
         )
         await self._set_role(Role.STANDBY)
 

@@ -36,18 +36,15 @@ import asyncio
 import contextlib
 import enum
 import functools
-import gc
-import heapq
-import itertools
 import logging
 import os
-import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from dataclasses import replace
 from datetime import datetime, timedelta
 
 import asyncpg
 
+from .ahead import CommitCost, collector_held_off
 from .broken import BrokenJobs
 from .clock import Clock
 from .config import Role, SchedulerConfig
@@ -68,6 +65,7 @@ from .store import (
     PreparedCommit,
     format_error,
 )
+from .timetable import Timetable
 from .triggers import Trigger
 
 __all__ = ["LeadershipEnd", "Supervisor"]
@@ -125,7 +123,7 @@ class Supervisor:
         self.store = store
         self.config = config
         self._claim_ahead = timedelta(seconds=config.claim_ahead_seconds)
-        self._committing = _CommitCost()
+        self._committing = CommitCost()
         # A prepared claim under way that has not begun to commit (a step-down rolls it back).
         self._uncommitted = False
         self.clock = clock
@@ -135,7 +133,7 @@ class Supervisor:
         self._stopping = asyncio.Event()
         self._lost = asyncio.Event()
         # When this leadership next acts on each leader job (one timer for them all).
-        self._timetable = _Timetable()
+        self._timetable = Timetable()
         # Jobs whose claim is under way, and those of them whose row the tick's reload
         # found changed meanwhile (read again once the claim is in).
         self._claiming: set[str] = set()
@@ -613,7 +611,7 @@ class Supervisor:
         by then in one claim and start their bodies. A row the tick's reload changed
         (a pause, a resume, a run now) is planned again at once. Never returns; a
         failed wake is logged and its jobs retried a tick later."""
-        self._timetable = timetable = _Timetable()
+        self._timetable = timetable = Timetable()
         self._claiming.clear()
         self._changed_while_claiming.clear()
         specs = {spec.id: spec for spec in self.leader_jobs}
@@ -727,7 +725,7 @@ class Supervisor:
         # The bodies of a prepared claim begin together when the slot comes.
         gate = None if starts_at is None else asyncio.Event()
         gated: list[asyncio.Task[None]] = []
-        with _collector_held_off():
+        with collector_held_off():
             for due, claim in zip(dues, claims, strict=True):
                 spec, row = due.spec, rows[due.spec.id]
                 if isinstance(claim, Exception):
@@ -1109,114 +1107,6 @@ class Supervisor:
             self._role_changed.notify_all()
         if changed:
             self.runner.observers.role_changed(role.value)
-
-
-class _Timetable:
-    """When the leader next acts on each job: a heap keyed by that moment, with one live
-    entry per job. Planning a job again leaves its older entry in the heap, skipped
-    when it surfaces; the heap is rebuilt once such entries outnumber the live ones."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[datetime, int, str]] = []
-        self._at: dict[str, datetime] = {}
-        self._order = itertools.count()
-        # Set when a job is planned sooner than the timer's wait.
-        self.changed = asyncio.Event()
-
-    def planned(self, job_id: str) -> datetime | None:
-        """When the job is planned, or None."""
-        return self._at.get(job_id)
-
-    def plan(self, job_id: str, at: datetime | None) -> None:
-        """Act on the job at ``at`` instead of when it was planned (None: not at all)."""
-        if at is None:
-            self._at.pop(job_id, None)
-            return
-        soonest = self.soonest()
-        self._at[job_id] = at
-        heapq.heappush(self._heap, (at, next(self._order), job_id))
-        if soonest is None or at < soonest:
-            self.changed.set()
-        if len(self._heap) > 2 * len(self._at) + 64:
-            self._heap = [(at, next(self._order), job) for job, at in self._at.items()]
-            heapq.heapify(self._heap)
-
-    def plan_all(self, moments: dict[str, datetime | None]) -> None:
-        """plan() every job given, in one build of the heap: a leadership plans all of
-        its jobs at once, and 10,000 pushes that each look at the soonest add up."""
-        for job_id, at in moments.items():
-            if at is None:
-                self._at.pop(job_id, None)
-            else:
-                self._at[job_id] = at
-        self._heap = [(at, next(self._order), job) for job, at in self._at.items()]
-        heapq.heapify(self._heap)
-        self.changed.set()
-
-    def soonest(self) -> datetime | None:
-        """The soonest moment any job is planned at."""
-        self._drop_stale()
-        return self._heap[0][0] if self._heap else None
-
-    def pop_due(self, now: datetime) -> list[str]:
-        """Unplan and return every job planned at or before ``now``, soonest first."""
-        due: list[str] = []
-        while (soonest := self.soonest()) is not None and soonest <= now:
-            _, _, job_id = heapq.heappop(self._heap)
-            del self._at[job_id]
-            due.append(job_id)
-        return due
-
-    def _drop_stale(self) -> None:
-        heap = self._heap
-        while heap and self._at.get(heap[0][2]) != heap[0][0]:
-            heapq.heappop(heap)
-
-
-class _CommitCost:
-    """How long a prepared claim takes from its commit to its bodies started, per job,
-    as measured on this process (the lead of the commit over the slot)."""
-
-    # Before the first measure: twice what a 2-core machine measured.
-    _FIRST_GUESS = 1e-4
-
-    def __init__(self) -> None:
-        self._per_job = self._FIRST_GUESS
-        self._began: float | None = None
-
-    def margin(self, jobs: int, most: timedelta) -> timedelta:
-        """How long before the slot to commit the claim of ``jobs`` jobs: half again
-        what they took last, and a couple of milliseconds for the commit itself."""
-        return min(most, timedelta(seconds=0.002 + 1.5 * self._per_job * jobs))
-
-    def began(self) -> None:
-        """A prepared claim commits now."""
-        self._began = time.perf_counter()
-
-    def learn(self, jobs: int) -> None:
-        """The claim that last began committing is in and its ``jobs`` bodies are
-        started: average the cost per job with the earlier ones (none started: the
-        claim taught nothing)."""
-        began, self._began = self._began, None
-        if began is None or not jobs:
-            return
-        self._per_job = (self._per_job + (time.perf_counter() - began) / jobs) / 2
-
-
-@contextlib.contextmanager
-def _collector_held_off() -> Iterator[None]:
-    """Keep the cyclic garbage collector from running while a wake starts its bodies:
-    a full collection in the middle (90 ms with 100,000 objects on the heap, measured)
-    would make every later body of a crowd that late. It runs at its next threshold
-    after; a collector the application turned off stays off."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _fire_time(spec: JobSpec, slot: datetime) -> datetime | None:

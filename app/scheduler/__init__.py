@@ -35,7 +35,8 @@ States::
   every worker queues).
 - **Leader** waits ``HANDOVER_GRACE_SECONDS`` (so an old leader that is about to
   notice its loss has stopped), begins its term, upserts its jobs' rows, then runs one
-  loop per job and one task per service. The grace ends early once the recorded
+  job timer for all of its jobs (timetable.py: a heap of when each job acts next; each
+  wake claims everything due in one statement) and one task per service. The grace ends early once the recorded
   previous leader's backend has left pg_stat_activity (killed, terminated, lease run
   out): that leader can no longer claim (the fence below) nor commit a fenced write (its
   term is over), so a kill -9 is followed by a fire in a fraction of a second; a
@@ -93,8 +94,8 @@ Run now is a request, not a move of the schedule
 
 An operator's run-now (admin API, page, CLI) sets ``run_requested_at`` on the job's
 row and NOTIFYs, which makes the leader reload its rows at once; ``next_run_at`` is
-never touched. The job's loop claims the request before it waits for its next slot
-(a slot that came due earlier goes first), with the slot claim's own UPDATE matched on
+never touched. The job timer claims the request at its next wake, before the job's next
+slot (a slot that came due earlier goes first), with the slot claim's own UPDATE matched on
 the request instead: it clears the request, takes the running lease and records one
 run row marked ``manual`` whose slot is the request time, so the fence, the term and
 the lease hold for it as for any slot. It fires at once, without jitter, and never
@@ -169,14 +170,16 @@ the whole process its reaper may wake before its renewal, but the body runs ther
 One bad job stops nothing
 =========================
 
-Each job's row is registered in its own commit and each job's loop handles its own
-failures. When a job's step fails while the database answers (its trigger raises, its
-row refuses the claim, its loop died), the job is *broken*: logged once as
-``job.broken`` with its id, recorded in ``scheduler_broken_jobs`` (shown in the admin
-job list and page, and by ``/health/scheduler``, which is then not ok), and retried
-every minute until a registration or claim of it succeeds. Every other job keeps
-firing. A failure while the database does not answer is a passing outage: retried,
-never called broken. The leader also writes ``heartbeat_at`` on its leadership row
+A registration or claim of many jobs that fails while the database answers is made
+again one job at a time, so each job's failure is its own. When a job's step fails
+by its own fault (faults.py: the database answers and the row was not merely busy;
+its trigger raises, its row refuses the claim, the job timer died), the job is
+*broken* (broken.py, the one book): logged once as ``job.broken`` with its id,
+recorded in ``scheduler_broken_jobs`` (shown in the admin job list and page, and by
+``/health/scheduler``, which is then not ok), and retried every minute (retry.py's
+BROKEN_JOB) until a registration or claim of it succeeds. Every other job keeps
+firing. A failure while the database does not answer, or on a row another transaction
+holds, is passing: retried, never called broken. The leader also writes ``heartbeat_at`` on its leadership row
 every tick, so health can tell a leader that holds the key but does not fire (a
 handover that never ends, a stuck tick) from one that does.
 

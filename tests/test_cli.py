@@ -16,8 +16,6 @@ import pytest
 
 from app.localpg import free_port
 
-from .conftest import ServeUserApp
-
 
 def _run(
     args: list[str], env: dict[str, str], timeout: float = 60
@@ -227,37 +225,6 @@ def test_a_killed_app_leaves_no_worker_and_restarts_at_once(embedded_app: Embedd
         restarted.wait(60)
 
 
-def test_python_m_app_serves_a_users_own_app_on_the_embedded_database(
-    serve_user_app: ServeUserApp,
-) -> None:
-    served = serve_user_app(workers=2)
-    assert served.get("/hello").json() == {"from": "mypkg"}
-    assert served.get("/readyz").status_code == 200
-
-
-@pytest.mark.parametrize(
-    "target",
-    [
-        "nosuch_module:app",
-        "app.main:no_such_attribute",
-        "app.settings:Settings",
-        "tests.procs.unscheduled_app:plain",
-        "tests.procs.unscheduled_app:unscheduled",
-    ],
-)
-def test_a_bad_app_target_fails_in_one_line_naming_it(target: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "app", "--app", target, "--port", str(free_port())],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1, result.stderr
-    assert target in result.stderr
-
-
 def test_start_up_says_the_admin_page_is_off_without_a_token(embedded_app: EmbeddedApp) -> None:
     log = (embedded_app.data_dir / "app.log").read_text(errors="replace")
     assert "admin page off: ADMIN_TOKEN is unset" in log
@@ -287,13 +254,3 @@ def test_operator_commands_reach_the_running_embedded_server(embedded_app: Embed
     assert result.returncode == 0, result.stderr
     # The first line names the schedule the table is of (SCHEDULER_NAME).
     assert result.stdout.startswith("schedule default\nid "), result.stdout
-
-
-def test_serve_accepts_a_regent_app_inside_asgi_middleware() -> None:
-    import argparse
-
-    from app.__main__ import _app_target
-    from app.settings import load_settings
-
-    target = "tests.procs.billing_app:wrapped"
-    assert _app_target(argparse.Namespace(app=target), load_settings(_env_file=None)) == target

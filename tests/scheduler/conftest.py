@@ -38,6 +38,7 @@ __all__ = [
     "holder_count",
     "make_runner",
     "runs",
+    "runs_settled",
     "wait_for_runs",
     "waiting_count",
 ]
@@ -95,6 +96,12 @@ async def wait_for_runs(
 
     await eventually(enough, timeout, f"{count} runs of {job_id}")
     return await runs(engine, job_id)
+
+
+async def runs_settled(engine: AsyncEngine, job_id: str, count: int) -> bool:
+    """At least ``count`` runs of the job are recorded and none of them still runs."""
+    statuses = [status for status, _ in await runs(engine, job_id)]
+    return len(statuses) >= count and "running" not in statuses
 
 
 class BlockingBodies:

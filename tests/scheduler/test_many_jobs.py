@@ -2,17 +2,17 @@
 every job. The tick reloaded every job row to find what other processes changed (a
 pause, a resume, a run-now request), and a failover rewrote every stored row: with
 10,000 jobs each tick stalled the loop for a quarter of a second and a failover took
-longer than a first boot. What another process changes is still seen within a tick."""
+longer than a first boot. What another process changes is still seen within a tick
+(test_operator_writes_seen.py)."""
 
 from datetime import UTC, datetime, timedelta
 
-import psycopg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 
-from .conftest import JobRowTraffic, StartScheduler, eventually, wait_for_runs
+from .conftest import JobRowTraffic, StartScheduler, eventually
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 MANY = 10_000
@@ -82,30 +82,3 @@ async def test_a_first_boot_that_registers_ten_thousand_jobs_has_the_planner_cou
         return planned >= MANY
 
     await eventually(counted, what="the planner's count of the job rows")
-
-
-async def test_a_run_now_committed_after_a_tick_began_reading_runs_by_the_next_tick(
-    start_scheduler: StartScheduler,
-    database_url: str,
-    job_row_traffic: JobRowTraffic,
-) -> None:
-    # Written by another process without a wake (plain SQL), in a transaction that is
-    # under way while a tick reads and commits only after: a change is not missed for
-    # having been made before the tick that first could have seen it committed.
-    clock = FakeClock(T0)
-    scheduler = Scheduler()
-    scheduler.job(every(hours=1), id="asked")(_noop)
-    supervisor = await start_scheduler(scheduler, clock=clock)
-    await supervisor.wait_until_firing()
-    await clock.wait_for_sleepers(2)
-    async with await psycopg.AsyncConnection.connect(database_url) as other:
-        await other.execute(
-            "UPDATE scheduler_jobs SET run_requested_at = %s WHERE id = 'asked'", (T0,)
-        )
-        job_row_traffic.clear()
-        clock.advance(supervisor.config.leader_tick_seconds)
-        await job_row_traffic.heartbeat.wait()
-        await other.commit()
-    job_row_traffic.clear()
-    clock.advance(supervisor.config.leader_tick_seconds)
-    assert await wait_for_runs(supervisor.store.engine, "asked", 1) == [("ok", T0)]

@@ -12,8 +12,7 @@ import psycopg
 
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 
-from ..scheduler.conftest import JobRowTraffic, StartScheduler, wait_for_runs
-from ..scheduler.conftest import job_row_traffic as job_row_traffic
+from .conftest import JobRowTraffic, StartScheduler, wait_for_runs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -1,12 +1,24 @@
-"""A change the leader's tick saw while the job's claim was under way is not lost when
-the read that follows the claim fails: the tick's horizon has moved past the change
-by then, so the job's row is read again at the next tick.
+"""What an operator writes with plain SQL (a run-now, a pause) is seen by the leader
+within a tick, never missed. The tick reads only the job rows whose change mark
+(changed_xid, set by a trigger on every update and every insert but a leader's own
+registration's) is at or above its previous read's horizon; so a change is seen also
+when it is
 
-The window is real where a claim commits long before its wake ends: a wake whose
-claim of several jobs failed for one job's fault claims each alone, and the jobs
-claimed first stay "under way" until the last is in. Here the operator's run-now of
-such a job commits right after its claim (it waited on the row), the tick reads it
-while the next job's claim waits, and the read after the claims loses its
+- written in a transaction under way while a tick reads and committed only after it;
+- written in a session with ``session_replication_role = replica`` (the apply worker
+  of logical replication, a data-fix script that sets it to skip foreign-key checks),
+  where an ordinary trigger does not fire;
+- written with the job row deleted and inserted again (a restore of the table, a
+  script that recreates the row);
+- read by a tick while the job's claim was under way, and the read that follows the
+  claim fails: the tick's horizon has moved past the change by then, so the job's row
+  is read again at the next tick.
+
+That last window is real where a claim commits long before its wake ends: a wake
+whose claim of several jobs failed for one job's fault claims each alone, and the jobs
+claimed first stay "under way" until the last is in. Its test has the operator's
+run-now of such a job commit right after its claim (it waited on the row), the tick
+read it while the next job's claim waits, and the read after the claims lose its
 connection."""
 
 from __future__ import annotations
@@ -21,8 +33,7 @@ import pytest
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.election import WAKE_CHANNEL
 
-from ..scheduler.conftest import JobRowTraffic, StartScheduler, eventually
-from ..scheduler.conftest import job_row_traffic as job_row_traffic
+from .conftest import JobRowTraffic, StartScheduler, eventually, wait_for_runs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SLOT = T0 + timedelta(hours=1)
@@ -61,6 +72,106 @@ _GATE_WAITERS = (
 
 async def _noop(ctx: JobContext) -> None:
     return None
+
+
+async def test_a_run_now_committed_after_a_tick_began_reading_runs_by_the_next_tick(
+    start_scheduler: StartScheduler,
+    database_url: str,
+    job_row_traffic: JobRowTraffic,
+) -> None:
+    # Written by another process without a wake (plain SQL), in a transaction that is
+    # under way while a tick reads and commits only after: a change is not missed for
+    # having been made before the tick that first could have seen it committed.
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(every(hours=1), id="asked")(_noop)
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    await clock.wait_for_sleepers(2)
+    async with await psycopg.AsyncConnection.connect(database_url) as other:
+        await other.execute(
+            "UPDATE scheduler_jobs SET run_requested_at = %s WHERE id = 'asked'", (T0,)
+        )
+        job_row_traffic.clear()
+        clock.advance(supervisor.config.leader_tick_seconds)
+        await job_row_traffic.heartbeat.wait()
+        await other.commit()
+    job_row_traffic.clear()
+    clock.advance(supervisor.config.leader_tick_seconds)
+    assert await wait_for_runs(supervisor.store.engine, "asked", 1) == [("ok", T0)]
+
+
+async def test_a_run_now_written_in_a_replica_role_session_runs_by_the_next_tick(
+    start_scheduler: StartScheduler, database_url: str, job_row_traffic: JobRowTraffic
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(every(hours=1), id="asked")(_noop)
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    await clock.wait_for_sleepers(2)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as other:
+        await other.execute("SET session_replication_role = replica")
+        await other.execute(
+            "UPDATE scheduler_jobs SET run_requested_at = %s WHERE id = 'asked'", (T0,)
+        )
+    # One tick: the write committed before it read.
+    job_row_traffic.clear()
+    clock.advance(supervisor.config.leader_tick_seconds)
+    await asyncio.wait_for(job_row_traffic.heartbeat.wait(), 10)
+    assert await wait_for_runs(supervisor.store.engine, "asked", 1, timeout=5) == [("ok", T0)]
+
+
+async def test_a_leaders_registration_leaves_its_inserts_unmarked_with_the_marks_always_on(
+    start_scheduler: StartScheduler, database_url: str
+) -> None:
+    # The marks fire in every session now; the registration's inserts are still left
+    # unmarked by its own transaction setting, so a first boot adds no change to read.
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(every(hours=1), id="registered")(_noop)
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as other:
+        mark = await (
+            await other.execute(
+                "SELECT changed_xid::text FROM scheduler_jobs WHERE id = 'registered'"
+            )
+        ).fetchone()
+    assert mark == ("0",)
+
+
+async def test_a_run_now_written_with_the_row_inserted_again_runs_by_the_next_tick(
+    start_scheduler: StartScheduler, database_url: str, job_row_traffic: JobRowTraffic
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(every(hours=1), id="asked")(_noop)
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    await clock.wait_for_sleepers(2)
+    other = await psycopg.AsyncConnection.connect(database_url)
+    async with other, other.transaction():
+        row = await (
+            await other.execute(
+                "SELECT schedule, name, trigger, leader_only, next_run_at"
+                " FROM scheduler_jobs WHERE id = 'asked'"
+            )
+        ).fetchone()
+        assert row is not None
+        await other.execute("DELETE FROM scheduler_jobs WHERE id = 'asked'")
+        await other.execute(
+            "INSERT INTO scheduler_jobs"
+            " (schedule, id, name, trigger, leader_only, next_run_at, run_requested_at)"
+            " VALUES (%s, 'asked', %s, %s, %s, %s, %s)",
+            (*row, T0),
+        )
+    for _ in range(2):
+        await clock.wait_for_sleepers(2)
+        job_row_traffic.clear()
+        clock.advance(supervisor.config.leader_tick_seconds)
+        await asyncio.wait_for(job_row_traffic.heartbeat.wait(), 10)
+    assert await wait_for_runs(supervisor.store.engine, "asked", 1, timeout=5) == [("ok", T0)]
 
 
 class _Database:

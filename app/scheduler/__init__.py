@@ -36,13 +36,13 @@ States::
 - **Leader** waits ``HANDOVER_GRACE_SECONDS`` (so an old leader that is about to
   notice its loss has stopped), begins its term, upserts its jobs' rows, then runs one
   job timer for all of its jobs (timetable.py: a heap of when each job acts next; each
-  wake claims everything due in one statement) and one task per service. The grace ends early once the recorded
-  previous leader's backend has left pg_stat_activity (killed, terminated, lease run
-  out): that leader can no longer claim (the fence below) nor commit a fenced write (its
-  term is over), so a kill -9 is followed by a fire in a fraction of a second; a
-  previous leader whose backend is still there (a graceful handover) gets the whole
-  grace. Every ``LEADER_TICK_SECONDS`` it checks ownership with the
-  seed's pg_locks query on one shared predicate (``keys.leader_key_locks`` of its
+  wake claims everything due in one statement) and one task per service. The grace
+  ends early once the recorded previous leader's backend has left pg_stat_activity
+  (killed, terminated, lease run out): that leader can no longer claim (the fence
+  below) nor commit a fenced write (its term is over), so a kill -9 is followed by a
+  fire in a fraction of a second; a previous leader whose backend is still there (a
+  graceful handover) gets the whole grace. Every ``LEADER_TICK_SECONDS`` it checks
+  ownership with the seed's pg_locks query on one shared predicate (``keys.leader_key_locks`` of its
   schedule's key: this database, and that key's form only (for ``default`` the
   one-bigint form), so that ``pg_advisory_lock(0, 911000001)``
   is not taken for it); that query also renews the lease. It ticks through every wait,
@@ -179,9 +179,10 @@ recorded in ``scheduler_broken_jobs`` (shown in the admin job list and page, and
 ``/health/scheduler``, which is then not ok), and retried every minute (retry.py's
 BROKEN_JOB) until a registration or claim of it succeeds. Every other job keeps
 firing. A failure while the database does not answer, or on a row another transaction
-holds, is passing: retried, never called broken. The leader also writes ``heartbeat_at`` on its leadership row
-every tick, so health can tell a leader that holds the key but does not fire (a
-handover that never ends, a stuck tick) from one that does.
+holds, is passing: retried, never called broken. The leader also writes
+``heartbeat_at`` on its leadership row every tick, so health can tell a leader that
+holds the key but does not fire (a handover that never ends, a stuck tick) from one
+that does.
 
 Per-worker jobs (``leader_only=False``) keep their slots per worker; see replicas.py
 for what their row, pause and run-now mean.

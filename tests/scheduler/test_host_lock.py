@@ -3,10 +3,8 @@ the holder queues for the leader key in PostgreSQL."""
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -14,9 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.scheduler import Role, Scheduler
 from app.scheduler.host_lock import HostLock, HostLockError
 from app.scheduler.keys import SCHEDULER_LEADER_KEY
-from tests.procs.cluster import PROBE_TABLE_SQL, Cluster
+from tests.procs.cluster import Cluster
 
-from .conftest import StartScheduler, holder_count, waiting_count
+from .conftest import StartScheduler, holder_count, one_host_queued_one, waiting_count
 
 LOCK_CONNECTIONS_SQL = text(
     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
@@ -67,39 +65,8 @@ def test_a_runtime_dir_that_cannot_hold_the_lock_file_is_refused_naming_the_sett
         lock.try_acquire()
 
 
-@pytest.fixture
-def key_held_elsewhere(database_url: str) -> Iterator[None]:
-    """The leader key, held by another host for the whole test."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (SCHEDULER_LEADER_KEY,))
-        yield
-
-
-@pytest.fixture
-def one_host(database_url: str, tmp_path: Path, key_held_elsewhere: None) -> Iterator[Cluster]:
-    """Three app processes sharing one runtime directory: three workers of one host,
-    every one a standby."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(PROBE_TABLE_SQL)
-    cluster = Cluster(database_url, tmp_path)
-    cluster.start(3, runtime_dir=tmp_path / "host")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-def _every_worker_waits(cluster: Cluster) -> bool:
-    queued = cluster.queued()
-    return len(queued) == 1 and all(
-        "scheduler.host_standby" in cluster.log_of(pid)
-        for pid in cluster.processes
-        if pid not in queued
-    )
-
-
 def test_killing_a_hosts_queued_worker_queues_another_of_that_host(one_host: Cluster) -> None:
-    one_host.wait_for(lambda: _every_worker_waits(one_host), 30, "one worker queued")
+    one_host.wait_for(lambda: one_host_queued_one(one_host), 30, "one worker queued")
     assert one_host.lock_connections() == 1
     [queued] = one_host.queued()
     os.kill(queued, signal.SIGKILL)

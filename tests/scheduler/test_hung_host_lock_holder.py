@@ -1,0 +1,41 @@
+"""The host lock has a lease too: a worker that holds its host's lock file but hangs
+(SIGSTOP, a blocked event loop) is passed by the other workers of its host once its
+lock connection has been gone from the server for a lease, so that a hung standby
+cannot keep its host from leading after the leader elsewhere went away."""
+
+import os
+import signal
+import time
+
+import psycopg
+
+from tests.procs.cluster import LEADER_TICK_SECONDS, LEASE_SECONDS, Cluster
+
+from .conftest import one_host_queued_one
+
+
+def test_a_hung_host_lock_holder_is_passed_once_its_lock_connection_is_gone(
+    one_host: Cluster, key_held_elsewhere: psycopg.Connection[tuple[object, ...]]
+) -> None:
+    one_host.wait_for(lambda: one_host_queued_one(one_host), 30, "one worker queued")
+    [hung] = one_host.queued()
+    os.kill(hung, signal.SIGSTOP)
+    # The leader elsewhere goes away: the hung worker's backend is granted the key and,
+    # idle, is ended by the server a lease later; a lease after that (on the server's
+    # clock, looked at every tick) another worker of the host queues past the lock file,
+    # leads after the handover grace (0.5 s) and fires the next 1 s slot.
+    key_held_elsewhere.execute("SELECT pg_advisory_unlock_all()")
+    released = time.time()
+    one_host.wait_for(
+        lambda: one_host.fires_by_other_than(hung, released) > 0,
+        2 * LEASE_SECONDS + LEADER_TICK_SECONDS + 3,
+        "a fire by another worker of the host within two leases and a tick",
+    )
+    os.kill(hung, signal.SIGCONT)
+    resumed = time.time()
+    one_host.wait_for(
+        lambda: one_host.fires_by_other_than(hung, resumed) >= 3, 10, "fires after SIGCONT"
+    )
+    assert one_host.query("SELECT count(*) FROM probe_fires WHERE pid = %s", hung) == [(0,)]
+    assert len(one_host.holders()) == 1
+    assert one_host.slots_fired_twice() == []

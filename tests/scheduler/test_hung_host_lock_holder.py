@@ -39,3 +39,19 @@ def test_a_hung_host_lock_holder_is_passed_once_its_lock_connection_is_gone(
     assert one_host.query("SELECT count(*) FROM probe_fires WHERE pid = %s", hung) == [(0,)]
     assert len(one_host.holders()) == 1
     assert one_host.slots_fired_twice() == []
+
+
+def test_workers_never_pass_a_host_lock_holder_whose_lock_connection_is_listed(
+    one_host: Cluster,
+) -> None:
+    """The count runs only while the holder's lock connection is gone: a holder queued
+    for the key is not passed however long it waits, so the host keeps one lock
+    connection."""
+    one_host.wait_for(lambda: one_host_queued_one(one_host), 30, "one worker queued")
+    watched_until = time.monotonic() + LEASE_SECONDS + 2 * LEADER_TICK_SECONDS
+    while time.monotonic() < watched_until:
+        assert one_host.lock_connections() == 1
+        time.sleep(0.1)
+    assert not any(
+        "scheduler.host_lock_passed" in one_host.log_of(pid) for pid in one_host.processes
+    )

@@ -120,11 +120,6 @@ class HostLock:
         digest = hashlib.sha256(f"{dsn}\0{key}".encode()).hexdigest()[:16]
         return cls(directory / f"leader-{digest}.lock")
 
-    @property
-    def held(self) -> bool:
-        """True while this process holds the flock through this object."""
-        return self._fd is not None
-
     def try_acquire(self) -> bool:
         """One non-blocking attempt; True when the flock is ours (or already was).
 

@@ -8,10 +8,13 @@ import signal
 import time
 
 import psycopg
+import pytest
 
 from tests.procs.cluster import LEADER_TICK_SECONDS, LEASE_SECONDS, Cluster
 
 from .conftest import one_host_queued_one
+
+pytestmark = pytest.mark.multiprocess
 
 
 def test_a_hung_host_lock_holder_is_passed_once_its_lock_connection_is_gone(

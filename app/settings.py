@@ -114,7 +114,8 @@ class Settings(BaseSettings):
     HOST_LOCK_ENABLED: bool = Field(
         default=True,
         description="only one worker per host (per REGENT_RUNTIME_DIR) queues for the "
-        "leader key in PostgreSQL; false: every worker holds a lock connection",
+        "leader key in PostgreSQL (the leader's host also keeps the leader's own); false: "
+        "every worker holds a lock connection",
     )
     SCHEDULER_NAME: str = Field(
         default="default",

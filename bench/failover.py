@@ -23,7 +23,8 @@ Every run counts the slots that fired twice ("dup", summed over the repeats; mus
 - three processes, each a host of its own (each queued in PostgreSQL): every fault as
   shipped, and the faults that kill the leader's backend again with the grace always
   waited out (bench/_grace_always_app.py, the behaviour before it could be skipped);
-- three processes of one host (one runtime directory: one lock connection);
+- three processes of one host (one runtime directory: two lock connections, the
+  leader's and the one standby of its host queued behind it);
 - many workers, HOSTS hosts x WORKERS workers, with the host lock and without it
   (HOST_LOCK_ENABLED=false): the lock connections open, then kill -9 of the leader.
 

@@ -30,9 +30,12 @@ States::
   wakes it the moment the key is released: takeover follows release within a second.
   Only one worker per host queues there: the workers of a host first take an
   exclusive flock on one file of REGENT_RUNTIME_DIR (``host_lock.py``), and only its
-  holder opens a lock connection; when the holder dies the kernel drops the flock and
-  another worker of the host joins the queue within a poll (HOST_LOCK_ENABLED=false:
-  every worker queues).
+  holder opens a lock connection. The flock is the right to queue, not to lead: a
+  holder that is granted the key lets go of it, so the leader's host queues a standby
+  too (two lock connections there, one on every other host). When the holder dies the
+  kernel drops the flock and another worker of the host joins the queue within a poll;
+  when it hangs, the others pass it once its lock connection has been gone from the
+  server for a lease (HOST_LOCK_ENABLED=false: every worker queues).
 - **Leader** waits ``HANDOVER_GRACE_SECONDS`` (so an old leader that is about to
   notice its loss has stopped), begins its term, upserts its jobs' rows, then runs one
   job timer for all of its jobs (timetable.py: a heap of when each job acts next; each
@@ -60,8 +63,14 @@ The lease and what happens on each fault:
   demotes the leader at once: running async jobs and services are cancelled, the
   connection is closed, the worker goes back to standby.
 - *SIGSTOP*: the stopped leader sends nothing; after ``LEASE_SECONDS`` the server
-  closes its idle session, releasing the key. After SIGCONT it can claim nothing (see
-  below) and demotes at its first tick.
+  closes its idle session, releasing the key to the standby queued behind it (of its
+  own host too, see above). After SIGCONT it can claim nothing (see below) and demotes
+  as soon as it reads its connection's end, at its first tick at the latest.
+- *SIGSTOP of a standby holding its host's flock*: its backend waits for the key,
+  which is not idle, so nothing ends it while a live leader leads. Should that leader
+  go too, the hung standby is granted the key, its now idle session is ended a lease
+  later, and a lease after that its host's other workers queue without the flock: the
+  host leads again within two leases and a tick.
 - *PostgreSQL restart*: every lock connection dies; all workers reconnect with
   backoff and exactly one wins the key.
 - *graceful shutdown*: the leader stops firing, gives running jobs

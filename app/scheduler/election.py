@@ -42,12 +42,15 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .errors import SchedulerError
 from .faults import LOCK_CONNECTION_ERRORS
+from .host_lock import Holder
 from .keys import DEFAULT_SCHEDULE, LeaderKey
+from .store import LEASE_NOW_SQL
 
 __all__ = [
     "CLIENT_CHECK_SECONDS",
@@ -60,6 +63,7 @@ __all__ = [
     "check_primary",
     "check_same_database",
     "engine_identity",
+    "lock_connection_listed",
 ]
 
 
@@ -151,6 +155,15 @@ _PREVIOUS_LEADER_GONE = """
             WHERE a.pid = led.backend_pid AND a.pid <> pg_backend_pid()))
     """
 
+# Whether a host lock's holder still has its lock connection on the server (its backend,
+# under the holder's application_name), and the lease clock's now to count its absence.
+_LISTED_SQL = text(f"""
+    SELECT EXISTS (
+        SELECT 1 FROM pg_stat_activity
+        WHERE pid = CAST(:backend_pid AS integer) AND application_name = :name),
+        {LEASE_NOW_SQL}
+    """)
+
 _IDENTITY_SQL = "SELECT current_database(), pg_postmaster_start_time()"
 _SYSTEM_IDENTIFIER_SQL = "SELECT system_identifier FROM pg_control_system()"
 
@@ -220,6 +233,37 @@ async def engine_identity(engine: AsyncEngine) -> DatabaseIdentity:
             return await _identity(raw.driver_connection)
     except DBAPIError as exc:
         raise ConnectionError(f"the app database did not answer: {exc}") from exc
+
+
+def _application_name(pid: int) -> str:
+    """What the lock connection of process ``pid`` is called on the server."""
+    return f"scheduler-leader:{pid}"
+
+
+async def lock_connection_listed(
+    engine: AsyncEngine, holder: Holder, *, lease_now: datetime | None, timeout: float
+) -> tuple[bool, datetime] | None:
+    """Whether ``holder``'s lock connection is listed on the server (a holder with no
+    backend pid yet has none), and the lease clock's now (``lease_now``; None: the
+    server's clock). None when the server does not answer within ``timeout``: no
+    evidence either way. Asked through the app's engine (``engine``) by the workers
+    waiting for their host's lock file (host_lock.HostLock.acquire)."""
+    try:
+        async with asyncio.timeout(timeout), engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    _LISTED_SQL,
+                    {
+                        "backend_pid": holder.backend_pid,
+                        "name": _application_name(holder.pid),
+                        "lease_now": lease_now,
+                    },
+                )
+            ).one()
+    except (SQLAlchemyError, *LOCK_CONNECTION_ERRORS):
+        return None
+    listed, now = row
+    return bool(listed), now
 
 
 def check_same_database(lock: DatabaseIdentity, app: DatabaseIdentity) -> None:
@@ -309,7 +353,7 @@ class LockConnection:
             dsn,
             timeout=timeout,
             server_settings={
-                "application_name": f"scheduler-leader:{os.getpid()}",
+                "application_name": _application_name(os.getpid()),
                 "idle_session_timeout": str(lease_seconds * 1000),
                 # Never bites: the lock connection opens no transaction. It overrides a
                 # shorter role default all the same, and equals the lease should one

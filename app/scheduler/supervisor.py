@@ -9,7 +9,8 @@ wakes it the moment the key is released. Before anything else a worker registers
 schedule's name (a name whose key collides with another's is refused there, never
 left waiting on the host lock file the two keys share). With a host lock
 (``host_lock_dir``), a worker then takes its host's flock: until then it is a STANDBY with no lock
-connection, and only the flock holder queues in PostgreSQL. LEADER waits
+connection, and only the flock holder queues in PostgreSQL; promoted, it lets go of the
+flock so that another worker of its host queues behind it (host_lock.py). LEADER waits
 HANDOVER_GRACE_SECONDS (less once the previous leader's backend is gone), then fires
 every leader-only job from one timer (a heap keyed by when each job is next due: one
 wake claims every job due by then in one statement) and runs one task per service,
@@ -46,12 +47,17 @@ import asyncpg
 
 from .ahead import CommitCost, collector_held_off
 from .broken import BrokenJobs
-from .clock import Clock
+from .clock import Clock, lease_now
 from .config import Role, SchedulerConfig
-from .election import LockConnection, UnsafeLockConnectionError, engine_identity
+from .election import (
+    LockConnection,
+    UnsafeLockConnectionError,
+    engine_identity,
+    lock_connection_listed,
+)
 from .errors import ScheduleNameCollisionError
 from .faults import UNREACHABLE, blames_job, database_answers
-from .host_lock import HostLock, HostLockError
+from .host_lock import Holder, HostLock, HostLockError
 from .registry import JobSpec, Registry, ServiceSpec
 from .replicas import run_replica_jobs
 from .retry import BROKEN_JOB, DATABASE, log_retry
@@ -300,7 +306,21 @@ class Supervisor:
                 os.getpid(),
                 extra={"action": "scheduler.host_standby", "pid": os.getpid()},
             )
-            await self._host_lock.acquire(self.clock)
+            if not await self._host_lock.acquire(
+                self.clock,
+                lease_seconds=self.config.lease_seconds,
+                check_seconds=self.config.leader_tick_seconds,
+                probe=self._probe_host_lock_holder,
+            ):
+                logger.warning(
+                    "scheduler.host_lock_passed: the worker holding %s (pid=%s) has had no "
+                    "lock connection on the server for a lease (it hangs); queueing for the "
+                    "leader key without the host lock (pid=%s)",
+                    self._host_lock.path,
+                    self._host_lock.holder().pid,
+                    os.getpid(),
+                    extra={"action": "scheduler.host_lock_passed", "pid": os.getpid()},
+                )
         try:
             lock = await LockConnection.connect(
                 self.config.lock_dsn,
@@ -313,6 +333,8 @@ class Supervisor:
         except asyncpg.PostgresError as exc:
             # The server answered and refused: a wrong database name or password.
             raise _LockCheckError(f"{exc.__class__.__name__}: {exc}") from exc
+        if self._host_lock is not None:
+            self._host_lock.queues_on(lock.backend_pid)
         try:
             await lock.check_same_database(await engine_identity(self.store.engine))
             if not await lock.try_acquire():
@@ -332,7 +354,22 @@ class Supervisor:
         except BaseException:
             lock.close()
             raise
+        if self._host_lock is not None:
+            # The flock is the right to queue, not to lead: another worker of this host
+            # now queues behind us, so that when we hang the server's end of our idle
+            # lock connection hands the key to this host too (host_lock.py).
+            self._host_lock.release()
         return lock
+
+    async def _probe_host_lock_holder(self, holder: Holder) -> tuple[bool, datetime] | None:
+        """Whether the host lock's holder still has its lock connection on the server,
+        on the lease clock (HostLock.acquire counts a hang from it)."""
+        return await lock_connection_listed(
+            self.store.engine,
+            holder,
+            lease_now=lease_now(self.clock),
+            timeout=self.config.leader_tick_seconds,
+        )
 
     async def _lead(
         self, lock: LockConnection | None, *, until: datetime | None = None

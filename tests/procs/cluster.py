@@ -21,6 +21,7 @@ from app.localpg import free_port
 from app.scheduler.keys import LEADER_KEY_LOCKS
 
 LEASE_SECONDS = 4
+LEADER_TICK_SECONDS = 1
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 PROBE_TABLE_SQL = (
@@ -60,7 +61,7 @@ class Cluster:
             "ENVIRONMENT": "test",
             "LOG_LEVEL": "INFO",
             "LEASE_SECONDS": str(LEASE_SECONDS),
-            "LEADER_TICK_SECONDS": "1",
+            "LEADER_TICK_SECONDS": str(LEADER_TICK_SECONDS),
             "HANDOVER_GRACE_SECONDS": "0.5",
             "SHUTDOWN_GRACE_SECONDS": "1",
             **self.env,

@@ -21,11 +21,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, SchedulerConfig, cron
-from app.scheduler.keys import LEADER_KEY_LOCKS
+from app.scheduler.keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
 
 from ..conftest import StartScheduler
+from ..procs.cluster import PROBE_TABLE_SQL, Cluster
 from ..procs.gated_app import GATE_KEY, GATED_TABLE_SQL
 from ..procs.replica_app import REPLICA_BODIES_SQL
 
@@ -37,6 +38,7 @@ __all__ = [
     "eventually",
     "holder_count",
     "make_runner",
+    "one_host_queued_one",
     "runs",
     "runs_settled",
     "wait_for_runs",
@@ -189,6 +191,43 @@ def gate(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
         conn.execute(REPLICA_BODIES_SQL)
         conn.execute("SELECT pg_advisory_lock(%s)", (GATE_KEY,))
         yield conn
+
+
+@pytest.fixture
+def key_held_elsewhere(database_url: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """The leader key, held by another host (this connection) until the test unlocks it."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (SCHEDULER_LEADER_KEY,))
+        yield conn
+
+
+@pytest.fixture
+def one_host(
+    database_url: str,
+    tmp_path: Path,
+    key_held_elsewhere: psycopg.Connection[tuple[object, ...]],
+) -> Iterator[Cluster]:
+    """Three app processes sharing one runtime directory: three workers of one host,
+    every one a standby while the key is held elsewhere."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(PROBE_TABLE_SQL)
+    cluster = Cluster(database_url, tmp_path)
+    cluster.start(3, runtime_dir=tmp_path / "host")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def one_host_queued_one(cluster: Cluster) -> bool:
+    """True once one worker of the host queues for the key in PostgreSQL and every
+    other one waits for the host's lock file."""
+    queued = cluster.queued()
+    return len(queued) == 1 and all(
+        "scheduler.host_standby" in cluster.log_of(pid)
+        for pid in cluster.processes
+        if pid not in queued
+    )
 
 
 class StandbyProcesses:

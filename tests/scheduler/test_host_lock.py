@@ -1,12 +1,12 @@
-"""One lock connection per host: the workers of a host first take its flock, and only
-the holder queues for the leader key in PostgreSQL."""
+"""One queued lock connection per host: the workers of a host first take its flock, and
+only the holder queues for the leader key in PostgreSQL; a holder promoted lets go of
+it, so the leader's host also queues one standby."""
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import psycopg
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -14,9 +14,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.scheduler import Role, Scheduler
 from app.scheduler.host_lock import HostLock, HostLockError
 from app.scheduler.keys import SCHEDULER_LEADER_KEY
-from tests.procs.cluster import PROBE_TABLE_SQL, Cluster
+from tests.procs.cluster import Cluster
 
-from .conftest import StartScheduler, holder_count, waiting_count
+from .conftest import (
+    StartScheduler,
+    eventually,
+    holder_count,
+    one_host_queued_one,
+    waiting_count,
+)
 
 LOCK_CONNECTIONS_SQL = text(
     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
@@ -30,20 +36,30 @@ async def _lock_connections(engine: AsyncEngine) -> int:
         return count
 
 
-async def test_workers_sharing_a_runtime_dir_open_one_lock_connection(
+def _waiting(engine: AsyncEngine, count: int) -> Callable[[], Awaitable[bool]]:
+    async def queued() -> bool:
+        return await waiting_count(engine) == count
+
+    return queued
+
+
+async def test_workers_sharing_a_runtime_dir_queue_one_standby_per_host(
     start_scheduler: StartScheduler, engine: AsyncEngine, tmp_path: Path
 ) -> None:
+    """One lock connection per host, and a second on the leader's host: the flock is the
+    right to queue, so a worker of the leader's host queues behind it (a hung leader is
+    replaced from its own host within the lease)."""
     hosts = ["a", "a", "a", "b", "b"]
     workers = [await start_scheduler(Scheduler(), host_lock_dir=tmp_path / host) for host in hosts]
     # A worker is a standby once it queues in PostgreSQL or waits for its host's flock.
     for worker in workers:
         await worker.wait_for_role(Role.STANDBY, Role.LEADER)
-    assert await _lock_connections(engine) == 2
+    await eventually(_waiting(engine, 2), what="two standbys queued")
+    assert await _lock_connections(engine) == 3
     assert await holder_count(engine) == 1
-    assert await waiting_count(engine) == 1
 
 
-async def test_a_stopped_flock_holder_hands_its_place_to_another_worker_of_its_host(
+async def test_a_worker_of_the_leaders_host_queues_behind_it_and_leads_once_it_stops(
     start_scheduler: StartScheduler, engine: AsyncEngine, tmp_path: Path
 ) -> None:
     first_scheduler = Scheduler()
@@ -51,7 +67,8 @@ async def test_a_stopped_flock_holder_hands_its_place_to_another_worker_of_its_h
     await first.wait_for_role(Role.LEADER)
     second = await start_scheduler(Scheduler(), host_lock_dir=tmp_path)
     await second.wait_for_role(Role.STANDBY)
-    assert await _lock_connections(engine) == 1
+    await eventually(_waiting(engine, 1), what="a standby of the host queued")
+    assert await _lock_connections(engine) == 2
     await first_scheduler.stop()
     await second.wait_for_role(Role.LEADER)
     assert await _lock_connections(engine) == 1
@@ -67,39 +84,8 @@ def test_a_runtime_dir_that_cannot_hold_the_lock_file_is_refused_naming_the_sett
         lock.try_acquire()
 
 
-@pytest.fixture
-def key_held_elsewhere(database_url: str) -> Iterator[None]:
-    """The leader key, held by another host for the whole test."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (SCHEDULER_LEADER_KEY,))
-        yield
-
-
-@pytest.fixture
-def one_host(database_url: str, tmp_path: Path, key_held_elsewhere: None) -> Iterator[Cluster]:
-    """Three app processes sharing one runtime directory: three workers of one host,
-    every one a standby."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(PROBE_TABLE_SQL)
-    cluster = Cluster(database_url, tmp_path)
-    cluster.start(3, runtime_dir=tmp_path / "host")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-def _every_worker_waits(cluster: Cluster) -> bool:
-    queued = cluster.queued()
-    return len(queued) == 1 and all(
-        "scheduler.host_standby" in cluster.log_of(pid)
-        for pid in cluster.processes
-        if pid not in queued
-    )
-
-
 def test_killing_a_hosts_queued_worker_queues_another_of_that_host(one_host: Cluster) -> None:
-    one_host.wait_for(lambda: _every_worker_waits(one_host), 30, "one worker queued")
+    one_host.wait_for(lambda: one_host_queued_one(one_host), 30, "one worker queued")
     assert one_host.lock_connections() == 1
     [queued] = one_host.queued()
     os.kill(queued, signal.SIGKILL)

@@ -381,11 +381,22 @@ async def test_a_second_app_of_one_schedule_name_in_one_process_fails_its_start_
 
 
 async def test_a_colliding_schedule_name_is_refused_though_the_other_name_holds_its_host_lock(
-    start_scheduler: StartScheduler, tmp_path: Path
+    start_scheduler: StartScheduler, engine: AsyncEngine, tmp_path: Path
 ) -> None:
     first, second = _colliding_names()
     leader = await start_scheduler(_scheduler(first, [], "job"), host_lock_dir=tmp_path)
     await leader.wait_until_firing()
+    # The leader let go of the host lock; a standby of its name holds it, queued behind it.
+    await start_scheduler(_scheduler(first, [], "job"), host_lock_dir=tmp_path)
+
+    async def standby_queued() -> bool:
+        async with engine.connect() as conn:
+            waiting = await conn.scalar(
+                text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+            )
+        return bool(waiting == 1)
+
+    await eventually(standby_queued, what="the standby queued")
     refused = await start_scheduler(_scheduler(second, [], "job"), host_lock_dir=tmp_path)
     await refused.wait_for_role(Role.STOPPED)
     assert refused.refusal is not None and repr(first) in refused.refusal

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 from sqlalchemy import event, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, SchedulerConfig, cron
@@ -39,8 +41,10 @@ __all__ = [
     "holder_count",
     "make_runner",
     "one_host_queued_one",
+    "row_held",
     "runs",
     "runs_settled",
+    "set_on_the_database",
     "wait_for_runs",
     "waiting_count",
 ]
@@ -305,6 +309,48 @@ async def lease_elsewhere(engine: AsyncEngine, job_id: str, until: str, *extra: 
         await conn.execute(
             text(f"UPDATE scheduler_jobs SET {assignments} WHERE id = :id"), {"id": job_id}
         )
+
+
+async def set_on_the_database(
+    engine: AsyncEngine, database_url: str, setting: str, value: str
+) -> None:
+    """A database default every new session inherits (the pool is emptied for it)."""
+    name = make_url(database_url).database
+    async with engine.begin() as conn:
+        await conn.execute(text(f"ALTER DATABASE \"{name}\" SET {setting} = '{value}'"))
+    await engine.dispose()
+
+
+@pytest.fixture(params=["none", "lock_timeout", "statement_timeout"])
+async def database_timeout(
+    request: pytest.FixtureRequest, engine: AsyncEngine, database_url: str
+) -> str:
+    """The timeout every app session of the test's database inherits: none (PostgreSQL's
+    default, under which a statement waits on a held row for as long as it is held), or
+    a DBA's short lock_timeout or statement_timeout (200 ms). Returns which."""
+    if request.param != "none":
+        await set_on_the_database(engine, database_url, request.param, "200ms")
+    async with engine.connect() as conn:
+        shown = {
+            setting: (await conn.execute(text(f"SHOW {setting}"))).scalar_one()
+            for setting in ("lock_timeout", "statement_timeout")
+        }
+    expected = {"lock_timeout": "0", "statement_timeout": "0"}
+    if request.param != "none":
+        expected[request.param] = "200ms"
+    assert shown == expected, shown
+    return str(request.param)
+
+
+@asynccontextmanager
+async def row_held(engine: AsyncEngine, job_id: str) -> AsyncIterator[AsyncConnection]:
+    """Another transaction holding the job's row (FOR UPDATE, as an operator's psql
+    session left open would) until it rolls back or the block ends."""
+    async with engine.connect() as holder:
+        await holder.execute(
+            text("SELECT 1 FROM scheduler_jobs WHERE id = :id FOR UPDATE"), {"id": job_id}
+        )
+        yield holder
 
 
 async def prepared_claim_waits(engine: AsyncEngine) -> bool:

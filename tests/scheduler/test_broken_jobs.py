@@ -3,19 +3,16 @@ is marked broken (logged once, kept in scheduler_broken_jobs) and every other jo
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import FakeClock, Interval, JobContext, Scheduler, every
 
-from .conftest import StartScheduler, wait_for_runs
+from .conftest import StartScheduler, row_held, set_on_the_database, wait_for_runs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -42,26 +39,6 @@ async def _broken(engine: AsyncEngine) -> dict[str, str]:
     async with engine.connect() as conn:
         rows = await conn.execute(text("SELECT job_id, error FROM scheduler_broken_jobs"))
         return {row.job_id: row.error for row in rows}
-
-
-async def _set_on_the_database(
-    engine: AsyncEngine, database_url: str, setting: str, value: str
-) -> None:
-    """A database default every new session inherits (the pool is emptied for it)."""
-    name = make_url(database_url).database
-    async with engine.begin() as conn:
-        await conn.execute(text(f"ALTER DATABASE \"{name}\" SET {setting} = '{value}'"))
-    await engine.dispose()
-
-
-@asynccontextmanager
-async def _row_held(engine: AsyncEngine, job_id: str) -> AsyncIterator[AsyncConnection]:
-    """Another transaction holding the job's row (FOR UPDATE) until it rolls back."""
-    async with engine.connect() as holder:
-        await holder.execute(
-            text("SELECT 1 FROM scheduler_jobs WHERE id = :id FOR UPDATE"), {"id": job_id}
-        )
-        yield holder
 
 
 def _broken_logs(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -150,13 +127,13 @@ async def test_a_claim_cut_off_by_a_database_timeout_is_retried_and_the_job_is_n
     prepared ahead by a frozen leader): the row is busy, not bad. The claim is tried
     again a tick later and the slot runs; the job is never marked broken."""
     caplog.set_level(logging.INFO, logger="app.scheduler")
-    await _set_on_the_database(engine, database_url, timeout, "200ms")
+    await set_on_the_database(engine, database_url, timeout, "200ms")
     clock = FakeClock(T0)
     scheduler = Scheduler()
     scheduler.job(every(minutes=1), id="held")(_noop)
     supervisor = await start_scheduler(scheduler, clock=clock)
     await supervisor.wait_until_firing()
-    async with _row_held(engine, "held") as holder:
+    async with row_held(engine, "held") as holder:
         # Parked: the leader tick and the job timer.
         await clock.wait_for_sleepers(2)
         clock.advance(60)
@@ -176,14 +153,14 @@ async def test_a_claim_cut_off_by_a_database_timeout_is_retried_and_the_job_is_n
 async def test_a_row_busy_past_a_database_timeout_holds_up_no_other_job_of_its_slot(
     start_scheduler: StartScheduler, engine: AsyncEngine, database_url: str
 ) -> None:
-    await _set_on_the_database(engine, database_url, "lock_timeout", "200ms")
+    await set_on_the_database(engine, database_url, "lock_timeout", "200ms")
     clock = FakeClock(T0)
     scheduler = Scheduler()
     scheduler.job(every(minutes=1), id="held")(_noop)
     scheduler.job(every(minutes=1), id="free")(_noop)
     supervisor = await start_scheduler(scheduler, clock=clock)
     await supervisor.wait_until_firing()
-    async with _row_held(engine, "held") as holder:
+    async with row_held(engine, "held") as holder:
         await clock.wait_for_sleepers(2)
         clock.advance(60)
         assert await wait_for_runs(engine, "free", 1) == [("ok", T0 + timedelta(minutes=1))]

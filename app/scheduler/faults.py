@@ -4,10 +4,11 @@ Three answers, each decided here and nowhere else:
 
 - *unreachable*: the server cannot be reached, is going away or is full. A passing
   outage: retried with the DATABASE backoff, whatever ENVIRONMENT says.
-- *a busy row*: a statement met a row another transaction holds (a lock or statement
-  timeout cut it off, a deadlock, a serialization failure). Passing too: the row is
-  busy, not bad, and its job is tried again a tick later; an operator's write answers
-  409 "try again".
+- *a busy row*: a claim left out a row another transaction holds
+  (JobRowBusyError: a claim never waits on one), or a statement met such a row (a lock
+  or statement timeout cut it off, a deadlock, a serialization failure). Passing too:
+  the row is busy, not bad, and its job is tried again within a tick; an operator's
+  write answers 409 "try again".
 - *the job's fault*: the job's step failed while the database answers (its trigger
   raised, its row refused the statement). The job is broken (broken.py) and every
   other job keeps firing.
@@ -23,6 +24,8 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from .errors import JobRowBusyError
 
 __all__ = [
     "BUSY_ROW_SQLSTATES",
@@ -59,7 +62,10 @@ BUSY_ROW_SQLSTATES = frozenset({"55P03", "57014", "40P01", "40001"})
 
 
 def is_busy_row(exc: BaseException) -> bool:
-    """True when ``exc`` is a statement that met a row another transaction holds."""
+    """True when ``exc`` says a job's row is held by another transaction: a claim left
+    it out, or a statement that met it was cut off."""
+    if isinstance(exc, JobRowBusyError):
+        return True
     return isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) in (
         BUSY_ROW_SQLSTATES
     )

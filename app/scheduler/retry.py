@@ -16,6 +16,7 @@ from app.backoff import Backoff
 
 __all__ = [
     "BROKEN_JOB",
+    "BUSY_ROW",
     "DATABASE",
     "OUTCOME_WRITE",
     "SERVICE_RESTART",
@@ -29,6 +30,9 @@ logger = logging.getLogger("app.scheduler")
 # Reaching the database: capped low, since after PostgreSQL returns a leader must be
 # back well within a lease.
 DATABASE = Backoff((0.5, 1.0, 2.0, 4.0, 5.0))
+# A job whose row another transaction holds is claimed again this soon (never more
+# than a leader tick apart): a row held for a moment costs its slot a moment.
+BUSY_ROW = Backoff((0.5, 1.0, 2.0, 4.0, 5.0))
 # A service that crashed or returned while its worker leads is started again.
 SERVICE_RESTART = Backoff((1.0, 2.0, 5.0, 10.0, 30.0, 60.0))
 # A supervisor that crashed (a bug, never a database outage, which it retries itself).

@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .batching import LeaseKeeper, OutcomeWriter
 from .clock import Clock
 from .context import JobContext, ServiceContext
-from .errors import SchedulerError
+from .errors import JobRowBusyError, SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
 from .retry import OUTCOME_WRITE, SERVICE_RESTART
@@ -285,8 +285,9 @@ class Runner:
         of a few statements (JobStore.claim_many); each claim commits before any body
         runs. Returns, in order, each one's Claim, or None where the claim matched
         nothing (another process took it, the job is paused, or this process no longer
-        holds the lock), or the exception its job's trigger raised (that job was not
-        claimed; the others were).
+        holds the lock), or the exception its job's trigger raised or the
+        JobRowBusyError of a row another transaction holds (that job was not claimed;
+        the others were).
 
         A slot: late slots coalesce into one run of the latest slot; with
         ``misfire_grace`` a slot later than the grace is claimed as ``missed`` instead of
@@ -375,11 +376,13 @@ class Runner:
         )
         return _Planned(spec, item)
 
-    def _claimed(self, plan: _Planned, claimed: ClaimedSlot | None, now: datetime) -> Claim | None:
+    def _claimed(
+        self, plan: _Planned, claimed: ClaimedSlot | JobRowBusyError | None, now: datetime
+    ) -> Claim | JobRowBusyError | None:
         """The Claim of a planned claim the store answered; logs and counts what starts
         no body."""
-        if claimed is None:
-            return None
+        if claimed is None or isinstance(claimed, JobRowBusyError):
+            return claimed
         spec, item = plan.spec, plan.item
         next_slot = claimed.next_slot if item.next_slot is None else item.next_slot
         if claimed.status in _NOT_RUN:

@@ -76,7 +76,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import Clock
-from .errors import ScheduleNameCollisionError
+from .errors import JobRowBusyError, ScheduleNameCollisionError
 from .keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from .registry import JobSpec
 from .triggers import Trigger
@@ -221,6 +221,20 @@ LEASE_NOW_SQL = "COALESCE(CAST(:lease_now AS timestamptz), clock_timestamp())"
 _LEASE_END = f"({LEASE_NOW_SQL} + make_interval(secs => CAST(:lease_seconds AS double precision)))"
 # A run starts only when no other body holds an unexpired running lease on the job.
 _STARTS = f"""(c.runs AND (j.running_until IS NULL OR j.running_until <= {LEASE_NOW_SQL}))"""
+# The rows of a claim's jobs that no other transaction holds, locked as the claim's
+# UPDATE would lock them: the claim updates only these. A row held elsewhere (an
+# operator's psql session left open on SELECT ... FOR UPDATE) is skipped, never waited
+# on, whatever lock_timeout the database sets (none by default): a wait there would
+# hold up every job of the claim, and the timer's every later wake, for as long as the
+# row is held. Never waiting, a claim also never deadlocks on job rows.
+_LOCK_FREE_ROWS = text(
+    "SELECT id FROM scheduler_jobs WHERE schedule = :schedule"
+    " AND id = ANY(CAST(:ids AS text[])) FOR NO KEY UPDATE SKIP LOCKED"
+)
+# Of the jobs a claim could not lock, those that have a row: it is held elsewhere.
+_STORED_IDS = text(
+    "SELECT id FROM scheduler_jobs WHERE schedule = :schedule AND id = ANY(CAST(:ids AS text[]))"
+)
 # Every slot and run-now request a wake claims, in ONE conditional UPDATE: each given
 # row (c) matches its job only while the job is unpaused, its slot (next_run_at) or
 # request (run_requested_at, ``manual``) is still the one given, and (fenced) this
@@ -415,6 +429,7 @@ _START_REPLICA_JOB = text(
 # fails, and its writer tries each of its rows alone: one job row locked for long (an
 # operator's open transaction, a stuck claim) must not hold up every other run.
 _ROW_LOCK_PATIENCE = text("SET LOCAL lock_timeout = '1s'")
+
 
 # The leases of a batch of runs (l): a leader run's is on its job row, a per-worker
 # run's on its own run row (a reaped run no longer holds one).
@@ -1183,6 +1198,7 @@ class JobStore:
         one slot (see SlotClaim for the arguments). Returns the run row and the status
         it got, or None when the claim matched nothing: another process took the slot,
         the job is paused, or (fenced) this process no longer holds the leader key.
+        Raises JobRowBusyError when another transaction holds the job's row.
         """
         item = SlotClaim(
             spec.id,
@@ -1195,7 +1211,7 @@ class JobStore:
             missed_before=missed_before,
             jitter=jitter,
         )
-        return (await self.claim_many([item], now=now, fence_pid=fence_pid))[0]
+        return _only(await self.claim_many([item], now=now, fence_pid=fence_pid))
 
     async def claim_request(
         self,
@@ -1214,12 +1230,13 @@ class JobStore:
         ``status``, ``lease_seconds`` and the running lease are as in claim(); nothing
         coalesces and no jitter applies, since the run fires at once. Returns None when
         the claim matched nothing: another process took the request, the job is paused,
-        or (fenced) this process no longer holds the leader key.
+        or (fenced) this process no longer holds the leader key. Raises JobRowBusyError
+        when another transaction holds the job's row.
         """
         item = SlotClaim.request(
             spec.id, requested_at, status=status, lease_seconds=lease_seconds, error=error
         )
-        return (await self.claim_many([item], now=now, fence_pid=fence_pid))[0]
+        return _only(await self.claim_many([item], now=now, fence_pid=fence_pid))
 
     async def claim_many(
         self,
@@ -1228,11 +1245,16 @@ class JobStore:
         now: datetime,
         fence_pid: int | None,
         prepared: PreparedCommit | None = None,
-    ) -> list[ClaimedSlot | None]:
+    ) -> list[ClaimedSlot | JobRowBusyError | None]:
         """Claim every slot and run-now request in ``items`` (one per job) and record
         their run rows, in one commit and a fixed number of statements however many
-        there are: one reap of their lapsed leases, one allocation of run ids, ONE
-        conditional UPDATE that claims them all, one insert of the run rows.
+        there are: one lock of their rows, one reap of their lapsed leases, one
+        allocation of run ids, ONE conditional UPDATE that claims them all, one insert
+        of the run rows.
+
+        A job whose row another transaction holds is left out at once, never waited
+        for (JobRowBusyError in its place): the others are claimed as if it were not
+        given, whatever timeouts the database sets.
 
         Each item is claimed exactly as it would be alone: it matches only while its job
         is unpaused, its slot or request is still the one given and (``fence_pid``) this
@@ -1250,6 +1272,7 @@ class JobStore:
         """
         if not items:
             return []
+        busy: dict[str, JobRowBusyError] = {}
         ids = [item.job_id for item in items]
         assert len(set(ids)) == len(ids), "one claim per job at a time"
         assert all(item.status != "running" or item.lease_seconds is not None for item in items), (
@@ -1273,6 +1296,10 @@ class JobStore:
                     .at_start
                 )
                 lease_now = self._lease_now(now) if self.lease_clock else {"lease_now": at_start}
+            busy = await self._lock_free_rows(conn, ids)
+            ordered = [item for item in ordered if item.job_id not in busy]
+            if not ordered:
+                return [busy.get(job_id) for job_id in ids]
             runs = [item.job_id for item in ordered if item.runs]
             if runs:
                 await conn.execute(_REAP, self._reap_params(now, job_ids=runs) | lease_now)
@@ -1307,7 +1334,7 @@ class JobStore:
                 row.id: row for row in await conn.execute(_CLAIMS[fence_pid is not None], params)
             }
             if not claimed:
-                return [None] * len(items)
+                return [busy.get(job_id) for job_id in ids]
             if prepared is not None:
                 now = prepared.start()
             recorded: dict[str, _Recording] = {}
@@ -1387,7 +1414,21 @@ class JobStore:
                     # The commit comes late (a busy loop, a slow preparation): the runs
                     # start now, not when their rows said.
                     await self._restamp(conn, results.values(), now, started)
-        return [results.get(job_id) for job_id in ids]
+        return [results[job_id] if job_id in results else busy.get(job_id) for job_id in ids]
+
+    async def _lock_free_rows(
+        self, conn: AsyncConnection, ids: list[str]
+    ) -> dict[str, JobRowBusyError]:
+        """Lock the rows of ``ids`` that no other transaction holds, without waiting;
+        return the error of each job whose row is held elsewhere (a job with no row is
+        not busy: its claim matches nothing)."""
+        params = {"ids": ids, "schedule": self.schedule}
+        free = {row.id for row in await conn.execute(_LOCK_FREE_ROWS, params)}
+        left_out = [job_id for job_id in ids if job_id not in free]
+        if not left_out:
+            return {}
+        held = await conn.execute(_STORED_IDS, params | {"ids": left_out})
+        return {row.id: JobRowBusyError(row.id) for row in held}
 
     async def _still_fenced(self, conn: AsyncConnection, fence_pid: int) -> bool:
         held = await conn.execute(_STILL_FENCED, {"fence_pid": fence_pid} | self.key.bind_params)
@@ -1599,6 +1640,14 @@ class ThreadStore:
             before = list(conn.execute(_FINISH_RUNS, params))
             conn.execute(_FINISH_JOBS, params | _runs_before(before))
             conn.execute(_RELEASE_LEASES, params)
+
+
+def _only(claims: list[ClaimedSlot | JobRowBusyError | None]) -> ClaimedSlot | None:
+    """The answer of a one-item claim_many(); raises its JobRowBusyError."""
+    (claim,) = claims
+    if isinstance(claim, JobRowBusyError):
+        raise claim
+    return claim
 
 
 def _read_committed(session: Session) -> Connection:

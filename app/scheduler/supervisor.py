@@ -56,11 +56,11 @@ from .election import (
     lock_connection_listed,
 )
 from .errors import ScheduleNameCollisionError
-from .faults import UNREACHABLE, blames_job, database_answers
+from .faults import UNREACHABLE, blames_job, database_answers, is_busy_row
 from .host_lock import Holder, HostLock, HostLockError
 from .registry import JobSpec, Registry, ServiceSpec
 from .replicas import run_replica_jobs
-from .retry import BROKEN_JOB, DATABASE, log_retry
+from .retry import BROKEN_JOB, BUSY_ROW, DATABASE, log_retry
 from .runner import Claim, Due, Runner
 from .store import (
     JobRow,
@@ -156,6 +156,8 @@ class Supervisor:
         self._reload = asyncio.Event()
         self._firing = asyncio.Event()
         self._broken = BrokenJobs(store, clock)
+        # Jobs whose last claims met their row held elsewhere, and how many in a row.
+        self._busy: dict[str, int] = {}
         self.refusal: str | None = None
         # Ids of the leader-only jobs and the services of this worker that the live
         # leader of its schedule does not run (another app of the same name leads):
@@ -770,8 +772,10 @@ class Supervisor:
                     continue
                 if claim is None:
                     # Another process took it, the job was paused, or our key is gone.
+                    self._busy.pop(spec.id, None)
                     unmatched[spec.id] = row
                     continue
+                self._row_claimed(spec.id)
                 requested = None if claim.manual else row.run_requested_at
                 self._rows[spec.id] = replace(
                     row, next_run_at=claim.next_slot, run_requested_at=requested
@@ -965,7 +969,11 @@ class Supervisor:
     async def _job_failed(self, job_id: str, exc: Exception) -> None:
         """A job's step raised: a fault of the job (its trigger raised, its row refused
         the statement) marks it broken and retries it after the BROKEN_JOB backoff; a
-        passing outage retries it a tick later. Its other jobs are never held up."""
+        row held elsewhere is tried again soon (_row_busy); a passing outage retries it
+        a tick later. Its other jobs are never held up."""
+        if is_busy_row(exc):
+            self._row_busy(job_id, exc)
+            return
         if await blames_job(self.store.engine, exc):
             await self._broken.mark(job_id, format_error(exc))
             self._retry_in(job_id, BROKEN_JOB.delay(1))
@@ -977,6 +985,36 @@ class Supervisor:
             extra={"action": "scheduler.claim_failed", "job_id": job_id},
         )
         self._retry_in(job_id, self.config.leader_tick_seconds)
+
+    def _row_busy(self, job_id: str, exc: Exception) -> None:
+        """The job's claim met its row held by another transaction: try again on the
+        retry backoff, never more than a tick apart, so that a row held for a moment (an
+        outcome or an operator's write) costs its slot a moment, and one held for long
+        is claimed within a tick of its release. Logged once until it is claimed."""
+        tries = self._busy.get(job_id, 0)
+        self._busy[job_id] = tries + 1
+        retry = min(self.config.leader_tick_seconds, BUSY_ROW.delay(tries + 1))
+        if not tries:
+            logger.warning(
+                "job.busy: job %s is due but could not be claimed: %s; its other jobs "
+                "fire, and it is tried again at least every %s s (pid=%s)",
+                job_id,
+                getattr(exc, "orig", None) or exc,
+                self.config.leader_tick_seconds,
+                os.getpid(),
+                extra={"action": "job.busy", "job_id": job_id, "pid": os.getpid()},
+            )
+        self._retry_in(job_id, retry)
+
+    def _row_claimed(self, job_id: str) -> None:
+        """The job's claim got its row: a busy spell of it is over."""
+        if self._busy.pop(job_id, None) is not None:
+            logger.info(
+                "job.row_free: job %s was claimed once its row was free (pid=%s)",
+                job_id,
+                os.getpid(),
+                extra={"action": "job.row_free", "job_id": job_id, "pid": os.getpid()},
+            )
 
     async def _service_after(self, spec: ServiceSpec, grace_ends: datetime) -> None:
         """Run a service once the whole handover grace has passed. The grace ends early

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
+from app.scheduler.errors import JobRowBusyError
 from app.scheduler.registry import JobSpec
 from app.scheduler.runner import Due, Runner
 from app.scheduler.store import JobStore
@@ -212,22 +213,22 @@ async def test_a_batched_renewal_and_another_leaders_claim_of_the_same_jobs_neve
     clock.set(max(next_slots.values()))
     try:
         async with _locked_job_row(engine, "a"):
-            claiming = asyncio.create_task(
-                successor.claim_many([Due(specs[j], next_slots[j]) for j in ("a", "b")], None)
-            )
-
-            async def one_waits() -> bool:
-                return await _lock_waiters(engine) >= 1
-
-            await eventually(one_waits, what="the claim waiting on a's row")
             clock.set(T0 + timedelta(seconds=2))  # a third of the lease: renewal of b, a
 
-            async def two_wait() -> bool:
-                return await _lock_waiters(engine) >= 2
+            async def renewal_waits() -> bool:
+                return await _lock_waiters(engine) >= 1
 
-            await eventually(two_wait, what="the renewal waiting on a's row")
-        claims = await asyncio.wait_for(claiming, 30)
-        assert all(claim is None or not isinstance(claim, Exception) for claim in claims)
+            await eventually(renewal_waits, what="the renewal waiting on a's row")
+            # The claim waits on neither row: a held row is left out, not waited on.
+            claims = await asyncio.wait_for(
+                successor.claim_many([Due(specs[j], next_slots[j]) for j in ("a", "b")], None),
+                10,
+            )
+        assert isinstance(claims[0], JobRowBusyError), claims
+        assert all(
+            claim is None or not isinstance(claim, Exception) or isinstance(claim, JobRowBusyError)
+            for claim in claims
+        )
         await clock.wait_for_sleepers(1, timeout=30)
         assert "deadlock detected" not in caplog.text
     finally:

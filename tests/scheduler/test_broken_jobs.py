@@ -115,17 +115,18 @@ async def test_a_per_worker_job_whose_slot_cannot_be_computed_stops_no_other(
 
 
 @pytest.mark.parametrize("timeout", ["lock_timeout", "statement_timeout"])
-async def test_a_claim_cut_off_by_a_database_timeout_is_retried_and_the_job_is_not_broken(
+async def test_a_held_row_under_a_database_timeout_is_retried_and_the_job_is_not_broken(
     start_scheduler: StartScheduler,
     engine: AsyncEngine,
     database_url: str,
     caplog: pytest.LogCaptureFixture,
     timeout: str,
 ) -> None:
-    """The database's own lock_timeout or statement_timeout (a DBA's 200 ms) cuts off a
-    claim that waits for a row another transaction holds (an operator's write, a claim
-    prepared ahead by a frozen leader): the row is busy, not bad. The claim is tried
-    again a tick later and the slot runs; the job is never marked broken."""
+    """Under the database's own lock_timeout or statement_timeout (a DBA's 200 ms), a
+    row another transaction holds (an operator's write, a claim prepared ahead by a
+    frozen leader) is busy, not bad, whether the claim left it out or a statement
+    waiting for it was cut off: the claim is tried again and the slot runs; the job is
+    never marked broken."""
     caplog.set_level(logging.INFO, logger="app.scheduler")
     await set_on_the_database(engine, database_url, timeout, "200ms")
     clock = FakeClock(T0)
@@ -138,7 +139,7 @@ async def test_a_claim_cut_off_by_a_database_timeout_is_retried_and_the_job_is_n
         await clock.wait_for_sleepers(2)
         clock.advance(60)
         while not any(
-            getattr(record, "action", None) in ("job.broken", "scheduler.claim_failed")
+            getattr(record, "action", None) in ("job.broken", "job.busy", "scheduler.claim_failed")
             for record in caplog.records
         ):
             await asyncio.sleep(0.01)

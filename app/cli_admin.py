@@ -216,12 +216,20 @@ async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Setting
     jobs = await queries.list_jobs(engine, schedule=schedule)
     if args.json:
         return _json(jobs)
-    rows = [job | {"trigger": display.trigger(job["trigger"], settings.TIMEZONE)} for job in jobs]
+    rows = [
+        job
+        | {
+            "trigger": display.trigger(job["trigger"], settings.TIMEZONE),
+            "waiting": display.unclaimed(job["unclaimed_seconds"], job["held_by"]),
+        }
+        for job in jobs
+    ]
     columns = [
         "id",
         "name",
         "trigger",
         "next_run_at",
+        "waiting",
         "last_status",
         "running",
         "last_finished_at",

@@ -18,6 +18,7 @@ __all__ = [
     "relative",
     "timestamp",
     "trigger",
+    "unclaimed",
     "yes_no",
 ]
 
@@ -52,13 +53,29 @@ def relative(moment: datetime | None, now: datetime) -> str:
     seconds = round((moment - now).total_seconds())
     if seconds == 0:
         return "now"
+    return f"in {_span(seconds)}" if seconds > 0 else f"{_span(seconds)} ago"
+
+
+def _span(seconds: int) -> str:
+    """``|seconds|`` in its largest whole unit: ``14 min``, ``3 d``."""
     size = abs(seconds)
-    amount, unit = size, "s"
     for length, name in _UNITS:
         if size >= length:
-            amount, unit = size // length, name
-            break
-    return f"in {amount} {unit}" if seconds > 0 else f"{amount} {unit} ago"
+            return f"{size // length} {name}"
+    return f"{size} s"
+
+
+def unclaimed(seconds: float | None, held_by: int | None) -> str:
+    """``due, not claimed for 3 min; its row is held by backend 4242``: a job's due slot
+    or run-now request that no claim has taken for ``seconds`` (on the database's
+    clock), and the backend whose transaction holds its row, which the leader's claim
+    leaves out until it is free. Blank for None (nothing waits)."""
+    if seconds is None:
+        return ""
+    text = f"due, not claimed for {_span(round(seconds))}"
+    if held_by is not None:
+        text += f"; its row is held by backend {held_by}"
+    return text
 
 
 def milliseconds(value: int | None) -> str:

@@ -14,6 +14,15 @@
 - every leader-only job and every service of this app is run by the leader of its
   schedule (``jobs_not_led``, their ids): another app of the same schedule name may
   lead with another set, and then this app's extra ones run nowhere;
+- no due slot or run-now request of a leader-only job (not paused) has gone unclaimed
+  for longer than a leader tick plus the handover grace after it fires (a slot fires
+  its jitter after it) (``unclaimed_jobs``), read from the job rows on the lease clock
+  (the database's), not from the leader's heartbeat: a job whose row another
+  transaction holds is left out of the claims while every other job fires, and so is
+  every job of a leader that froze. The tick is how soon the leader tries again a slot
+  it could not claim; the handover grace is how long a new leader waits before its
+  first claim (HANDOVER_GRACE_SECONDS). A slot that comes while the job's body still
+  runs is claimed as skipped_overlap, so a long body is not unclaimed;
 - no leader-only job (not paused) is stale (``stale_jobs``): each must have succeeded
   since the slot before its last due slot, and at most ``GRACE_FLOOR`` before that
   last slot. The allowed age follows the job's own schedule, so a weekday cron is not
@@ -39,7 +48,7 @@ from . import queries
 from .api import lease_now_of, schedule_name
 from .display import is_never
 
-__all__ = ["last_due_slots", "router", "stale_jobs"]
+__all__ = ["last_due_slots", "router", "stale_jobs", "unclaimed_jobs"]
 
 router = APIRouter(tags=["health"])
 
@@ -92,6 +101,30 @@ def stale_jobs(
     return stale
 
 
+def unclaimed_jobs(
+    scheduler: Scheduler, rows: list[dict[str, Any]], allowed: timedelta
+) -> list[str]:
+    """Ids of this app's leader-only jobs whose due slot or run-now request no claim
+    has taken for longer than ``allowed`` (a leader tick plus the handover grace) after
+    it fires: a slot its jitter after it, a request at once. ``rows`` as
+    queries.list_jobs gives them, read on the lease clock. A broken job is reported as
+    broken."""
+    unclaimed = []
+    by_id = {row["id"]: row for row in rows}
+    for spec in scheduler.jobs.values():
+        row = by_id.get(spec.id)
+        if not spec.leader_only or row is None or row.get("broken"):
+            continue
+        if row.get("unclaimed_seconds") is None:
+            continue
+        waited = timedelta(seconds=row["unclaimed_seconds"])
+        if row["unclaimed_since"] == row["next_run_at"]:
+            waited -= timedelta(seconds=spec.jitter_delay(row["next_run_at"]))
+        if waited > allowed:
+            unclaimed.append(spec.id)
+    return unclaimed
+
+
 def _firing(holder: dict[str, Any], lease: timedelta) -> bool:
     """True when the key holder's leadership row is its own and its tick is fresh: the
     heartbeat's age on the lease clock (the database's), on which the leader writes it,
@@ -115,7 +148,8 @@ def _not_led(scheduler: Scheduler, holder: dict[str, Any]) -> list[str]:
 
 @router.get("/health/scheduler")
 async def scheduler_health(request: Request) -> JSONResponse:
-    """200 with a firing leader and no broken or stale job; 503 with the reasons."""
+    """200 with a firing leader and no broken, unclaimed or stale job; 503 with the
+    reasons."""
     database: Database = request.app.state.database
     scheduler: Scheduler | None = request.app.state.scheduler
     settings: Settings = request.app.state.settings
@@ -128,6 +162,8 @@ async def scheduler_health(request: Request) -> JSONResponse:
     rows = await queries.list_jobs(database.engine, lease_now_of(request), schedule=schedule)
     zone = request.app.state.zone
     stale = stale_jobs(scheduler, rows, now, zone) if scheduler is not None else []
+    allowed = timedelta(seconds=settings.LEADER_TICK_SECONDS + settings.HANDOVER_GRACE_SECONDS)
+    unclaimed = unclaimed_jobs(scheduler, rows, allowed) if scheduler is not None else []
     ours = set(scheduler.jobs) if scheduler is not None else set()
     broken = [row["id"] for row in rows if row["broken"] and row["id"] in ours]
     leads = holder["backend_pid"] is not None
@@ -135,7 +171,9 @@ async def scheduler_health(request: Request) -> JSONResponse:
     unled = _not_led(scheduler, holder) if firing and scheduler is not None else []
     supervisor = scheduler.supervisor if scheduler is not None else None
     refusal = supervisor.refusal if supervisor is not None else None
-    healthy = firing and not stale and not broken and not unled and refusal is None
+    healthy = (
+        firing and not stale and not broken and not unclaimed and not unled and refusal is None
+    )
     body = {
         "status": "ok" if healthy else "unhealthy",
         "schedule": schedule,
@@ -143,6 +181,7 @@ async def scheduler_health(request: Request) -> JSONResponse:
         "leader": leads,
         "firing": firing,
         "broken_jobs": broken,
+        "unclaimed_jobs": unclaimed,
         "stale_jobs": stale,
         "jobs_not_led": unled,
     }

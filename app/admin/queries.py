@@ -48,6 +48,11 @@ __all__ = [
 # is read as 'abandoned' (its owner died; the leader reaps it at its next tick). A
 # broken job is listed even when it has no row (its first slot could not be computed),
 # with ``stored`` false: nothing acts on it (run now, pause, its page) until it has one.
+# A leader job's due slot or run-now request that no claim has taken yet is
+# ``unclaimed_since`` its moment, on the lease clock too; an operator's 'infinity' never
+# comes. ``held_by``: the backend whose open transaction locked or is writing such a
+# job's row (the row's xmax is that transaction's, which holds a lock on its own id
+# while it runs): the leader's claim leaves a held row out until it is free.
 _JOBS = text(
     f"""
     WITH replica_running AS (
@@ -57,7 +62,13 @@ _JOBS = text(
     ), listed AS (
         SELECT j.*, b.job_id AS broken_id, b.error AS broken_error, b.since AS broken_since,
             coalesce(j.running_until > {LEASE_NOW_SQL}, false)
-                OR rr.job_id IS NOT NULL AS is_running
+                OR rr.job_id IS NOT NULL AS is_running,
+            CASE WHEN j.leader_only AND NOT j.paused THEN LEAST(
+                CASE WHEN isfinite(j.next_run_at) AND j.next_run_at <= {LEASE_NOW_SQL}
+                    THEN j.next_run_at END,
+                CASE WHEN j.run_requested_at <= {LEASE_NOW_SQL} THEN j.run_requested_at END)
+            END AS unclaimed_since,
+            j.xmax AS row_xmax
         FROM scheduler_jobs j
         LEFT JOIN scheduler_broken_jobs b ON b.schedule = j.schedule AND b.job_id = j.id
         LEFT JOIN replica_running rr ON rr.job_id = j.id
@@ -72,11 +83,18 @@ _JOBS = text(
         (SELECT r.lateness_ms FROM scheduler_runs r
          WHERE r.schedule = j.schedule AND r.job_id = j.id
          ORDER BY r.id DESC LIMIT 1) AS last_lateness_ms,
-        j.broken_id IS NOT NULL AS broken, j.broken_error, j.broken_since, true AS stored
+        j.broken_id IS NOT NULL AS broken, j.broken_error, j.broken_since, true AS stored,
+        j.unclaimed_since,
+        extract(epoch FROM {LEASE_NOW_SQL} - j.unclaimed_since)::float AS unclaimed_seconds,
+        CASE WHEN j.unclaimed_since IS NOT NULL THEN (
+            SELECT l.pid FROM pg_locks l
+            WHERE l.locktype = 'transactionid' AND l.granted AND l.mode = 'ExclusiveLock'
+                AND l.transactionid = j.row_xmax
+            LIMIT 1) END AS held_by
     FROM listed j
     UNION ALL
     SELECT b.job_id, b.job_id, NULL, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-        false, b.since, false, NULL, true, b.error, b.since, false
+        false, b.since, false, NULL, true, b.error, b.since, false, NULL, NULL, NULL
     FROM scheduler_broken_jobs b
     WHERE b.schedule = :schedule AND NOT EXISTS (
         SELECT 1 FROM scheduler_jobs j WHERE j.schedule = b.schedule AND j.id = b.job_id)
@@ -217,7 +235,11 @@ async def list_jobs(
     row yet (no action and no history applies to it). ``running`` (a live running
     lease: the job's, or one of its per-worker runs') and a crashed run's ``abandoned``
     status are read on the lease clock: ``lease_now`` as clock.lease_now gives it, None
-    for the database server's clock (the caller's own clock never decides). Every
+    for the database server's clock (the caller's own clock never decides). So are
+    ``unclaimed_since`` and ``unclaimed_seconds``: when a leader job's due slot or
+    run-now request came, and how long ago, while no claim has taken it (None
+    otherwise; a jittered slot is claimed its jitter after it), with ``held_by``, the
+    backend pid of a transaction holding its row (None when none does). Every
     function here reads or changes only the rows of the schedule it is given
     (app/scheduler/keys.py)."""
     async with engine.connect() as conn:

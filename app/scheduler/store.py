@@ -430,7 +430,6 @@ _START_REPLICA_JOB = text(
 # operator's open transaction, a stuck claim) must not hold up every other run.
 _ROW_LOCK_PATIENCE = text("SET LOCAL lock_timeout = '1s'")
 
-
 # The leases of a batch of runs (l): a leader run's is on its job row, a per-worker
 # run's on its own run row (a reaped run no longer holds one).
 _LEASES = """unnest(CAST(:job_ids AS text[]), CAST(CAST(:run_ids AS text[]) AS bigint[]))

@@ -279,6 +279,7 @@ async def test_health_is_200_with_a_leader_and_fresh_jobs(
         "leader": True,
         "firing": True,
         "broken_jobs": [],
+        "unclaimed_jobs": [],
         "stale_jobs": [],
         "jobs_not_led": [],
     }

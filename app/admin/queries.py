@@ -55,7 +55,10 @@ __all__ = [
 # while it runs): the leader's claim leaves a held row out until it is free.
 _JOBS = text(
     f"""
-    WITH replica_running AS (
+    WITH holders AS (
+        SELECT transactionid, pid FROM pg_locks
+        WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted
+    ), replica_running AS (
         SELECT DISTINCT r.job_id FROM scheduler_runs r
         WHERE r.schedule = :schedule AND r.scope = 'replica'
             AND r.running_until > {LEASE_NOW_SQL}
@@ -86,12 +89,9 @@ _JOBS = text(
         j.broken_id IS NOT NULL AS broken, j.broken_error, j.broken_since, true AS stored,
         j.unclaimed_since,
         extract(epoch FROM {LEASE_NOW_SQL} - j.unclaimed_since)::float AS unclaimed_seconds,
-        CASE WHEN j.unclaimed_since IS NOT NULL THEN (
-            SELECT l.pid FROM pg_locks l
-            WHERE l.locktype = 'transactionid' AND l.granted AND l.mode = 'ExclusiveLock'
-                AND l.transactionid = j.row_xmax
-            LIMIT 1) END AS held_by
+        h.pid AS held_by
     FROM listed j
+    LEFT JOIN holders h ON j.unclaimed_since IS NOT NULL AND h.transactionid = j.row_xmax
     UNION ALL
     SELECT b.job_id, b.job_id, NULL, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
         false, b.since, false, NULL, true, b.error, b.since, false, NULL, NULL, NULL

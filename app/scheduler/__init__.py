@@ -187,11 +187,16 @@ its trigger raises, its row refuses the claim, the job timer died), the job is
 recorded in ``scheduler_broken_jobs`` (shown in the admin job list and page, and by
 ``/health/scheduler``, which is then not ok), and retried every minute (retry.py's
 BROKEN_JOB) until a registration or claim of it succeeds. Every other job keeps
-firing. A failure while the database does not answer, or on a row another transaction
-holds, is passing: retried, never called broken. The leader also writes
-``heartbeat_at`` on its leadership row every tick, so health can tell a leader that
-holds the key but does not fire (a handover that never ends, a stuck tick) from one
-that does.
+firing. A failure while the database does not answer is passing: retried, never
+called broken. A row another transaction holds is *busy*, not bad: a claim (and a
+promotion's registration) locks only the rows no one else holds (SKIP LOCKED) and
+leaves a held one out rather than wait on it (logged once as ``job.busy``), so it
+holds up no other job whatever timeouts the database sets; the job is tried again
+(retry.py's BUSY_ROW, at most a tick apart) and fires its slot once the row is free.
+The leader also writes ``heartbeat_at`` on its leadership row every tick, so health
+can tell a leader that holds the key but does not fire (a handover that never ends, a
+stuck tick) from one that does; health also reads the job rows themselves and names
+a job whose due slot waited unclaimed for longer than a tick plus the handover grace.
 
 Per-worker jobs (``leader_only=False``) keep their slots per worker; see replicas.py
 for what their row, pause and run-now mean.

@@ -3,7 +3,10 @@
 The claim is the heart of at-most-once: a conditional UPDATE that moves a job's
 ``next_run_at`` from the due slot to the next one, committed with the run's history row
 before the body runs. Two processes that both think a slot is due race on that
-UPDATE, and PostgreSQL lets exactly one of them match the row. A leader claims every
+UPDATE, and PostgreSQL lets exactly one of them match the row. A claim never waits on
+a row: it first locks the rows of its jobs that no other transaction holds (SKIP
+LOCKED) and updates only those; a held row (an operator's open transaction) leaves its
+job out, answered ``JobRowBusyError``, and its claim is made again later. A leader claims every
 slot due at one wake of its timer in ONE such UPDATE over the jobs' rows
 (``claim_many``), each row under the conditions it would meet alone; the one-job
 claim is its one-row case. A claim may be *prepared* ahead of its slot

@@ -20,6 +20,7 @@ from sqlalchemy import text
 
 from app.db import Database, asyncpg_dsn
 from app.scheduler import FakeClock
+from app.scheduler.errors import JobRowBusyError
 from app.scheduler.store import ClaimedSlot, JobStore, SlotClaim
 from app.testing import TestServer
 
@@ -191,7 +192,7 @@ async def _seed(database: Database, cases: list[JobCase]) -> None:
                 )
 
 
-async def _outcome(database: Database, claimed: list[ClaimedSlot | None]) -> Any:
+async def _outcome(database: Database, claimed: list[ClaimedSlot | JobRowBusyError | None]) -> Any:
     """The claims' answers and every row they wrote, with run ids named by their run
     (job, slot, manual): the two ways allocate ids in a different order."""
     async with database.engine.connect() as conn:
@@ -220,9 +221,9 @@ async def _outcome(database: Database, claimed: list[ClaimedSlot | None]) -> Any
         return names.get(run_id, run_id) if run_id is not None else None
 
     answers = [
-        None
-        if claim is None
-        else (name(claim.run_id), claim.status, claim.term, claim.next_slot, claim.error)
+        (name(claim.run_id), claim.status, claim.term, claim.next_slot, claim.error)
+        if isinstance(claim, ClaimedSlot)
+        else claim and str(claim)
         for claim in claimed
     ]
     run_rows = [(names[row.id], *tuple(row)[4:]) for row in runs]

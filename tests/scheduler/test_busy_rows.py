@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.queries import run_job_now
 from app.scheduler import FakeClock, JobContext, Scheduler, every
+from app.scheduler.store import JobStore
 
 from .conftest import (
     StartScheduler,
@@ -102,6 +104,32 @@ async def test_a_job_row_held_elsewhere_delays_no_run_now_request_of_another_job
         await eventually(asked_ran, what="the run-now of asked")
         assert await runs(engine, "held") == []
         await holder.rollback()
+
+
+async def test_a_job_row_held_elsewhere_delays_no_other_jobs_registration(
+    start_scheduler: StartScheduler, engine: AsyncEngine, database_timeout: str
+) -> None:
+    """A release changed the held job's trigger, so the promotion must write its row."""
+    previous = Scheduler()
+    previous.job(every(minutes=2), id="held")(_noop)
+    previous.job(every(minutes=1), id="same-slot")(_noop)
+    rows = JobStore(engine, pid=0, host="previous-release")
+    await rows.register_leader_jobs(previous.jobs.values(), T0, ZoneInfo("UTC"))
+    clock = FakeClock(T0)
+    async with row_held(engine, "held") as holder:
+        supervisor = await start_scheduler(_jobs("held", "same-slot"), clock=clock)
+        await supervisor.wait_until_firing()
+        await clock.wait_for_sleepers(2)
+        clock.set(SLOT)
+        assert await wait_for_runs(engine, "same-slot", 1) == [("ok", SLOT)]
+        await clock.wait_for_sleepers(2)
+        await holder.rollback()
+    # Registered with its new trigger once its row is free; its first slot fires.
+    clock.advance(supervisor.config.leader_tick_seconds)
+    await clock.wait_for_sleepers(2)
+    clock.advance(timedelta(minutes=1))
+    [(status, _)] = await wait_for_runs(engine, "held", 1)
+    assert status == "ok"
 
 
 async def test_a_job_whose_row_was_held_fires_once_its_row_is_free(

@@ -1005,8 +1005,12 @@ class JobStore:
 
     async def register_leader_job(self, spec: JobSpec, now: datetime, zone: ZoneInfo) -> JobRow:
         """Upsert one leader job's row in its own commit (see register_leader_jobs), so
-        that a job whose row or first slot cannot be handled stops no other job."""
-        return (await self.register_leader_jobs([spec], now, zone))[spec.id]
+        that a job whose row or first slot cannot be handled stops no other job. Raises
+        JobRowBusyError when another transaction holds its row."""
+        registered = await self.register_leader_jobs([spec], now, zone)
+        if spec.id not in registered:
+            raise JobRowBusyError(spec.id)
+        return registered[spec.id]
 
     async def stored_jobs(self) -> StoredJobs:
         """Every job row of this schedule, its broken marks, and the horizon from which
@@ -1050,9 +1054,19 @@ class JobStore:
     async def upsert_leader_rows(self, rows: Sequence[LeaderRow]) -> dict[str, JobRow]:
         """Write ``rows`` (see register_leader_jobs) in one statement and one commit;
         return each job's stored next slot and pause flag. A row without slots whose job
-        has no row or another trigger by now is left out: register it with its slots."""
+        has no row or another trigger by now is left out: register it with its slots.
+        So is a row another transaction holds, never waited on, as in a claim."""
         if not rows:
             return {}
+        async with self.engine.begin() as conn:
+            await conn.execute(_OWN_INSERTS)
+            held = await self._lock_free_rows(conn, [row.id for row in rows])
+            rows = [row for row in rows if row.id not in held]
+            if not rows:
+                return {}
+            return await self._upsert(conn, rows)
+
+    async def _upsert(self, conn: AsyncConnection, rows: Sequence[LeaderRow]) -> dict[str, JobRow]:
         params = {
             "ids": [row.id for row in rows],
             "names": [row.name for row in rows],
@@ -1061,15 +1075,13 @@ class JobStore:
             "reset_slots": [_iso(row.reset_slot) for row in rows],
             "schedule": self.schedule,
         }
-        async with self.engine.begin() as conn:
-            await conn.execute(_OWN_INSERTS)
-            result = await conn.execute(_UPSERT, params)
-            return {
-                row.id: JobRow.read(
-                    row.next_run_at, row.paused, row.run_requested_at, True, row.running_until
-                )
-                for row in result
-            }
+        result = await conn.execute(_UPSERT, params)
+        return {
+            row.id: JobRow.read(
+                row.next_run_at, row.paused, row.run_requested_at, True, row.running_until
+            )
+            for row in result
+        }
 
     async def mark_broken(self, job_id: str, error: str, now: datetime) -> None:
         """Record that the leader cannot handle the job's row or next slot."""

@@ -550,7 +550,11 @@ class Supervisor:
 
     async def _blame(self, job_id: str, exc: BaseException) -> None:
         """Mark the job broken for ``exc``; re-raise it when the database does not
-        answer (an outage, not the job's fault)."""
+        answer (an outage, not the job's fault). A row another transaction holds is
+        neither: the job is left unregistered, and the timer registers it once the row
+        is free (_register_late)."""
+        if is_busy_row(exc):
+            return
         if not await blames_job(self.store.engine, exc):
             raise exc
         await self._broken.mark(job_id, format_error(exc))

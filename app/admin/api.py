@@ -63,7 +63,10 @@ async def jobs(request: Request) -> list[dict[str, Any]]:
     reads it with the zone named), last start and finish, status, duration, lateness,
     running (a running lease holds, the job's or one of its per-worker runs', on the
     database's clock), paused, broken (with the error), stored (false for a broken job
-    that has no row yet: its run-now, pause and runs answer 404)."""
+    that has no row yet: its run-now, pause and runs answer 404), and for a due slot or
+    run-now request no claim has taken yet ``unclaimed_since``, ``unclaimed_seconds``
+    (on the database's clock) and ``held_by`` (the backend whose transaction holds the
+    job's row, which the leader's claim leaves out until it is free)."""
     zone = request.app.state.settings.TIMEZONE
     return [
         job | {"trigger_description": display.trigger(job["trigger"], zone)}

@@ -28,18 +28,18 @@ class InvalidJobError(SchedulerError):
 
 
 class JobRowBusyError(SchedulerError):
-    """A claim left a due job out because another transaction holds its row (a session
-    left open on ``SELECT ... FOR UPDATE``, a stuck script): a claim never waits on a
-    row it cannot lock, so that no other job waits with it. The leader tries the job
-    again until the row is free; ``job_id`` names it."""
+    """A claim (or a registration) left a job out because another transaction holds its
+    row (a session left open on ``SELECT ... FOR UPDATE``, a stuck script): the leader
+    never waits on a row it cannot lock, so that no other job waits with it. It tries
+    the job again until the row is free; ``job_id`` names it."""
 
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         super().__init__(
-            f"job {job_id!r}: another transaction holds its row, so the leader's claim "
-            "left it out rather than wait (every other job is claimed); it is claimed "
-            "once the row is free: end that transaction (the admin job list names its "
-            "backend pid, see pg_stat_activity)"
+            f"job {job_id!r}: another transaction holds its row, so the leader left it "
+            "out rather than wait on it (every other job fires); it is claimed once the "
+            "row is free: end that transaction (the admin job list names its backend "
+            "pid, see pg_stat_activity)"
         )
 
 

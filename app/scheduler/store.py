@@ -6,8 +6,8 @@ before the body runs. Two processes that both think a slot is due race on that
 UPDATE, and PostgreSQL lets exactly one of them match the row. A claim never waits on
 a row: it first locks the rows of its jobs that no other transaction holds (SKIP
 LOCKED) and updates only those; a held row (an operator's open transaction) leaves its
-job out, answered ``JobRowBusyError``, and its claim is made again later. A leader claims every
-slot due at one wake of its timer in ONE such UPDATE over the jobs' rows
+job out, answered ``JobRowBusyError``, and its claim is made again later. A leader
+claims every slot due at one wake of its timer in ONE such UPDATE over the jobs' rows
 (``claim_many``), each row under the conditions it would meet alone; the one-job
 claim is its one-row case. A claim may be *prepared* ahead of its slot
 (``PreparedCommit``): its statements run early, its transaction holds the claimed rows
@@ -1286,7 +1286,6 @@ class JobStore:
         """
         if not items:
             return []
-        busy: dict[str, JobRowBusyError] = {}
         ids = [item.job_id for item in items]
         assert len(set(ids)) == len(ids), "one claim per job at a time"
         assert all(item.status != "running" or item.lease_seconds is not None for item in items), (

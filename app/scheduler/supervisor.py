@@ -55,7 +55,7 @@ from .election import (
     engine_identity,
     lock_connection_listed,
 )
-from .errors import ScheduleNameCollisionError
+from .errors import JobRowBusyError, ScheduleNameCollisionError
 from .faults import UNREACHABLE, blames_job, database_answers, is_busy_row
 from .host_lock import Holder, HostLock, HostLockError
 from .registry import JobSpec, Registry, ServiceSpec
@@ -656,6 +656,7 @@ class Supervisor:
         failed wake is logged and its jobs retried a tick later."""
         self._timetable = timetable = Timetable()
         self._claiming.clear()
+        self._busy.clear()
         self._changed_while_claiming.clear()
         specs = {spec.id: spec for spec in self.leader_jobs}
         timetable.plan_all({job_id: self._next_step(job_id) for job_id in specs})
@@ -999,11 +1000,13 @@ class Supervisor:
         self._busy[job_id] = tries + 1
         retry = min(self.config.leader_tick_seconds, BUSY_ROW.delay(tries + 1))
         if not tries:
+            # A statement cut off on the row says why in the driver's words.
+            reason = exc if isinstance(exc, JobRowBusyError) else getattr(exc, "orig", exc)
             logger.warning(
-                "job.busy: job %s is due but could not be claimed: %s; its other jobs "
-                "fire, and it is tried again at least every %s s (pid=%s)",
+                "job.busy: job %s is due and its row is busy (%s); its other jobs fire, "
+                "and it is tried again at least every %s s (pid=%s)",
                 job_id,
-                getattr(exc, "orig", None) or exc,
+                reason,
                 self.config.leader_tick_seconds,
                 os.getpid(),
                 extra={"action": "job.busy", "job_id": job_id, "pid": os.getpid()},

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import psycopg
@@ -23,12 +24,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.admin.health import unclaimed_jobs
 from app.admin.queries import list_jobs
 from app.scheduler import FakeClock, JobContext, Scheduler, every
+from app.scheduler.store import JobStore
 
-from ..conftest import StartScheduler
+from ..conftest import SkewedClock, StartScheduler
 from ..scheduler.conftest import row_held, runs, wait_for_runs
 from .conftest import ADMIN_TOKEN, WorkerAdmin
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+UTC_ZONE = ZoneInfo("UTC")
+_BEARER = f"Bearer {ADMIN_TOKEN}"
 SLOT = T0 + timedelta(minutes=1)
 # The test settings' LEADER_TICK_SECONDS plus HANDOVER_GRACE_SECONDS.
 TICK_AND_GRACE = timedelta(seconds=1)
@@ -115,6 +119,42 @@ async def test_health_stays_ok_while_a_body_runs_past_its_next_slot(
             release.set()
     assert response.json()["unclaimed_jobs"] == [], response.json()
     assert response.status_code == 200, response.json()
+
+
+@pytest.mark.parametrize("skew", [timedelta(minutes=2), timedelta(minutes=-2)], ids=str)
+async def test_health_reads_unclaimed_slots_on_the_databases_clock_from_a_skewed_host(
+    start_scheduler: StartScheduler,
+    engine: AsyncEngine,
+    worker_admin: WorkerAdmin,
+    skew: timedelta,
+) -> None:
+    """The leader and the database share the real clock; the host that serves health
+    runs ``skew`` off them. "upcoming" is due in a minute, "held" was due 30 s ago
+    (its row held, so it stays unclaimed), both on the database's clock."""
+    scheduler = _minutely("upcoming", "held")
+    rows = JobStore(engine, pid=0, host="previous-release")
+    await rows.register_leader_jobs(scheduler.jobs.values(), T0, UTC_ZONE)
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "UPDATE scheduler_jobs SET next_run_at = CASE id"
+                " WHEN 'upcoming' THEN now() + interval '1 minute'"
+                " ELSE now() - interval '30 seconds' END"
+            )
+        )
+    async with (
+        worker_admin(scheduler, SkewedClock(skew)) as client,
+        row_held(engine, "held") as holder,
+    ):
+        supervisor = await start_scheduler(scheduler)
+        await supervisor.wait_until_firing()
+        response = await _health_until(client, lambda body: body["firing"])
+        listed = await client.get("/admin/api/jobs", headers={"Authorization": _BEARER})
+        jobs = {job["id"]: job for job in listed.json()}
+        await holder.rollback()
+    assert response.json()["unclaimed_jobs"] == ["held"], response.json()
+    assert jobs["upcoming"]["unclaimed_since"] is None
+    assert 30 <= jobs["held"]["unclaimed_seconds"] < 60
 
 
 def _row(

@@ -120,7 +120,7 @@ async def _page(
         "jobs": await queries.list_jobs(
             engine, lease_now_of(request), schedule=schedule_name(request)
         ),
-        "outboxes": await queries.outbox_summary(engine, _now(request)),
+        "outboxes": await queries.outbox_summary(engine, lease_now_of(request)),
         "pending": await queries.outbox_messages(engine, status="pending", limit=_PENDING_SHOWN),
         "pending_shown": _PENDING_SHOWN,
         "stuck": await queries.stuck_messages(engine),
@@ -262,7 +262,9 @@ async def reset(
         request,
         csrf,
         f"reset-{message_id}",
-        lambda: queries.reset_outbox_message(_engine(request), name, message_id, _now(request)),
+        lambda: queries.reset_outbox_message(
+            _engine(request), name, message_id, lease_now_of(request)
+        ),
     )
 
 

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from app.scheduler import Clock, JobContext, Scheduler, SystemClock, Trigger, every
+from app.scheduler.clock import lease_now
 
 from . import sql
 from .backoff import DEFAULT_BACKOFF
@@ -210,7 +211,7 @@ class Outbox:
             sql.RECORD_DRAIN,
             {
                 "outbox": self.name,
-                "now": self.clock.now(),
+                "lease_now": lease_now(self.clock),
                 "delivered": report.delivered,
                 "retried": report.retried,
                 "stuck": report.stuck,
@@ -239,7 +240,7 @@ class Outbox:
     async def reset(self, message_id: int) -> None:
         """Make a stuck row, or a pending one no drain holds, due now with attempts 0;
         see reset_message for what is refused."""
-        await reset_message(self.engine, self.name, message_id, self.clock.now())
+        await reset_message(self.engine, self.name, message_id, lease_now(self.clock))
 
     def _insert_params(self, payload: Any, key: str) -> dict[str, Any]:
         if not isinstance(key, str) or not key:
@@ -248,7 +249,7 @@ class Outbox:
             "outbox": self.name,
             "key": key,
             "payload": dump_payload(self.name, payload),
-            "now": self.clock.now(),
+            "lease_now": lease_now(self.clock),
         }
 
     def _policy(self) -> DrainPolicy:
@@ -279,9 +280,13 @@ class Outbox:
         await listen_and_drain(self._listen_dsn, self.name, self.drain_on)
 
 
-async def reset_message(engine: AsyncEngine, outbox: str, message_id: int, now: datetime) -> None:
+async def reset_message(
+    engine: AsyncEngine, outbox: str, message_id: int, lease_now: datetime | None = None
+) -> None:
     """Set a stuck row, or a pending row no live drain holds, to pending, attempts 0,
-    due ``now``, and wake the drain.
+    due now, and wake the drain. "Now" and whether a drain's lease still runs are read
+    on the lease clock (app/scheduler/clock.py): ``lease_now`` as clock.lease_now gives
+    it, None for the database server's clock; the caller's own clock never decides.
 
     Raises UnknownMessageError for an id the outbox does not have,
     MessageDeliveredError for a row that was delivered (it is never sent again), and
@@ -289,7 +294,7 @@ async def reset_message(engine: AsyncEngine, outbox: str, message_id: int, now: 
     drain is delivering it; a reset would have it delivered twice).
     """
     async with engine.begin() as conn:
-        params = {"id": message_id, "outbox": outbox, "now": now}
+        params = {"id": message_id, "outbox": outbox, "lease_now": lease_now}
         if (await conn.execute(sql.RESET, params)).scalar() is not None:
             await conn.execute(sql.NOTIFY, {"outbox": outbox})
             return

@@ -5,9 +5,10 @@ The drain claims due rows with ``FOR UPDATE SKIP LOCKED`` under a delivery lease
 only while its lease still covers its whole delivery (else it is given back), and its
 outcome is written with others of the pass in one statement, only while its claim
 still holds the row. Leases and due times are read on the database server's clock
-(the lease clock, app/scheduler/clock.py), never on a host's. A drain killed mid-delivery or before writing a batch leaves its
-rows to be retried when the lease runs out; the receiver deduplicates on the
-idempotency key. A reset never takes a row from a live claim. Nothing is ever deleted.
+(the lease clock, app/scheduler/clock.py), never on a host's. A drain killed
+mid-delivery or before writing a batch leaves its rows to be retried when the lease
+runs out; the receiver deduplicates on the idempotency key. A reset never takes a row
+from a live claim. Nothing is ever deleted.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ TOKEN = "truth-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 Serve = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+Worker = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 
 
 @pytest.fixture
@@ -45,6 +46,32 @@ def serve(settings: Settings) -> Serve:
                 yield client
 
     return serve
+
+
+@pytest.fixture
+def admin_settings(settings: Settings) -> Settings:
+    """The test settings with the admin token TOKEN."""
+    return settings.model_copy(update={"ADMIN_TOKEN": SecretStr(TOKEN)})
+
+
+@pytest.fixture
+def worker(admin_settings: Settings) -> Worker:
+    """An app process of its own (its own app and state, no scheduler), same database,
+    as a client at ``client_ip``; ``clock``: the worker's own clock."""
+
+    @asynccontextmanager
+    async def start(
+        client_ip: str = "203.0.113.7", *, clock: Clock | None = None
+    ) -> AsyncIterator[httpx.AsyncClient]:
+        app = create_app(admin_settings)
+        if clock is not None:
+            app.state.clock = clock
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, client=(client_ip, 40000))
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                yield client
+
+    return start
 
 
 async def eventually_json(
@@ -87,10 +114,15 @@ async def beat_after_promotion(database: Database) -> None:
             await asyncio.sleep(0.05)
 
 
-async def signed_in(client: httpx.AsyncClient) -> str:
-    """Sign in to the admin page with TOKEN; the page's CSRF field."""
-    await client.post("/admin/login", data={"token": TOKEN})
+async def page_csrf(client: httpx.AsyncClient) -> str:
+    """The CSRF field of the admin page, which ``client``'s session cookie opens."""
     page = (await client.get("/admin")).text
     match = re.search(r'name="csrf" value="([^"]+)"', page)
     assert match is not None, page
     return match.group(1)
+
+
+async def signed_in(client: httpx.AsyncClient) -> str:
+    """Sign in to the admin page with TOKEN; the page's CSRF field."""
+    await client.post("/admin/login", data={"token": TOKEN})
+    return await page_csrf(client)

@@ -13,14 +13,26 @@ import pytest
 from sqlalchemy import text
 
 from app.admin import Conflict
+from app.admin.session import COOKIE
+from app.admin.throttle import BASE_DELAY, FREE_FAILURES
 from app.cli_admin import add_commands, run_command
 from app.db import Database
 from app.main import create_app
-from app.scheduler import Clock, JobContext, Scheduler, every
+from app.scheduler import Clock, JobContext, Scheduler, SystemClock, every
 from app.settings import Settings
 
 from ..conftest import SkewedClock, StartScheduler
-from .conftest import AUTH, Serve, beat_after_promotion, eventually_json, set_lease, signed_in
+from .conftest import (
+    AUTH,
+    TOKEN,
+    Serve,
+    Worker,
+    beat_after_promotion,
+    eventually_json,
+    page_csrf,
+    set_lease,
+    signed_in,
+)
 
 # A row as a drain's claim leaves it, on a host whose clock is the database's: held
 # for the outbox's default lease (delivery_timeout 30 s and the drain's 30 s margin).
@@ -189,3 +201,38 @@ async def test_the_oldest_pending_row_read_from_a_host_two_minutes_off_has_its_t
     async with serve(_hourly(), clock=skewed_clock) as client:
         [grants] = (await client.get("/admin/api/outboxes", headers=AUTH)).json()
     assert 10 <= grants["oldest_pending_seconds"] < 20, grants
+
+
+async def test_a_session_begun_on_a_host_two_minutes_off_is_current_on_another_host(
+    worker: Worker, skewed_clock: SkewedClock
+) -> None:
+    async with worker(clock=skewed_clock) as skewed, worker(clock=SystemClock()) as true_host:
+        await signed_in(skewed)
+        true_host.cookies.set(COOKIE, skewed.cookies.get(COOKIE) or "", path="/admin")
+        page = (await true_host.get("/admin")).text
+    assert 'id="jobs"' in page
+
+
+async def test_a_sign_out_on_a_host_two_minutes_off_ends_a_session_begun_before_elsewhere(
+    worker: Worker, skewed_clock: SkewedClock
+) -> None:
+    async with worker(clock=skewed_clock) as skewed, worker(clock=SystemClock()) as true_host:
+        await signed_in(true_host)
+        cookie = true_host.cookies.get(COOKIE) or ""
+        skewed.cookies.set(COOKIE, cookie, path="/admin")
+        csrf = await page_csrf(skewed)
+        await skewed.post("/admin/logout", data={"csrf": csrf})
+        page = (await true_host.get("/admin")).text
+    assert 'id="jobs"' not in page and 'name="token"' in page
+
+
+async def test_a_client_slowed_on_a_host_two_minutes_off_waits_its_delay_on_another_host(
+    worker: Worker, skewed_clock: SkewedClock
+) -> None:
+    async with worker(clock=skewed_clock) as skewed, worker(clock=SystemClock()) as true_host:
+        # One wrong token past the free ones: the client must wait BASE_DELAY.
+        for guess in range(FREE_FAILURES + 1):
+            await skewed.post("/admin/login", data={"token": f"guess-{guess}"})
+        answer = await true_host.post("/admin/login", data={"token": TOKEN})
+    assert answer.status_code == 429, answer.text
+    assert 0 < int(answer.headers["retry-after"]) <= BASE_DELAY.total_seconds()

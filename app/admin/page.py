@@ -206,7 +206,7 @@ async def login(request: Request, token: Annotated[str, Form()]) -> Response:
     response = RedirectResponse("/admin", status_code=303)
     response.set_cookie(
         session.COOKIE,
-        session.issue(key, await session.now(engine, lease_now)),
+        session.issue(key, await queries.lease_clock_now(engine, lease_now)),
         max_age=int(session.SESSION_MAX_AGE.total_seconds()),
         httponly=True,
         samesite="strict",

@@ -33,6 +33,7 @@ __all__ = [
     "AdminError",
     "job_runs",
     "leader",
+    "lease_clock_now",
     "list_jobs",
     "outbox_messages",
     "outbox_summary",
@@ -193,6 +194,19 @@ _PENDING = text(
     """
 )
 _MESSAGES_BY_STATUS = {"stuck": _STUCK, "pending": _PENDING}
+
+
+_LEASE_CLOCK_NOW = text(f"SELECT {LEASE_NOW_SQL}")
+
+
+async def lease_clock_now(engine: AsyncEngine, lease_now: datetime | None = None) -> datetime:
+    """Now on the lease clock, which every lease and due time is on: ``lease_now`` as
+    clock.lease_now gives it, None for the database server's clock (read from it)."""
+    async with engine.connect() as conn:
+        read: datetime = (
+            await conn.execute(_LEASE_CLOCK_NOW, {"lease_now": lease_now})
+        ).scalar_one()
+        return read
 
 
 def _rows(result: Any) -> list[dict[str, Any]]:

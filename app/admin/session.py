@@ -32,7 +32,6 @@ __all__ = [
     "is_current",
     "issue",
     "issued_at",
-    "now",
     "revoke",
 ]
 
@@ -42,7 +41,6 @@ SESSION_MAX_AGE = timedelta(hours=12)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LONGEST_COOKIE = 100
 
-_NOW = text(f"SELECT {LEASE_NOW_SQL}")
 _NOW_AND_NOT_BEFORE = text(
     f"SELECT {LEASE_NOW_SQL} AS now,"
     " (SELECT not_before FROM admin_sessions WHERE id = 1) AS not_before"
@@ -60,16 +58,9 @@ def _sign(key: bytes, purpose: str, value: str) -> str:
     return hmac.new(key, f"{purpose}:{value}".encode(), hashlib.sha256).hexdigest()
 
 
-async def now(engine: AsyncEngine, lease_now: datetime | None = None) -> datetime:
-    """Now on the lease clock, the time to issue a cookie at: ``lease_now`` as
-    clock.lease_now gives it, None for the database server's clock."""
-    async with engine.connect() as conn:
-        read: datetime = (await conn.execute(_NOW, {"lease_now": lease_now})).scalar_one()
-        return read
-
-
 def issue(key: bytes, now: datetime) -> str:
-    """A new session cookie value, issued at ``now`` (session.now())."""
+    """A new session cookie value, issued at ``now`` (on the lease clock:
+    queries.lease_clock_now)."""
     micros = str((now - _EPOCH) // timedelta(microseconds=1))
     return f"{micros}.{_sign(key, 'session', micros)}"
 
@@ -91,7 +82,8 @@ async def is_current(
     engine: AsyncEngine, issued: datetime, lease_now: datetime | None = None
 ) -> bool:
     """True when a session issued at ``issued`` has neither expired nor been revoked,
-    read on the lease clock (``lease_now``, as for now())."""
+    read on the lease clock (``lease_now`` as clock.lease_now gives it, None for the
+    database server's)."""
     async with engine.connect() as conn:
         read = (await conn.execute(_NOW_AND_NOT_BEFORE, {"lease_now": lease_now})).one()
     if not timedelta(0) <= read.now - issued < SESSION_MAX_AGE:
@@ -100,8 +92,8 @@ async def is_current(
 
 
 async def revoke(engine: AsyncEngine, lease_now: datetime | None = None) -> None:
-    """End every session issued up to now on the lease clock (``lease_now``, as for
-    now()), in every worker."""
+    """End every session issued up to now on the lease clock (``lease_now`` as
+    clock.lease_now gives it, None for the database server's), in every worker."""
     async with engine.begin() as conn:
         await conn.execute(_REVOKE, {"lease_now": lease_now})
 

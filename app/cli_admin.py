@@ -29,7 +29,8 @@ from .admin import display, queries
 from .app_target import DEFAULT_APP, load_scheduler
 from .db import DatabaseUnreachableError, async_url, verify_schema_at_head
 from .embedded import default_data_dir, embedded_url
-from .scheduler import InvalidScheduleNameError, SystemClock
+from .scheduler import Clock, InvalidScheduleNameError, SystemClock
+from .scheduler.clock import lease_now
 from .scheduler.keys import validate_schedule_name
 from .settings import Settings
 
@@ -196,12 +197,14 @@ def schedule_of(args: argparse.Namespace, settings: Settings) -> str:
     return found.schedule(settings.SCHEDULER_NAME)
 
 
-async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:
-    now = SystemClock().now()
+async def _jobs(
+    engine: AsyncEngine, args: argparse.Namespace, settings: Settings, clock: Clock
+) -> str:
     schedule = schedule_of(args, settings)
     if args.jobs_command == "run":
-        # The CLI runs on the system clock: "running" is read on the database's.
-        await queries.run_job_now(engine, args.job_id, now, schedule=schedule)
+        await queries.run_job_now(
+            engine, args.job_id, clock.now(), lease_now=lease_now(clock), schedule=schedule
+        )
         return (
             f"queued {args.job_id} (schedule {schedule}): the leader fires it now, through "
             "its slot claim"
@@ -213,7 +216,7 @@ async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Setting
     if args.jobs_command == "history":
         runs = await queries.job_runs(engine, args.job_id, limit=args.limit, schedule=schedule)
         return _json(runs) if args.json else _history(runs, args.full)
-    jobs = await queries.list_jobs(engine, schedule=schedule)
+    jobs = await queries.list_jobs(engine, lease_now(clock), schedule=schedule)
     if args.json:
         return _json(jobs)
     rows = [
@@ -238,12 +241,14 @@ async def _jobs(engine: AsyncEngine, args: argparse.Namespace, settings: Setting
     return f"schedule {schedule}\n{_table(rows, columns)}"
 
 
-async def _outbox(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:
+async def _outbox(
+    engine: AsyncEngine, args: argparse.Namespace, settings: Settings, clock: Clock
+) -> str:
     if args.outbox_command == "reset":
-        await queries.reset_outbox_message(engine, args.name, args.message_id, SystemClock().now())
+        await queries.reset_outbox_message(engine, args.name, args.message_id, lease_now(clock))
         return f"outbox {args.name!r} message {args.message_id} is pending again, due now"
     if args.outbox_command == "list":
-        summary = await queries.outbox_summary(engine, SystemClock().now())
+        summary = await queries.outbox_summary(engine, lease_now(clock))
         if args.json:
             return _json(summary)
         if not summary:
@@ -271,8 +276,12 @@ async def _outbox(engine: AsyncEngine, args: argparse.Namespace, settings: Setti
     return _table(rows, ["id", "outbox", "key", "attempts", when, "last_error"])
 
 
-async def _leader(engine: AsyncEngine, args: argparse.Namespace, settings: Settings) -> str:
-    info = await queries.leader(engine, schedule=schedule_of(args, settings))
+async def _leader(
+    engine: AsyncEngine, args: argparse.Namespace, settings: Settings, clock: Clock
+) -> str:
+    info = await queries.leader(
+        engine, lease_now=lease_now(clock), schedule=schedule_of(args, settings)
+    )
     if args.json:
         return _json(info)
     if info["backend_pid"] is None:
@@ -281,7 +290,9 @@ async def _leader(engine: AsyncEngine, args: argparse.Namespace, settings: Setti
     return _table([info], columns)
 
 
-COMMANDS: dict[str, Callable[[AsyncEngine, argparse.Namespace, Settings], Awaitable[str]]] = {
+COMMANDS: dict[
+    str, Callable[[AsyncEngine, argparse.Namespace, Settings, Clock], Awaitable[str]]
+] = {
     "jobs": _jobs,
     "outbox": _outbox,
     "leader": _leader,
@@ -297,9 +308,16 @@ def database_url(settings: Settings) -> str:
     return embedded_url(data_dir, settings.REGENT_PG_PORT)
 
 
-async def run_command(settings: Settings, args: argparse.Namespace) -> str:
+async def run_command(
+    settings: Settings, args: argparse.Namespace, *, clock: Clock | None = None
+) -> str:
     """Run an operator command; returns what to print. Raises AdminError, DatabaseError
-    or UsageError with a message that says what was wrong."""
+    or UsageError with a message that says what was wrong.
+
+    ``clock`` is the operator's machine's (SystemClock by default). It stamps a run-now
+    request; every lease and due time is read on the lease clock (app/scheduler/clock.py),
+    the database server's under the system clock, never on the operator's machine."""
+    clock = clock or SystemClock()
     if args.command == "outbox" and args.outbox_command is None:
         raise UsageError(
             f"`python -m app outbox` needs a sub-command, one of {OUTBOX_COMMANDS}: list "
@@ -318,7 +336,7 @@ async def run_command(settings: Settings, args: argparse.Namespace) -> str:
                 f"(REGENT_PG_PORT): {exc}. Start `python -m app` first, set REGENT_PG_PORT "
                 "to the port it was started with, or set DATABASE_URL"
             ) from None
-        return await COMMANDS[args.command](engine, args, settings)
+        return await COMMANDS[args.command](engine, args, settings, clock)
     finally:
         await engine.dispose()
 

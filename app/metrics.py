@@ -16,7 +16,6 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from .admin import queries
 from .scheduler import Clock, RunFinished, Scheduler
+from .scheduler.clock import lease_now
 
 __all__ = ["forget_dead_workers", "instrument", "measure_loop_lag", "router"]
 
@@ -157,8 +157,7 @@ async def metrics(request: Request) -> Response:
     else:
         body = generate_latest(REGISTRY)
     clock: Clock = request.app.state.clock
-    now: datetime = clock.now()
-    summary = await queries.outbox_summary(request.app.state.database.engine, now)
+    summary = await queries.outbox_summary(request.app.state.database.engine, lease_now(clock))
     outboxes = CollectorRegistry()
     outboxes.register(_OutboxCollector(summary))
     return Response(body + generate_latest(outboxes), media_type=CONTENT_TYPE_LATEST)

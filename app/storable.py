@@ -1,8 +1,10 @@
-"""Values PostgreSQL can store, as types that routes and models declare.
+"""Values PostgreSQL can store, as types that routes and models declare, and text made
+storable by escaping.
 
 A number past the column's type or a string with a NUL byte or a lone surrogate makes
 the driver raise inside the handler (a 500). Declared on the route instead, the same
-value is a 422 that names the field, before any query runs.
+value is a 422 that names the field, before any query runs. Text the code writes itself
+(an error message quoting raw bytes) is escaped instead (escape_unstorable).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ __all__ = [
     "Int64Id",
     "PositiveInt64",
     "StorableText",
+    "escape_unstorable",
     "is_int64",
     "is_storable_text",
     "storable_text",
@@ -49,6 +52,13 @@ def storable_text(value: str) -> str:
     if not is_storable_text(value):
         raise ValueError("must not contain a NUL character or a lone UTF-16 surrogate")
     return value
+
+
+def escape_unstorable(value: str) -> str:
+    """``value`` with what a PostgreSQL text column refuses (NUL, lone surrogates)
+    written as backslash escapes."""
+    value = value.replace("\x00", "\\x00")
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 StorableText = Annotated[str, AfterValidator(storable_text)]

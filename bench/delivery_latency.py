@@ -29,7 +29,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import asyncpg
 from _server import migrated_database, percentile, start_leading
@@ -97,12 +97,12 @@ class _Floor:
             await listener.close()
 
     async def _pass(self, connection: asyncpg.Connection) -> None:
-        now = datetime.now(UTC)
         token = uuid.uuid4()
+        # The lease clock is the database server's (lease_now NULL), as the drain's.
         values = {
             "token": token,
-            "lease_until": now + timedelta(seconds=60),
-            "now": now,
+            "lease_now": None,
+            "lease_seconds": 60.0,
             "outbox": FLOOR,
             "batch_size": 50,
         }
@@ -111,12 +111,12 @@ class _Floor:
         for row in rows:
             self.timings.receive(row["key"])
         query, names = self._mark
-        marks = {"ids": [r["id"] for r in rows], "tokens": [token] * len(rows), "now": now}
+        marks = {"ids": [r["id"] for r in rows], "tokens": [token] * len(rows), "lease_now": None}
         await connection.fetch(query, *(marks[name] for name in names))
 
     async def enqueue(self, connection: asyncpg.Connection, key: str) -> None:
         self.timings.started[key] = time.perf_counter()
-        values = {"outbox": FLOOR, "key": key, "payload": "{}", "now": datetime.now(UTC)}
+        values = {"outbox": FLOOR, "key": key, "payload": "{}", "lease_now": None}
         async with connection.transaction():
             query, names = self._insert
             await connection.fetchval(query, *(values[name] for name in names))

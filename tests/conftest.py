@@ -127,6 +127,15 @@ class SkewedClock(SystemClock):
         return super().now() + self.skew
 
 
+@pytest.fixture(params=[timedelta(minutes=2), timedelta(minutes=-2)], ids=["ahead", "behind"])
+def skewed_clock(request: pytest.FixtureRequest) -> SkewedClock:
+    """A host's real clock two minutes ahead of the database's, or two behind: further
+    off than any lease (the outbox's row lease is 60 s by default, the tests' running
+    lease 6 s)."""
+    skew: timedelta = request.param
+    return SkewedClock(skew)
+
+
 @pytest.fixture
 def fake_clock() -> FakeClock:
     """A clock that moves only when the test says so."""

@@ -46,7 +46,7 @@ def _now(request: Request) -> datetime:
 
 def lease_now_of(request: Request) -> datetime | None:
     """The lease clock's now for this app (clock.lease_now): None, the database
-    server's clock, which running leases are written and compared on."""
+    server's clock, which every lease and due time is written and compared on."""
     clock: Clock = request.app.state.clock
     return lease_now(clock)
 
@@ -140,7 +140,7 @@ async def leader(request: Request) -> dict[str, Any]:
 @router.get("/outboxes")
 async def outboxes(request: Request) -> list[dict[str, Any]]:
     """Each outbox: counts by status, oldest pending age, last drain."""
-    return await queries.outbox_summary(_engine(request), _now(request))
+    return await queries.outbox_summary(_engine(request), lease_now_of(request))
 
 
 @router.get("/outboxes/{name}/messages")
@@ -158,5 +158,5 @@ async def messages(
 async def reset(request: Request, name: OutboxName, message_id: MessageId) -> dict[str, str]:
     """Set the row pending, attempts 0, due now; 404 unknown, 409 delivered or held by
     a drain that is delivering it."""
-    await queries.reset_outbox_message(_engine(request), name, message_id, _now(request))
+    await queries.reset_outbox_message(_engine(request), name, message_id, lease_now_of(request))
     return {"status": "pending"}

@@ -41,7 +41,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from app.db import Database
-from app.scheduler import Clock, Scheduler, Trigger
+from app.scheduler import Scheduler, Trigger
 from app.settings import Settings
 
 from . import queries
@@ -153,9 +153,9 @@ async def scheduler_health(request: Request) -> JSONResponse:
     database: Database = request.app.state.database
     scheduler: Scheduler | None = request.app.state.scheduler
     settings: Settings = request.app.state.settings
-    clock: Clock = request.app.state.clock
-    now = clock.now()
     schedule = schedule_name(request)
+    # Whether a slot is stale is a due comparison: on the lease clock, not this host's.
+    now = await queries.lease_clock_now(database.engine, lease_now_of(request))
     holder = await queries.leader(
         database.engine, lease_now=lease_now_of(request), schedule=schedule
     )

@@ -76,7 +76,7 @@ async def _session(request: Request, key: bytes) -> str | None:
     issued = session.issued_at(key, cookie)
     if cookie is None or issued is None:
         return None
-    if not await session.is_current(_engine(request), issued, _now(request)):
+    if not await session.is_current(_engine(request), issued, lease_now_of(request)):
         return None
     return cookie
 
@@ -120,7 +120,7 @@ async def _page(
         "jobs": await queries.list_jobs(
             engine, lease_now_of(request), schedule=schedule_name(request)
         ),
-        "outboxes": await queries.outbox_summary(engine, _now(request)),
+        "outboxes": await queries.outbox_summary(engine, lease_now_of(request)),
         "pending": await queries.outbox_messages(engine, status="pending", limit=_PENDING_SHOWN),
         "pending_shown": _PENDING_SHOWN,
         "stuck": await queries.stuck_messages(engine),
@@ -190,9 +190,9 @@ async def login(request: Request, token: Annotated[str, Form()]) -> Response:
     429 with Retry-After while this client must wait after repeated failures."""
     key = _key(request)
     engine = _engine(request)
-    now = _now(request)
+    lease_now = lease_now_of(request)
     client = request.client.host if request.client else "unknown"
-    wait = await throttle.wait_before_attempt(engine, client, now)
+    wait = await throttle.wait_before_attempt(engine, client, lease_now)
     if wait:
         response = _login_form(
             request, f"Too many wrong tokens; try again in {wait} s.", status_code=429
@@ -200,13 +200,13 @@ async def login(request: Request, token: Annotated[str, Form()]) -> Response:
         response.headers["Retry-After"] = str(wait)
         return response
     if not token_matches(key, token):
-        await throttle.record_failure(engine, client, now)
+        await throttle.record_failure(engine, client, lease_now)
         return _login_form(request, "That is not the admin token.", status_code=401)
     await throttle.clear_failures(engine, client)
     response = RedirectResponse("/admin", status_code=303)
     response.set_cookie(
         session.COOKIE,
-        session.issue(key, now),
+        session.issue(key, await queries.lease_clock_now(engine, lease_now)),
         max_age=int(session.SESSION_MAX_AGE.total_seconds()),
         httponly=True,
         samesite="strict",
@@ -223,7 +223,7 @@ async def logout(request: Request, csrf: Annotated[str, Form()]) -> Response:
     cookie = await _session(request, key)
     if cookie is not None:
         _check_csrf(key, cookie, csrf)
-        await session.revoke(_engine(request), _now(request))
+        await session.revoke(_engine(request), lease_now_of(request))
     response = RedirectResponse("/admin", status_code=303)
     response.delete_cookie(session.COOKIE, path="/admin")
     return response
@@ -262,7 +262,9 @@ async def reset(
         request,
         csrf,
         f"reset-{message_id}",
-        lambda: queries.reset_outbox_message(_engine(request), name, message_id, _now(request)),
+        lambda: queries.reset_outbox_message(
+            _engine(request), name, message_id, lease_now_of(request)
+        ),
     )
 
 

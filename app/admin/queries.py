@@ -21,10 +21,10 @@ from app.outbox import (
     UnknownMessageError,
     reset_message,
 )
+from app.scheduler.clock import LEASE_NOW_SQL
 from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.faults import is_busy_row
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
-from app.scheduler.store import LEASE_NOW_SQL
 from app.storable import is_int64, is_storable_text
 
 from .errors import AdminError, Conflict, NotFound, UnknownJobError
@@ -33,6 +33,7 @@ __all__ = [
     "AdminError",
     "job_runs",
     "leader",
+    "lease_clock_now",
     "list_jobs",
     "outbox_messages",
     "outbox_summary",
@@ -178,10 +179,13 @@ _STANDBYS = text(
     WHERE {LEADER_KEY_LOCKS_BOUND} AND NOT granted AND {_KEY_IS_OURS}
     """
 )
+# The oldest pending row's age on the lease clock, which the outbox stamps rows on.
 _OUTBOXES = text(
-    """
+    f"""
     SELECT m.outbox, m.status, count(*) AS messages,
-        min(m.created_at) FILTER (WHERE m.status = 'pending') AS oldest_pending
+        extract(epoch FROM {LEASE_NOW_SQL}
+            - min(m.created_at) FILTER (WHERE m.status = 'pending'))::float
+            AS oldest_pending_seconds
     FROM outbox_messages m GROUP BY m.outbox, m.status
     """
 )
@@ -208,6 +212,19 @@ _PENDING = text(
     """
 )
 _MESSAGES_BY_STATUS = {"stuck": _STUCK, "pending": _PENDING}
+
+
+_LEASE_CLOCK_NOW = text(f"SELECT {LEASE_NOW_SQL}")
+
+
+async def lease_clock_now(engine: AsyncEngine, lease_now: datetime | None = None) -> datetime:
+    """Now on the lease clock, which every lease and due time is on: ``lease_now`` as
+    clock.lease_now gives it, None for the database server's clock (read from it)."""
+    async with engine.connect() as conn:
+        read: datetime = (
+            await conn.execute(_LEASE_CLOCK_NOW, {"lease_now": lease_now})
+        ).scalar_one()
+        return read
 
 
 def _rows(result: Any) -> list[dict[str, Any]]:
@@ -389,15 +406,19 @@ async def leader(
     return {"schedule": schedule} | info | {"standbys": standbys}
 
 
-async def outbox_summary(engine: AsyncEngine, now: datetime) -> list[dict[str, Any]]:
-    """Per outbox: counts by status, the oldest pending age in seconds, the last drain."""
+async def outbox_summary(
+    engine: AsyncEngine, lease_now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """Per outbox: counts by status, the oldest pending age in seconds, the last drain.
+    The age is read on the lease clock, which rows are stamped on: ``lease_now`` as
+    clock.lease_now gives it, None for the database server's clock."""
     summary: dict[str, dict[str, Any]] = {}
     async with engine.connect() as conn:
-        for row in await conn.execute(_OUTBOXES):
+        for row in await conn.execute(_OUTBOXES, {"lease_now": lease_now}):
             entry = summary.setdefault(row.outbox, _empty_outbox(row.outbox))
             entry["counts"][row.status] = row.messages
-            if row.oldest_pending is not None:
-                entry["oldest_pending_seconds"] = (now - row.oldest_pending).total_seconds()
+            if row.oldest_pending_seconds is not None:
+                entry["oldest_pending_seconds"] = row.oldest_pending_seconds
         for row in await conn.execute(_DRAINS):
             entry = summary.setdefault(row.outbox, _empty_outbox(row.outbox))
             entry["last_drain_at"] = row.last_drain_at
@@ -448,16 +469,18 @@ async def outbox_messages(
 
 
 async def reset_outbox_message(
-    engine: AsyncEngine, outbox: str, message_id: int, now: datetime
+    engine: AsyncEngine, outbox: str, message_id: int, lease_now: datetime | None = None
 ) -> None:
     """Make a stuck row, or a pending one no drain holds, pending with attempts 0 and
-    due now. NotFound for an unknown outbox or id; Conflict for a delivered row or one a
-    drain is delivering (the message says to wait for it)."""
+    due now, both read on the lease clock (``lease_now`` as clock.lease_now gives it,
+    None for the database server's; never the operator's own clock). NotFound for an
+    unknown outbox or id; Conflict for a delivered row or one a drain is delivering (the
+    message says to wait for it)."""
     await _require_outbox(engine, outbox)
     if not is_int64(message_id):
         raise NotFound(f"outbox {outbox!r} has no message {message_id}; no id is that large")
     try:
-        await reset_message(engine, outbox, message_id, now)
+        await reset_message(engine, outbox, message_id, lease_now)
     except UnknownMessageError as exc:
         raise NotFound(str(exc)) from None
     except (MessageDeliveredError, MessageInFlightError) as exc:

@@ -7,6 +7,11 @@ SESSION_MAX_AGE and issued after ``admin_sessions.not_before``. Sign-out moves
 ``not_before`` to now, so every cookie issued until then stops working in every worker
 at once (they all read the same row). The CSRF value of a page is derived from its
 session cookie, so it dies with the session.
+
+Issue times, ages and ``not_before`` are read on the lease clock (the database
+server's, see app/scheduler/clock.py): a cookie issued by a worker whose clock runs
+ahead is no cookie "from the future" to another, and a sign-out on a worker whose clock
+runs behind still ends the sessions issued before it elsewhere.
 """
 
 from __future__ import annotations
@@ -18,7 +23,17 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ["COOKIE", "SESSION_MAX_AGE", "csrf_for", "is_current", "issue", "issued_at", "revoke"]
+from app.scheduler.clock import LEASE_NOW_SQL
+
+__all__ = [
+    "COOKIE",
+    "SESSION_MAX_AGE",
+    "csrf_for",
+    "is_current",
+    "issue",
+    "issued_at",
+    "revoke",
+]
 
 COOKIE = "regent_admin"
 SESSION_MAX_AGE = timedelta(hours=12)
@@ -26,10 +41,13 @@ SESSION_MAX_AGE = timedelta(hours=12)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LONGEST_COOKIE = 100
 
-_NOT_BEFORE = text("SELECT not_before FROM admin_sessions WHERE id = 1")
+_NOW_AND_NOT_BEFORE = text(
+    f"SELECT {LEASE_NOW_SQL} AS now,"
+    " (SELECT not_before FROM admin_sessions WHERE id = 1) AS not_before"
+)
 _REVOKE = text(
-    """
-    INSERT INTO admin_sessions (id, not_before) VALUES (1, :now)
+    f"""
+    INSERT INTO admin_sessions (id, not_before) VALUES (1, {LEASE_NOW_SQL})
     ON CONFLICT (id) DO UPDATE
     SET not_before = greatest(admin_sessions.not_before, excluded.not_before)
     """
@@ -41,7 +59,8 @@ def _sign(key: bytes, purpose: str, value: str) -> str:
 
 
 def issue(key: bytes, now: datetime) -> str:
-    """A new session cookie value, issued at ``now``."""
+    """A new session cookie value, issued at ``now`` (on the lease clock:
+    queries.lease_clock_now)."""
     micros = str((now - _EPOCH) // timedelta(microseconds=1))
     return f"{micros}.{_sign(key, 'session', micros)}"
 
@@ -59,19 +78,24 @@ def issued_at(key: bytes, cookie: str | None) -> datetime | None:
     return _EPOCH + timedelta(microseconds=int(micros))
 
 
-async def is_current(engine: AsyncEngine, issued: datetime, now: datetime) -> bool:
-    """True when a session issued at ``issued`` has neither expired nor been revoked."""
-    if not timedelta(0) <= now - issued < SESSION_MAX_AGE:
-        return False
+async def is_current(
+    engine: AsyncEngine, issued: datetime, lease_now: datetime | None = None
+) -> bool:
+    """True when a session issued at ``issued`` has neither expired nor been revoked,
+    read on the lease clock (``lease_now`` as clock.lease_now gives it, None for the
+    database server's)."""
     async with engine.connect() as conn:
-        not_before = (await conn.execute(_NOT_BEFORE)).scalar()
-    return not_before is None or issued > not_before
+        read = (await conn.execute(_NOW_AND_NOT_BEFORE, {"lease_now": lease_now})).one()
+    if not timedelta(0) <= read.now - issued < SESSION_MAX_AGE:
+        return False
+    return read.not_before is None or issued > read.not_before
 
 
-async def revoke(engine: AsyncEngine, now: datetime) -> None:
-    """End every session issued up to ``now``, in every worker."""
+async def revoke(engine: AsyncEngine, lease_now: datetime | None = None) -> None:
+    """End every session issued up to now on the lease clock (``lease_now`` as
+    clock.lease_now gives it, None for the database server's), in every worker."""
     async with engine.begin() as conn:
-        await conn.execute(_REVOKE, {"now": now})
+        await conn.execute(_REVOKE, {"lease_now": lease_now})
 
 
 def csrf_for(key: bytes, cookie: str) -> str:

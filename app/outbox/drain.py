@@ -8,10 +8,13 @@ of outcomes; they take turns on the connection.
 At most ``concurrency`` deliveries run at once. A claim takes up to ``batch_size``
 due rows, and only when a slot is free, so its first row starts at once; the rest
 start as slots free up. The lease a claim sets is the delivery timeout plus a 30 s
-margin. A row starts only within the first half of that margin (``_START_WINDOW``
-after its claim); ``asyncio.timeout`` cuts its delivery off at delivery_timeout, so
-every delivery ends at least 15 s before its lease runs out, and no other drain can
-claim a row while it is being delivered. A row that could not start in time (slow
+margin, on the lease clock (the database server's: see app/scheduler/clock.py), so
+that no drain's own clock decides whether another's claim still holds. A row starts
+only within the first half of that margin (``_START_WINDOW`` after its claim, measured
+on this process's clock: an elapsed time, which an offset between hosts' clocks does
+not change); ``asyncio.timeout`` cuts its delivery off at delivery_timeout, so every
+delivery ends at least 15 s before its lease runs out, and no other drain can claim a
+row while it is being delivered. A row that could not start in time (slow
 deliveries ahead of it) is given back, due now, in one statement, and claimed again
 with a fresh lease. The pass claims the next batch once every row of the last one has
 started, and stops once a claim finds fewer rows than it asked for and gave none back.
@@ -49,7 +52,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import Clock
-from app.scheduler.store import storable
+from app.scheduler.clock import lease_now
+from app.storable import escape_unstorable
 
 from . import sql
 from .backoff import retry_delay
@@ -118,7 +122,7 @@ class _Outcome:
     message: Message
     error: str | None = None
     stuck: bool = False
-    next_attempt_at: datetime | None = None
+    retry_in: float | None = None
 
     @property
     def name(self) -> str:
@@ -221,14 +225,15 @@ class DrainPass:
         return list(await self._connection.fetch(query, *(params[name] for name in names)))
 
     async def _claim(self, statement: TextClause, params: dict[str, Any]) -> _Claim:
-        now = self.clock.now()
+        # Read before the claim: its start window ends no later than the lease allows.
+        start_by = self.clock.now() + _START_WINDOW
         token = uuid.uuid4()
         result = await self._fetch(
             statement,
             {
                 "outbox": self.policy.outbox,
-                "now": now,
-                "lease_until": now + self.policy.lease,
+                "lease_now": lease_now(self.clock),
+                "lease_seconds": self.policy.lease.total_seconds(),
                 "token": token,
             }
             | params,
@@ -236,13 +241,17 @@ class DrainPass:
         outbox = self.policy.outbox
         # SQLAlchemy's asyncpg dialect registers the jsonb codec: payloads arrive decoded.
         messages = [Message(r["id"], outbox, r["key"], r["payload"], r["attempts"]) for r in result]
-        return _Claim(token, now + _START_WINDOW, messages)
+        return _Claim(token, start_by, messages)
 
     async def _release(self, token: uuid.UUID, messages: list[Message]) -> None:
         async with self._turn:
             await self._fetch(
                 sql.RELEASE,
-                {"ids": [m.id for m in messages], "token": token, "now": self.clock.now()},
+                {
+                    "ids": [m.id for m in messages],
+                    "token": token,
+                    "lease_now": lease_now(self.clock),
+                },
             )
 
     async def _deliver_held(
@@ -273,7 +282,7 @@ class DrainPass:
         self, token: uuid.UUID, message: Message, exc: BaseException, *, permanent: bool
     ) -> _Outcome:
         attempts = message.attempts + 1
-        error = storable(f"{exc.__class__.__name__}: {exc}"[:2000])
+        error = escape_unstorable(f"{exc.__class__.__name__}: {exc}"[:2000])
         if isinstance(exc, TimeoutError):
             error = f"no answer within delivery_timeout={self.policy.delivery_timeout:g} s"
         return _Outcome(
@@ -281,14 +290,13 @@ class DrainPass:
             message,
             error=error,
             stuck=permanent or attempts >= self.policy.max_attempts,
-            next_attempt_at=self.clock.now()
-            + timedelta(seconds=retry_delay(attempts, self.policy.backoff)),
+            retry_in=retry_delay(attempts, self.policy.backoff),
         )
 
     async def _write(self, batch: list[_Outcome]) -> list[str]:
         """Write ``batch`` (the caller holds the turn): one statement for its delivered
         rows, one for its failed rows; return what the database accepted, row by row."""
-        now = self.clock.now()
+        now = lease_now(self.clock)
         delivered = [o for o in batch if o.error is None]
         failed = [o for o in batch if o.error is not None]
         matched: set[int] = set()
@@ -298,7 +306,7 @@ class DrainPass:
                 {
                     "ids": [o.message.id for o in delivered],
                     "tokens": [o.token for o in delivered],
-                    "now": now,
+                    "lease_now": now,
                 },
             )
             matched.update(row["id"] for row in rows)
@@ -310,9 +318,9 @@ class DrainPass:
                     "tokens": [o.token for o in failed],
                     "statuses": ["stuck" if o.stuck else "pending" for o in failed],
                     "attempts": [o.message.attempts + 1 for o in failed],
-                    "next_attempts": [o.next_attempt_at for o in failed],
+                    "retry_in": [o.retry_in for o in failed],
                     "errors": [o.error for o in failed],
-                    "now": now,
+                    "lease_now": now,
                 },
             )
             matched.update(row["id"] for row in rows)

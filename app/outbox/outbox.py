@@ -4,9 +4,11 @@ The drain claims due rows with ``FOR UPDATE SKIP LOCKED`` under a delivery lease
 ``batch_size`` at a time, and delivers at most ``concurrency`` at once; a row starts
 only while its lease still covers its whole delivery (else it is given back), and its
 outcome is written with others of the pass in one statement, only while its claim
-still holds the row. A drain killed mid-delivery or before writing a batch leaves its
-rows to be retried when the lease runs out; the receiver deduplicates on the
-idempotency key. A reset never takes a row from a live claim. Nothing is ever deleted.
+still holds the row. Leases and due times are read on the database server's clock
+(the lease clock, app/scheduler/clock.py), never on a host's. A drain killed
+mid-delivery or before writing a batch leaves its rows to be retried when the lease
+runs out; the receiver deduplicates on the idempotency key. A reset never takes a row
+from a live claim. Nothing is ever deleted.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from app.scheduler import Clock, JobContext, Scheduler, SystemClock, Trigger, every
+from app.scheduler.clock import lease_now
 
 from . import sql
 from .backoff import DEFAULT_BACKOFF
@@ -210,7 +213,7 @@ class Outbox:
             sql.RECORD_DRAIN,
             {
                 "outbox": self.name,
-                "now": self.clock.now(),
+                "lease_now": lease_now(self.clock),
                 "delivered": report.delivered,
                 "retried": report.retried,
                 "stuck": report.stuck,
@@ -239,7 +242,7 @@ class Outbox:
     async def reset(self, message_id: int) -> None:
         """Make a stuck row, or a pending one no drain holds, due now with attempts 0;
         see reset_message for what is refused."""
-        await reset_message(self.engine, self.name, message_id, self.clock.now())
+        await reset_message(self.engine, self.name, message_id, lease_now(self.clock))
 
     def _insert_params(self, payload: Any, key: str) -> dict[str, Any]:
         if not isinstance(key, str) or not key:
@@ -248,7 +251,7 @@ class Outbox:
             "outbox": self.name,
             "key": key,
             "payload": dump_payload(self.name, payload),
-            "now": self.clock.now(),
+            "lease_now": lease_now(self.clock),
         }
 
     def _policy(self) -> DrainPolicy:
@@ -279,9 +282,13 @@ class Outbox:
         await listen_and_drain(self._listen_dsn, self.name, self.drain_on)
 
 
-async def reset_message(engine: AsyncEngine, outbox: str, message_id: int, now: datetime) -> None:
+async def reset_message(
+    engine: AsyncEngine, outbox: str, message_id: int, lease_now: datetime | None = None
+) -> None:
     """Set a stuck row, or a pending row no live drain holds, to pending, attempts 0,
-    due ``now``, and wake the drain.
+    due now, and wake the drain. "Now" and whether a drain's lease still runs are read
+    on the lease clock (app/scheduler/clock.py): ``lease_now`` as clock.lease_now gives
+    it, None for the database server's clock; the caller's own clock never decides.
 
     Raises UnknownMessageError for an id the outbox does not have,
     MessageDeliveredError for a row that was delivered (it is never sent again), and
@@ -289,7 +296,7 @@ async def reset_message(engine: AsyncEngine, outbox: str, message_id: int, now: 
     drain is delivering it; a reset would have it delivered twice).
     """
     async with engine.begin() as conn:
-        params = {"id": message_id, "outbox": outbox, "now": now}
+        params = {"id": message_id, "outbox": outbox, "lease_now": lease_now}
         if (await conn.execute(sql.RESET, params)).scalar() is not None:
             await conn.execute(sql.NOTIFY, {"outbox": outbox})
             return

@@ -1,8 +1,17 @@
-"""The outbox's SQL, in one place: tests pin the claim statement as a known answer."""
+"""The outbox's SQL, in one place: tests pin the claim statement as a known answer.
+
+Every lease and due time is written and compared on the lease clock (LEASE_NOW_SQL,
+``:lease_now``): the database server's, never the host's, whose clock may run ahead of
+another drain's by more than a lease; or a test's FakeClock. So are the rows' records
+(created_at, updated_at, delivered_at, a drain's last_drain_at), which operators read
+beside them.
+"""
 
 from __future__ import annotations
 
 from sqlalchemy import text
+
+from app.scheduler.clock import LEASE_END_SQL, LEASE_NOW_SQL
 
 __all__ = [
     "CLAIM_DUE",
@@ -37,16 +46,19 @@ CLAIM_NAME = text(
     """
 )
 
-# A claim moves the row's next_attempt_at past the delivery lease and stamps it with
-# the drain's token, in a commit of its own: other drains skip the row while the lease
-# runs, and no transaction stays open across the network call.
+# A claim moves the row's next_attempt_at past the delivery lease (``:lease_seconds``)
+# and stamps it with the drain's token, in a commit of its own: other drains skip the
+# row while the lease runs, and no transaction stays open across the network call. The
+# due bound reads the lease clock once, through a scalar subquery, so that it bounds
+# the index scan (clock_timestamp() itself is volatile).
 CLAIM_DUE = text(
-    """
+    f"""
     UPDATE outbox_messages AS m
-    SET claimed_by = :token, next_attempt_at = :lease_until, updated_at = :now
+    SET claimed_by = :token, next_attempt_at = {LEASE_END_SQL}, updated_at = {LEASE_NOW_SQL}
     WHERE m.id IN (
         SELECT id FROM outbox_messages
-        WHERE outbox = :outbox AND status = 'pending' AND next_attempt_at <= :now
+        WHERE outbox = :outbox AND status = 'pending'
+            AND next_attempt_at <= (SELECT {LEASE_NOW_SQL})
         ORDER BY next_attempt_at, id
         LIMIT :batch_size
         FOR UPDATE SKIP LOCKED
@@ -56,12 +68,13 @@ CLAIM_DUE = text(
 )
 
 CLAIM_ONE = text(
-    """
+    f"""
     UPDATE outbox_messages AS m
-    SET claimed_by = :token, next_attempt_at = :lease_until, updated_at = :now
+    SET claimed_by = :token, next_attempt_at = {LEASE_END_SQL}, updated_at = {LEASE_NOW_SQL}
     WHERE m.id IN (
         SELECT id FROM outbox_messages
-        WHERE id = :id AND outbox = :outbox AND status = 'pending' AND next_attempt_at <= :now
+        WHERE id = :id AND outbox = :outbox AND status = 'pending'
+            AND next_attempt_at <= {LEASE_NOW_SQL}
         FOR UPDATE SKIP LOCKED
     )
     RETURNING m.id, m.key, m.payload, m.attempts
@@ -75,7 +88,8 @@ INSERT = text(
     WITH inserted AS (
         INSERT INTO outbox_messages
             (outbox, key, payload, status, attempts, next_attempt_at, created_at, updated_at)
-        VALUES (:outbox, :key, CAST(:payload AS jsonb), 'pending', 0, :now, :now, :now)
+        VALUES (:outbox, :key, CAST(:payload AS jsonb), 'pending', 0, {LEASE_NOW_SQL},
+            {LEASE_NOW_SQL}, {LEASE_NOW_SQL})
         ON CONFLICT (outbox, key) DO NOTHING
         RETURNING id
     )
@@ -97,26 +111,29 @@ NOTIFY = text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :outbox)")
 # still holds it; RETURNING names the rows that matched, so a lost claim is never
 # counted as an outcome.
 MARK_DELIVERED = text(
-    """
+    f"""
     UPDATE outbox_messages AS m
-    SET status = 'delivered', attempts = m.attempts + 1, delivered_at = :now,
-        updated_at = :now, last_error = NULL, claimed_by = NULL
+    SET status = 'delivered', attempts = m.attempts + 1, delivered_at = {LEASE_NOW_SQL},
+        updated_at = {LEASE_NOW_SQL}, last_error = NULL, claimed_by = NULL
     FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS d(id, token)
     WHERE m.id = d.id AND m.claimed_by = d.token
     RETURNING m.id
     """
 )
 
+# A failed row is due again its backoff (``retry_in`` seconds) after the outcome is
+# written, on the lease clock.
 MARK_FAILED = text(
-    """
+    f"""
     UPDATE outbox_messages AS m
-    SET status = f.status, attempts = f.attempts, next_attempt_at = f.next_attempt_at,
-        last_error = f.error, updated_at = :now, claimed_by = NULL
+    SET status = f.status, attempts = f.attempts,
+        next_attempt_at = {LEASE_NOW_SQL} + make_interval(secs => f.retry_in),
+        last_error = f.error, updated_at = {LEASE_NOW_SQL}, claimed_by = NULL
     FROM unnest(
         CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]), CAST(:statuses AS text[]),
-        CAST(:attempts AS integer[]), CAST(:next_attempts AS timestamptz[]),
+        CAST(:attempts AS integer[]), CAST(:retry_in AS double precision[]),
         CAST(:errors AS text[])
-    ) AS f(id, token, status, attempts, next_attempt_at, error)
+    ) AS f(id, token, status, attempts, retry_in, error)
     WHERE m.id = f.id AND m.claimed_by = f.token
     RETURNING m.id
     """
@@ -125,17 +142,17 @@ MARK_FAILED = text(
 # Claimed rows that could not start in time are given back, due now, untouched
 # otherwise: they were never attempted.
 RELEASE = text(
-    """
+    f"""
     UPDATE outbox_messages
-    SET claimed_by = NULL, next_attempt_at = :now, updated_at = :now
+    SET claimed_by = NULL, next_attempt_at = {LEASE_NOW_SQL}, updated_at = {LEASE_NOW_SQL}
     WHERE id = ANY(CAST(:ids AS bigint[])) AND claimed_by = :token
     """
 )
 
 RECORD_DRAIN = text(
-    """
+    f"""
     INSERT INTO outbox_drains (outbox, last_drain_at, delivered, retried, stuck)
-    VALUES (:outbox, :now, :delivered, :retried, :stuck)
+    VALUES (:outbox, {LEASE_NOW_SQL}, :delivered, :retried, :stuck)
     ON CONFLICT (outbox) DO UPDATE SET
         last_drain_at = excluded.last_drain_at, delivered = excluded.delivered,
         retried = excluded.retried, stuck = excluded.stuck
@@ -144,15 +161,16 @@ RECORD_DRAIN = text(
 
 # A reset never takes a row from a live claim: the drain holding it is delivering it,
 # and a row made due again would be delivered by a second drain as well. A claim whose
-# lease ran out (next_attempt_at <= now) is dead, as for CLAIM_DUE.
+# lease ran out (next_attempt_at <= now, on the lease clock) is dead, as for CLAIM_DUE.
 RESET = text(
-    """
+    f"""
     UPDATE outbox_messages
-    SET status = 'pending', attempts = 0, next_attempt_at = :now, updated_at = :now,
-        last_error = NULL, claimed_by = NULL
+    SET status = 'pending', attempts = 0, next_attempt_at = {LEASE_NOW_SQL},
+        updated_at = {LEASE_NOW_SQL}, last_error = NULL, claimed_by = NULL
     WHERE id = :id AND outbox = :outbox
         AND (status = 'stuck'
-             OR (status = 'pending' AND (claimed_by IS NULL OR next_attempt_at <= :now)))
+             OR (status = 'pending'
+                 AND (claimed_by IS NULL OR next_attempt_at <= {LEASE_NOW_SQL})))
     RETURNING id
     """
 )

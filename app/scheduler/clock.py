@@ -1,8 +1,14 @@
-"""Where the scheduler gets time from. Only this module reads the real clock.
+"""Where the scheduler and the outbox get time from. Only this module reads the real
+clock.
 
-Every "now" and every wait in the scheduler goes through a Clock, so that tests make
-"due" a fixture: a FakeClock's sleepers wake when the test advances it, never by
-real time passing.
+Every "now" and every wait goes through a Clock, so that tests make "due" a fixture: a
+FakeClock's sleepers wake when the test advances it, never by real time passing.
+
+Every lease and every "is it due" is read on the *lease clock* instead, in SQL
+(``LEASE_NOW_SQL``): the database server's, the one clock all processes share, since
+hosts' clocks disagree; or a test's FakeClock, which the test shares between the
+processes it plays. The scheduler's running leases and heartbeat, the outbox's row
+leases, due times and retries, and what operators read and reset all use it.
 """
 
 from __future__ import annotations
@@ -13,7 +19,35 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-__all__ = ["Clock", "FakeClock", "SystemClock", "lease_clock", "lease_now"]
+__all__ = [
+    "LEASE_END_SQL",
+    "LEASE_NOW_SQL",
+    "Clock",
+    "FakeClock",
+    "SystemClock",
+    "lease_clock",
+    "lease_now",
+    "lease_now_sql",
+]
+
+
+def lease_now_sql(parameter: str) -> str:
+    """The lease clock's now in a statement whose lease-now parameter (lease_now()
+    gives its value) is ``parameter``: the database server's ``clock_timestamp()``
+    when the parameter is NULL, as under the system clock. ``clock_timestamp()``, not
+    ``now()``: a statement of a transaction held open for a while (a prepared claim)
+    reads the time it runs at. It is volatile, so a comparison that an index should
+    bound reads it through a scalar subquery, evaluated once (``x <= (SELECT ...)``)."""
+    return f"COALESCE(CAST({parameter} AS timestamptz), clock_timestamp())"
+
+
+LEASE_NOW_SQL = lease_now_sql(":lease_now")
+"""lease_now_sql for SQLAlchemy's text(), whose parameter is ``:lease_now``."""
+
+LEASE_END_SQL = (
+    f"({LEASE_NOW_SQL} + make_interval(secs => CAST(:lease_seconds AS double precision)))"
+)
+"""The end of a lease of ``:lease_seconds`` taken now, on the lease clock."""
 
 
 class Clock(Protocol):
@@ -122,7 +156,7 @@ def lease_clock(clock: Clock) -> Clock | None:
 
 def lease_now(clock: Clock) -> datetime | None:
     """What a process whose clock is ``clock`` binds as the lease clock's now
-    (``:lease_now`` in the scheduler's SQL): None for the system clock, which leaves the
+    (``:lease_now`` of LEASE_NOW_SQL): None for the system clock, which leaves the
     database server to read its own clock in the statement; the fake clock's now
     otherwise (see lease_clock)."""
     measured = lease_clock(clock)

@@ -46,11 +46,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from .clock import LEASE_NOW_SQL, lease_now_sql
 from .errors import SchedulerError
 from .faults import LOCK_CONNECTION_ERRORS
 from .host_lock import Holder
 from .keys import DEFAULT_SCHEDULE, LeaderKey
-from .store import LEASE_NOW_SQL
 
 __all__ = [
     "CLIENT_CHECK_SECONDS",
@@ -127,8 +127,7 @@ def _record_leadership_sql(key: LeaderKey) -> str:
     )
     INSERT INTO scheduler_leadership AS led
         (schedule, pid, host, backend_pid, since, heartbeat_at, term, job_ids, service_ids)
-    SELECT $1, $2, $3, pg_backend_pid(), $4, COALESCE($7::timestamptz, clock_timestamp()), 1,
-        $5, $6
+    SELECT $1, $2, $3, pg_backend_pid(), $4, {lease_now_sql("$7")}, 1, $5, $6
     WHERE EXISTS (
         SELECT 1 FROM pg_locks WHERE {key.locks} AND granted AND pid = pg_backend_pid())
         -- Read, so that the lock is taken (an unread CTE never runs), before the upsert.

@@ -78,14 +78,18 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import Session, sessionmaker
 
-from .clock import Clock
+from app.storable import escape_unstorable
+
+# Running leases are written and compared on the lease clock (see clock.LEASE_NOW_SQL):
+# the database server's (:lease_now NULL), or a test's shared fake clock.
+from .clock import LEASE_END_SQL as _LEASE_END
+from .clock import LEASE_NOW_SQL, Clock
 from .errors import JobRowBusyError, ScheduleNameCollisionError
 from .keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from .registry import JobSpec
 from .triggers import Trigger
 
 __all__ = [
-    "LEASE_NOW_SQL",
     "ChangedRows",
     "ClaimedSlot",
     "HeldLease",
@@ -100,7 +104,6 @@ __all__ = [
     "StoredJobs",
     "ThreadStore",
     "format_error",
-    "storable",
 ]
 
 # Every leader job's row in one statement: a promotion with 10,000 jobs is one round trip,
@@ -218,10 +221,6 @@ _CHANGED_JOBS = text(
     """
 )
 
-# Running leases are written and compared on the lease clock (see clock.lease_clock):
-# the database server's (:lease_now NULL), or a test's shared fake clock.
-LEASE_NOW_SQL = "COALESCE(CAST(:lease_now AS timestamptz), clock_timestamp())"
-_LEASE_END = f"({LEASE_NOW_SQL} + make_interval(secs => CAST(:lease_seconds AS double precision)))"
 # A run starts only when no other body holds an unexpired running lease on the job.
 _STARTS = f"""(c.runs AND (j.running_until IS NULL OR j.running_until <= {LEASE_NOW_SQL}))"""
 # The rows of a claim's jobs that no other transaction holds, locked as the claim's
@@ -932,14 +931,7 @@ def format_error(exc: BaseException, limit: int = 8000) -> str:
     """The exception with its traceback, cut to ``limit`` characters for the run row,
     and always storable: a NUL or a lone surrogate (text a body quoted from raw bytes)
     is escaped, since PostgreSQL refuses it and the whole outcome would be lost."""
-    return storable(("".join(traceback.format_exception(exc)))[-limit:])
-
-
-def storable(value: str) -> str:
-    """``value`` with what a PostgreSQL text column refuses (NUL, lone surrogates)
-    written as backslash escapes."""
-    value = value.replace("\x00", "\\x00")
-    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return escape_unstorable(("".join(traceback.format_exception(exc)))[-limit:])
 
 
 class JobStore:

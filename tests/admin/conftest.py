@@ -1,19 +1,133 @@
-"""Admin test helpers: the admin app of a worker whose scheduler a test started."""
+"""Admin fixtures: the app of a scheduler, leading, served in this process with an
+admin token; the admin app of a worker whose scheduler a test started; and the helpers
+their tests share."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
 
 import httpx
 import pytest
 from pydantic import SecretStr
+from sqlalchemy import text
 
+from app.db import Database
 from app.main import create_app
-from app.scheduler import Clock, Scheduler
+from app.scheduler import Clock, Role, Scheduler
 from app.settings import Settings
 
-__all__ = ["ADMIN_TOKEN", "WorkerAdmin"]
+TOKEN = "truth-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+Serve = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+Worker = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
+
+
+@pytest.fixture
+def serve(settings: Settings) -> Serve:
+    @asynccontextmanager
+    async def serve(
+        scheduler: Scheduler, *, clock: Clock | None = None, **overrides: Any
+    ) -> AsyncIterator[httpx.AsyncClient]:
+        """The app of ``scheduler``, leading; ``clock``: the admin's own clock (the
+        scheduler keeps its own)."""
+        update = {"ADMIN_TOKEN": SecretStr(TOKEN)} | overrides
+        app = create_app(settings.model_copy(update=update), scheduler)
+        if clock is not None:
+            app.state.clock = clock
+        async with app.router.lifespan_context(app):
+            assert scheduler.supervisor is not None
+            await scheduler.supervisor.wait_for_role(Role.LEADER)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                yield client
+
+    return serve
+
+
+@pytest.fixture
+def admin_settings(settings: Settings) -> Settings:
+    """The test settings with the admin token TOKEN."""
+    return settings.model_copy(update={"ADMIN_TOKEN": SecretStr(TOKEN)})
+
+
+@pytest.fixture
+def worker(admin_settings: Settings) -> Worker:
+    """An app process of its own (its own app and state, no scheduler), same database,
+    as a client at ``client_ip``; ``clock``: the worker's own clock."""
+
+    @asynccontextmanager
+    async def start(
+        client_ip: str = "203.0.113.7", *, clock: Clock | None = None
+    ) -> AsyncIterator[httpx.AsyncClient]:
+        app = create_app(admin_settings)
+        if clock is not None:
+            app.state.clock = clock
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, client=(client_ip, 40000))
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                yield client
+
+    return start
+
+
+async def eventually_json(
+    client: httpx.AsyncClient, path: str, condition: Callable[[Any], bool], **kwargs: Any
+) -> Any:
+    """The JSON body of GET ``path`` once ``condition`` holds for it (within 10 s)."""
+    async with asyncio.timeout(10):
+        while not condition(body := (await client.get(path, **kwargs)).json()):
+            await asyncio.sleep(0.05)
+    return body
+
+
+async def set_lease(database: Database, until: str) -> None:
+    """Give every job a leader run's running lease that ends at ``until`` (SQL), held
+    by a process on another host."""
+    async with database.engine.begin() as conn:
+        await conn.execute(
+            text(
+                "UPDATE scheduler_jobs SET last_status = 'running', running_run_id = 1,"
+                " running_since = now() - interval '1 hour', running_until = " + until + ","
+                " running_pid = 999999, running_host = 'gone'"
+            )
+        )
+
+
+async def beat_after_promotion(database: Database) -> None:
+    """Return once the leader's tick wrote a heartbeat after its promotion's: a newer
+    one than the first one read (both on the lease clock; the promotion's ``since`` is
+    on the leader's own clock, which a test may set off)."""
+    query = text("SELECT heartbeat_at FROM scheduler_leadership")
+    first = None
+    async with asyncio.timeout(10):
+        while True:
+            async with database.engine.connect() as conn:
+                beat = (await conn.execute(query)).scalar()
+            if first is None:
+                first = beat
+            elif beat is not None and beat > first:
+                return
+            await asyncio.sleep(0.05)
+
+
+async def page_csrf(client: httpx.AsyncClient) -> str:
+    """The CSRF field of the admin page, which ``client``'s session cookie opens."""
+    page = (await client.get("/admin")).text
+    match = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert match is not None, page
+    return match.group(1)
+
+
+async def signed_in(client: httpx.AsyncClient) -> str:
+    """Sign in to the admin page with TOKEN; the page's CSRF field."""
+    await client.post("/admin/login", data={"token": TOKEN})
+    return await page_csrf(client)
+
 
 ADMIN_TOKEN = "worker-admin-token"
 

@@ -4,41 +4,8 @@ every worker, and repeated sign-in failures from one client are slowed."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
-import httpx
-import pytest
-from fastapi import FastAPI
-from pydantic import SecretStr
-
-from app.main import create_app
-from app.settings import Settings
-
-TOKEN = "session-admin-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-Worker = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
-
-
-@pytest.fixture
-def admin_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"ADMIN_TOKEN": SecretStr(TOKEN)})
-
-
-@pytest.fixture
-def worker(admin_settings: Settings) -> Worker:
-    """An app process of its own (its own app and state), same database, as a client."""
-
-    @asynccontextmanager
-    async def start(client_ip: str = "203.0.113.7") -> AsyncIterator[httpx.AsyncClient]:
-        app: FastAPI = create_app(admin_settings)
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app, client=(client_ip, 40000))
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                yield client
-
-    return start
+from .conftest import AUTH, TOKEN, Worker
 
 
 def _csrf(page: str) -> str:

@@ -3,30 +3,24 @@ does not fire is not healthy; "running" is the running lease; health allows each
 age its own schedule implies."""
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
-from pydantic import SecretStr
 from sqlalchemy import text
 
 from app.admin.health import stale_jobs
 from app.db import Database
 from app.main import create_app
-from app.scheduler import Clock, Interval, JobContext, Role, Scheduler, cron, every
+from app.scheduler import Interval, JobContext, Scheduler, cron, every
 from app.settings import Settings
 
 from ..conftest import SkewedClock, StartScheduler
+from .conftest import AUTH, TOKEN, Serve, beat_after_promotion, eventually_json, set_lease
 
-TOKEN = "truth-admin-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 UTC_ZONE = ZoneInfo("UTC")
-
-Serve = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
 
 
 class _PoisonedTrigger(Interval):
@@ -48,41 +42,10 @@ def _hourly(*extra: tuple[str, Any]) -> Scheduler:
     return scheduler
 
 
-@pytest.fixture
-def serve(settings: Settings) -> Serve:
-    @asynccontextmanager
-    async def serve(
-        scheduler: Scheduler, *, clock: Clock | None = None, **overrides: Any
-    ) -> AsyncIterator[httpx.AsyncClient]:
-        """The app of ``scheduler``, leading; ``clock``: the admin's own clock (the
-        scheduler keeps its own)."""
-        update = {"ADMIN_TOKEN": SecretStr(TOKEN)} | overrides
-        app = create_app(settings.model_copy(update=update), scheduler)
-        if clock is not None:
-            app.state.clock = clock
-        async with app.router.lifespan_context(app):
-            assert scheduler.supervisor is not None
-            await scheduler.supervisor.wait_for_role(Role.LEADER)
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                yield client
-
-    return serve
-
-
-async def _eventually_json(
-    client: httpx.AsyncClient, path: str, condition: Callable[[Any], bool], **kwargs: Any
-) -> Any:
-    async with asyncio.timeout(10):
-        while not condition(body := (await client.get(path, **kwargs)).json()):
-            await asyncio.sleep(0.05)
-    return body
-
-
 async def test_a_broken_job_is_listed_and_makes_health_not_ok(serve: Serve) -> None:
     scheduler = _hourly(("poisoned", _PoisonedTrigger(timedelta(hours=1))))
     async with serve(scheduler) as client:
-        health = await _eventually_json(
+        health = await eventually_json(
             client, "/health/scheduler", lambda body: body.get("broken_jobs")
         )
         assert health["status"] == "unhealthy" and health["broken_jobs"] == ["poisoned"]
@@ -103,7 +66,7 @@ async def test_a_broken_job_with_no_stored_row_is_offered_no_actions(serve: Serv
     # would answer 404, and the page must not offer them.
     scheduler = _hourly(("poisoned", _PoisonedTrigger(timedelta(hours=1))))
     async with serve(scheduler) as client:
-        await _eventually_json(client, "/health/scheduler", lambda body: body.get("broken_jobs"))
+        await eventually_json(client, "/health/scheduler", lambda body: body.get("broken_jobs"))
         jobs = {
             job["id"]: job for job in (await client.get("/admin/api/jobs", headers=AUTH)).json()
         }
@@ -129,32 +92,21 @@ async def test_health_is_not_ok_once_the_job_timer_died(serve: Serve) -> None:
     async with serve(scheduler) as client:
         assert scheduler.supervisor is not None
         await scheduler.supervisor.wait_until_firing()
-        await _eventually_json(client, "/health/scheduler", lambda body: body["status"] == "ok")
+        await eventually_json(client, "/health/scheduler", lambda body: body["status"] == "ok")
         [timer] = [task for task in asyncio.all_tasks() if task.get_name() == "leader-jobs-timer"]
         timer.cancel()
-        health = await _eventually_json(
+        health = await eventually_json(
             client, "/health/scheduler", lambda body: body["status"] != "ok"
         )
     assert health["broken_jobs"] == ["hourly"]
-
-
-async def _set_lease(database: Database, until: str) -> None:
-    async with database.engine.begin() as conn:
-        await conn.execute(
-            text(
-                "UPDATE scheduler_jobs SET last_status = 'running', running_run_id = 1,"
-                " running_since = now() - interval '1 hour', running_until = " + until + ","
-                " running_pid = 999999, running_host = 'gone'"
-            )
-        )
 
 
 async def test_run_now_is_a_409_while_the_running_lease_holds(
     serve: Serve, database: Database
 ) -> None:
     async with serve(_hourly()) as client:
-        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
-        await _set_lease(database, "now() + interval '1 hour'")
+        await eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
+        await set_lease(database, "now() + interval '1 hour'")
         response = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
         [job] = (await client.get("/admin/api/jobs", headers=AUTH)).json()
     assert response.status_code == 409 and "running" in response.json()["detail"], response.text
@@ -165,8 +117,8 @@ async def test_a_running_status_whose_lease_ran_out_does_not_block_run_now(
     serve: Serve, database: Database
 ) -> None:
     async with serve(_hourly()) as client:
-        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
-        await _set_lease(database, "now() - interval '1 minute'")
+        await eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
+        await set_lease(database, "now() - interval '1 minute'")
         [job] = (await client.get("/admin/api/jobs", headers=AUTH)).json()
         response = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
     assert job["running"] is False and job["last_status"] == "abandoned"
@@ -183,8 +135,8 @@ async def test_a_reader_whose_clock_runs_ahead_still_sees_a_live_run_running(
     serve: Serve, database: Database
 ) -> None:
     async with serve(_hourly(), clock=AHEAD_OF_THE_LEASE) as client:
-        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
-        await _set_lease(database, FRESH_LEASE)
+        await eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
+        await set_lease(database, FRESH_LEASE)
         [job] = (await client.get("/admin/api/jobs", headers=AUTH)).json()
     assert (job["running"], job["last_status"]) == (True, "running")
 
@@ -193,8 +145,8 @@ async def test_run_now_from_a_host_whose_clock_runs_ahead_is_a_409_while_the_lea
     serve: Serve, database: Database
 ) -> None:
     async with serve(_hourly(), clock=AHEAD_OF_THE_LEASE) as client:
-        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
-        await _set_lease(database, FRESH_LEASE)
+        await eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
+        await set_lease(database, FRESH_LEASE)
         response = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
     assert response.status_code == 409 and "running" in response.json()["detail"], response.text
 
@@ -203,8 +155,8 @@ async def test_the_page_offers_no_run_now_for_a_timed_out_thread_whose_body_stil
     serve: Serve, database: Database
 ) -> None:
     async with serve(_hourly()) as client:
-        await _eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
-        await _set_lease(database, "now() + interval '1 hour'")
+        await eventually_json(client, "/admin/api/jobs", lambda jobs: jobs, headers=AUTH)
+        await set_lease(database, "now() + interval '1 hour'")
         async with database.engine.begin() as conn:
             # The outcome of a thread past its timeout: recorded, while its lease holds.
             await conn.execute(text("UPDATE scheduler_jobs SET last_status = 'timeout'"))
@@ -217,22 +169,11 @@ async def test_the_page_offers_no_run_now_for_a_timed_out_thread_whose_body_stil
     assert run_now.rstrip().endswith("disabled"), row
 
 
-async def _beat_after_promotion(database: Database) -> None:
-    """Return once the leader's tick wrote its heartbeat after its promotion's."""
-    query = text("SELECT heartbeat_at > since FROM scheduler_leadership")
-    async with asyncio.timeout(10):
-        while True:
-            async with database.engine.connect() as conn:
-                if (await conn.execute(query)).scalar():
-                    return
-            await asyncio.sleep(0.05)
-
-
 async def test_health_read_on_a_host_whose_clock_runs_ahead_sees_the_leader_firing(
     serve: Serve, database: Database
 ) -> None:
     async with serve(_hourly(), clock=AHEAD_OF_THE_LEASE) as client:
-        await _beat_after_promotion(database)
+        await beat_after_promotion(database)
         health = (await client.get("/health/scheduler")).json()
     assert health["firing"] is True, health
 
@@ -242,7 +183,7 @@ async def test_health_sees_a_leader_whose_clock_runs_behind_firing(
 ) -> None:
     supervisor = await start_scheduler(_hourly(), clock=SkewedClock(timedelta(minutes=-5)))
     await supervisor.wait_until_firing()
-    await _beat_after_promotion(database)
+    await beat_after_promotion(database)
     app = create_app(settings, None)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import event
 
 from app.db import Database, asyncpg_dsn
-from app.outbox import Message, Outbox
-from app.scheduler import FakeClock
+from app.outbox import DrainReport, Message, Outbox
+from app.scheduler import Clock, FakeClock, SystemClock
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -35,7 +35,29 @@ class FakeReceiver:
         self.delivered[message.key] += 1
 
 
+@dataclass
+class HeldReceiver:
+    """A receiver whose every call waits until the test sets ``release``: a delivery
+    under way. ``entered`` is set once a call waits."""
+
+    calls: list[Message] = field(default_factory=list)
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __call__(self, message: Message) -> None:
+        self.calls.append(message)
+        self.entered.set()
+        await self.release.wait()
+
+
 MakeOutbox = Callable[..., Outbox]
+
+
+async def enqueue(database: Database, outbox: Outbox, *keys: str) -> list[int]:
+    """Enqueue one row per key (payload ``{"key": key}``) in one committed transaction;
+    their ids."""
+    async with database.sessions() as session, session.begin():
+        return [(await outbox.enqueue(session, {"key": key}, key=key)).id for key in keys]
 
 
 @dataclass
@@ -60,14 +82,28 @@ def receiver() -> FakeReceiver:
 
 
 @pytest.fixture
+def held_receiver() -> HeldReceiver:
+    return HeldReceiver()
+
+
+@pytest.fixture
 def make_outbox(
     database: Database, database_url: str, clock: FakeClock, receiver: FakeReceiver
 ) -> Iterator[MakeOutbox]:
-    """Build an outbox bound to the test database and the FakeClock."""
+    """Build an outbox bound to the test database and the FakeClock, or to
+    ``host_clock``: the clock of the process the outbox stands in."""
 
-    def make(name: str = "grants", deliver: Any = None, **options: Any) -> Outbox:
+    def make(
+        name: str = "grants",
+        deliver: Any = None,
+        *,
+        host_clock: Clock | None = None,
+        **options: Any,
+    ) -> Outbox:
         outbox = Outbox(name, deliver or receiver, **options)
-        outbox.bind(database.engine, listen_dsn=asyncpg_dsn(database_url), clock=clock)
+        outbox.bind(
+            database.engine, listen_dsn=asyncpg_dsn(database_url), clock=host_clock or clock
+        )
         return outbox
 
     yield make
@@ -97,3 +133,36 @@ def sent_statements(database: Database) -> Iterator[SentStatements]:
     finally:
         event.remove(pool, "checkout", attach)
         event.remove(pool, "checkin", detach)
+
+
+@dataclass
+class Delivering:
+    """Row ``row``, which a drain on a host with a true clock is delivering: its
+    receiver has the call and has not answered."""
+
+    row: int
+    receiver: HeldReceiver
+    drain: asyncio.Task[DrainReport]
+
+    async def finish(self) -> DrainReport:
+        """Let the receiver answer; the drain's report."""
+        self.receiver.release.set()
+        return await self.drain
+
+
+@pytest.fixture
+async def delivering(
+    make_outbox: MakeOutbox, database: Database, held_receiver: HeldReceiver
+) -> AsyncIterator[Delivering]:
+    """A row a drain on a host whose clock is the database's is delivering, with the
+    outbox's default lease (delivery_timeout 30 s and the 30 s margin)."""
+    outbox = make_outbox(deliver=held_receiver, host_clock=SystemClock())
+    [row] = await enqueue(database, outbox, "k1")
+    drain = asyncio.create_task(outbox.drain_once())
+    async with asyncio.timeout(10):
+        await held_receiver.entered.wait()
+    under_way = Delivering(row, held_receiver, drain)
+    try:
+        yield under_way
+    finally:
+        await under_way.finish()

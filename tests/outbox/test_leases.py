@@ -17,7 +17,7 @@ from app.db import Database, asyncpg_dsn
 from app.outbox import DrainReport, Message, Outbox
 from app.scheduler import FakeClock
 
-from .conftest import T0, MakeOutbox
+from .conftest import T0, MakeOutbox, enqueue
 
 _TIMEOUT = 60.0
 _LEASE = timedelta(seconds=_TIMEOUT + 30)  # delivery_timeout and the drain's margin
@@ -28,11 +28,6 @@ _LATEST_START = timedelta(seconds=_TIMEOUT + 15)
 # a claim and the start of its first row's delivery (a round trip and a loop step) it
 # moves a few steps at most, far less than the lease's start window.
 _MAX_STEP = 2.0
-
-
-async def _enqueue(database: Database, outbox: Outbox, *keys: str) -> list[int]:
-    async with database.sessions() as session, session.begin():
-        return [(await outbox.enqueue(session, {"key": key}, key=key)).id for key in keys]
 
 
 async def test_a_row_whose_lease_ran_out_behind_the_gate_is_delivered_once(
@@ -53,7 +48,7 @@ async def test_a_row_whose_lease_ran_out_behind_the_gate_is_delivered_once(
         delivered[message.key] += 1
 
     outbox = make_outbox(deliver=slow, batch_size=3, concurrency=1, delivery_timeout=30)
-    await _enqueue(database, outbox, "k1", "k2", "k3")
+    await enqueue(database, outbox, "k1", "k2", "k3")
     first = asyncio.create_task(outbox.drain_once())
     await asyncio.wait_for(third_started.wait(), 10)
     second = await outbox.drain_once()
@@ -87,7 +82,7 @@ async def test_an_outcome_the_database_refused_is_not_counted_and_is_logged_as_c
                 raise ConnectionError("receiver went away")
 
     outbox = make_outbox(deliver=paused_once, delivery_timeout=30)
-    [row] = await _enqueue(database, outbox, "k1")
+    [row] = await enqueue(database, outbox, "k1")
     stalled = asyncio.create_task(outbox.drain_once())
     await asyncio.wait_for(started.wait(), 10)
     clock.advance(30 + 30 + 1)
@@ -210,7 +205,7 @@ async def test_every_key_is_delivered_once_and_counted_as_the_database_accepted_
         name, receive, batch_size=batch_size, concurrency=concurrency, delivery_timeout=_TIMEOUT
     )
     outbox.bind(database.engine, listen_dsn=asyncpg_dsn(database_url), clock=clock)
-    await _enqueue(database, outbox, *(f"k{n}" for n in range(keys)))
+    await enqueue(database, outbox, *(f"k{n}" for n in range(keys)))
     reports = [await outbox.drain_once()]
     while drains:
         reports.append(await drains.pop())
@@ -243,7 +238,7 @@ async def test_a_pass_whose_connection_dies_raises_the_database_error(
         await release.wait()
 
     outbox = make_outbox(deliver=held)
-    await _enqueue(database, outbox, "k1")
+    await enqueue(database, outbox, "k1")
     drain = asyncio.create_task(outbox.drain_once())
     await asyncio.wait_for(started.wait(), 10)
     async with database.engine.connect() as conn:

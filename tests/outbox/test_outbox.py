@@ -55,11 +55,15 @@ def test_backoff_table_known_answer() -> None:
 
 
 def test_claim_sql_known_answer() -> None:
+    lease_now = "COALESCE(CAST(:lease_now AS timestamptz), clock_timestamp())"
     expected = (
         "UPDATE outbox_messages AS m "
-        "SET claimed_by = :token, next_attempt_at = :lease_until, updated_at = :now "
+        f"SET claimed_by = :token, next_attempt_at = ({lease_now} + "
+        "make_interval(secs => CAST(:lease_seconds AS double precision))), "
+        f"updated_at = {lease_now} "
         "WHERE m.id IN ( SELECT id FROM outbox_messages "
-        "WHERE outbox = :outbox AND status = 'pending' AND next_attempt_at <= :now "
+        "WHERE outbox = :outbox AND status = 'pending' "
+        f"AND next_attempt_at <= (SELECT {lease_now}) "
         "ORDER BY next_attempt_at, id LIMIT :batch_size FOR UPDATE SKIP LOCKED ) "
         "RETURNING m.id, m.key, m.payload, m.attempts"
     )

@@ -21,7 +21,7 @@ from app.scheduler.registry import JobSpec
 from app.scheduler.runner import Due, Runner
 from app.scheduler.store import JobStore
 
-from ..scheduler.conftest import eventually
+from .conftest import eventually
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 UTC_ZONE = ZoneInfo("UTC")

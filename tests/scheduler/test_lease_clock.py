@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database
-from app.scheduler import FakeClock, Scheduler, SystemClock, every
+from app.scheduler import FakeClock, JobContext, Scheduler, SystemClock, every
 from app.scheduler.registry import JobSpec
 from app.scheduler.runner import Claim, Runner
 from app.scheduler.store import JobStore
@@ -31,6 +31,10 @@ UTC_ZONE = ZoneInfo("UTC")
 def _ahead_clock() -> SkewedClock:
     """A host's own clock, set ahead of the other hosts' by more than the lease."""
     return SkewedClock(timedelta(seconds=LEASE_SECONDS + 5))
+
+
+async def _noop(ctx: JobContext) -> None:
+    return None
 
 
 def _runner(database: Database, clock: SystemClock, pid: int) -> Runner:
@@ -126,3 +130,48 @@ async def test_a_process_never_reaps_the_running_lease_of_a_body_it_runs_itself(
         bodies.release.set()
         await task
     assert [status for status, _ in await runs(engine, "long")] == ["ok"]
+
+
+async def test_a_reaper_on_a_host_two_minutes_off_leaves_a_live_run_running(
+    database: Database, engine: AsyncEngine, live_run: LiveRun, skewed_clock: SkewedClock
+) -> None:
+    reaper = JobStore(database.engine, pid=2, host="host-2")
+    assert await reaper.reap(skewed_clock.now()) == []
+    assert [status for status, _ in await runs(engine, "long")] == ["running"]
+
+
+async def test_a_reaper_on_a_host_two_minutes_off_reaps_a_run_whose_lease_ran_out(
+    database: Database, engine: AsyncEngine, skewed_clock: SkewedClock
+) -> None:
+    scheduler = Scheduler()
+    scheduler.job(every(hours=1), id="long", first_run=0)(_noop)
+    spec = scheduler.jobs["long"]
+    owner = _runner(database, SystemClock(), pid=1)
+    rows = await owner.store.register_leader_jobs([spec], owner.clock.now(), UTC_ZONE)
+    claim = await owner.claim_leader(spec, rows["long"].next_run_at, None)
+    assert claim is not None and claim.runs
+    # Its owner died before starting the body: the lease ran out a moment ago.
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "UPDATE scheduler_jobs SET running_until = clock_timestamp() - interval '1 second'"
+            )
+        )
+    reaper = JobStore(database.engine, pid=2, host="host-2")
+    assert await reaper.reap(skewed_clock.now()) == ["long"]
+    assert [status for status, _ in await runs(engine, "long")] == ["abandoned"]
+
+
+async def test_a_leader_on_a_host_two_minutes_off_starts_no_run_beside_a_live_one(
+    database: Database, engine: AsyncEngine, live_run: LiveRun, skewed_clock: SkewedClock
+) -> None:
+    skewed = _runner(database, skewed_clock, pid=2)
+    requested_at = skewed.clock.now()
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE scheduler_jobs SET run_requested_at = :at WHERE id = 'long'"),
+            {"at": requested_at},
+        )
+    claim = await skewed.claim_request(live_run.spec, requested_at, None)
+    assert claim is not None and not claim.runs
+    assert [status for status, _ in await runs(engine, "long")] == ["running", "skipped_overlap"]

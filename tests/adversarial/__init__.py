@@ -1,1 +1,0 @@
-"""Guarantees a cold adversarial review broke, each kept as its regression test."""

@@ -72,6 +72,9 @@ def test_guarantees_hold_under_random_faults(pg_server: TestServer, scenario: Sc
     # Races make a replay inexact, so shrinking would end in "flaky" rather than in a
     # smaller case: the first failing scenario is reported as played, step by step.
     phases=[Phase.explicit, Phase.generate],
+    # The failing scenario's draw, to replay it with @reproduce_failure (as exactly as
+    # its races allow; the failure's own note, World.evidence, says what broke).
+    print_blob=True,
     **_COMMON,  # type: ignore[arg-type]
 )
 @given(scenario=scenarios(min_steps=1, max_steps=40, restarts=True))

@@ -1,0 +1,100 @@
+"""A claim prepared ahead of its slot that commits late: the running lease it gives its
+body runs a whole lease from the commit, when the body starts, as every other claim's
+does from its start. The body's first renewal is due a third of a lease after it began;
+a lease taken as of the slot would have run out by then if the commit came later than
+that (a process that froze, a fake clock that jumped), and another claim could take the
+job while the body still runs."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import Database
+from app.scheduler import FakeClock, Scheduler, SchedulerConfig, SystemClock, cron
+from app.scheduler.store import JobStore, PreparedCommit, SlotClaim
+
+from .conftest import BlockingBodies, StartScheduler, eventually, prepared_claim_waits
+
+T0 = datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
+SLOT = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+# Inside the claim lead (0.5 s) of SLOT.
+IN_THE_LEAD = 29.8
+
+
+async def _running_until(engine: AsyncEngine) -> datetime:
+    async with engine.connect() as conn:
+        until: datetime = (
+            await conn.execute(text("SELECT running_until FROM scheduler_jobs WHERE id = 'held'"))
+        ).scalar_one()
+        return until
+
+
+async def test_a_prepared_claim_that_commits_late_gives_its_body_a_whole_lease_from_the_commit(
+    start_scheduler: StartScheduler,
+    engine: AsyncEngine,
+    bodies: BlockingBodies,
+    config: SchedulerConfig,
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(cron("* * * * *"), id="held")(bodies)
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    await clock.wait_for_sleepers(2)
+
+    clock.advance(IN_THE_LEAD)
+    await eventually(lambda: prepared_claim_waits(engine), what="a prepared claim")
+    # The wake comes 0.8 s past the slot (a busy loop), within the server's idle limit.
+    committed = SLOT + timedelta(seconds=0.8)
+    clock.set(committed)
+    await bodies.entered()
+
+    assert await _running_until(engine) == committed + timedelta(seconds=config.lease_seconds)
+
+
+async def test_on_the_servers_clock_a_late_prepared_commit_gives_a_whole_lease_from_the_commit(
+    database: Database,
+) -> None:
+    # The production lease clock (the database server's): the claim takes the lease as
+    # of the server's moment of the slot, and its commit comes late.
+    store = JobStore(database.engine, pid=4242, host="here")
+    clock = SystemClock()
+    scheduler = Scheduler()
+    scheduler.job(cron("* * * * *"), id="held")(lambda ctx: None)
+    [row] = (
+        await store.register_leader_jobs(scheduler.jobs.values(), clock.now(), ZoneInfo("UTC"))
+    ).values()
+    late = 1.5
+
+    async def until_a_late_commit() -> None:
+        await asyncio.sleep(late)
+
+    # Planned to commit at once; the server's idle limit is the plan plus a few seconds.
+    prepared = PreparedCommit(clock.now(), until_a_late_commit, clock.now, 0.0)
+    item = SlotClaim(
+        "held",
+        row.next_run_at,
+        row.next_run_at,
+        row.next_run_at + timedelta(minutes=1),
+        "running",
+        lease_seconds=30,
+    )
+    [claimed] = await store.claim_many([item], now=clock.now(), fence_pid=None, prepared=prepared)
+    assert claimed is not None and claimed.status == "running"
+
+    async with database.engine.connect() as conn:
+        left = (
+            await conn.execute(
+                text(
+                    "SELECT EXTRACT(EPOCH FROM running_until - clock_timestamp())"
+                    " FROM scheduler_jobs WHERE id = 'held'"
+                )
+            )
+        ).scalar_one()
+    # A lease from the slot would have 30 - 1.5 s left; one from the commit nearly 30.
+    assert left > 30 - late / 2

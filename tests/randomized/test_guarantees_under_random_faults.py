@@ -4,7 +4,10 @@ runner and outbox; every guarantee is checked after every step.
 The CI profile is derandomized (a fixed seed) and bounded; the soak profile runs many
 more and longer scenarios with a fresh seed each time, server restarts included:
 ``python -m pytest -m soak`` (add ``--hypothesis-show-statistics`` for the steps, faults
-and outbox keys each scenario ran). A failure names the scenario and every step played.
+and outbox keys each scenario ran). A failure names the scenario and every step played,
+and its traceback carries what the world held when it broke (World.evidence): the rows,
+the nodes, the log's last records. Keep the run's output: a soak failure may not come
+again.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""A claim prepared ahead of its slot that commits late: the running lease it gives its
-body runs a whole lease from the commit, when the body starts, as every other claim's
-does from its start. The body's first renewal is due a third of a lease after it began;
-a lease taken as of the slot would have run out by then if the commit came later than
-that (a process that froze, a fake clock that jumped), and another claim could take the
-job while the body still runs."""
+"""A body that starts late after its claim took its running lease still holds a live
+lease, renewed in time: the first renewal of a body's lease is due a third of a lease
+after it was taken. A claim prepared ahead that commits late gives its bodies a whole
+lease from the commit, as every other claim does from its start; a body that starts a
+renewal period or more after its claim took its lease (a process that froze, a clock
+that jumped, while the claim was under way) has it renewed at once. Otherwise the lease
+would run out, or stay run out, while the body runs, and another claim could take the
+job from it."""
 
 from __future__ import annotations
 
@@ -24,6 +26,14 @@ T0 = datetime(2026, 1, 1, 0, 0, 30, tzinfo=UTC)
 SLOT = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
 # Inside the claim lead (0.5 s) of SLOT.
 IN_THE_LEAD = 29.8
+
+
+async def _a_statement_waits_for_a_row_lock(engine: AsyncEngine) -> bool:
+    async with engine.connect() as conn:
+        waiting = await conn.execute(
+            text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        )
+        return bool(waiting.scalar_one())
 
 
 async def _running_until(engine: AsyncEngine) -> datetime:
@@ -98,3 +108,37 @@ async def test_on_the_servers_clock_a_late_prepared_commit_gives_a_whole_lease_f
         ).scalar_one()
     # A lease from the slot would have 30 - 1.5 s left; one from the commit nearly 30.
     assert left > 30 - late / 2
+
+
+async def test_a_body_that_starts_a_renewal_period_after_its_claim_took_its_lease_has_it_renewed(
+    start_scheduler: StartScheduler,
+    engine: AsyncEngine,
+    bodies: BlockingBodies,
+    config: SchedulerConfig,
+) -> None:
+    clock = FakeClock(T0)
+    scheduler = Scheduler()
+    scheduler.job(cron("* * * * *"), id="held")(bodies)
+    supervisor = await start_scheduler(scheduler, clock=clock)
+    await supervisor.wait_until_firing()
+    await clock.wait_for_sleepers(2)
+
+    async with engine.connect() as holder:
+        # Another transaction holds the row: the slot's claim, made at the slot (its
+        # lease taken as of it), waits for it.
+        await holder.execute(text("SELECT 1 FROM scheduler_jobs WHERE id = 'held' FOR UPDATE"))
+        clock.set(SLOT)
+        await eventually(
+            lambda: _a_statement_waits_for_a_row_lock(engine), what="the claim to wait"
+        )
+        # Meanwhile everything freezes for an hour (the test's clock jumps).
+        clock.advance(3600)
+        await holder.rollback()
+    await bodies.entered()
+
+    async def lease_is_live() -> bool:
+        return await _running_until(engine) > clock.now()
+
+    # Renewed without the clock moving on: not a renewal period after the body began.
+    await eventually(lease_is_live, what="the body's lease to be renewed")
+    assert await _running_until(engine) == clock.now() + timedelta(seconds=config.lease_seconds)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime
 
 from .clock import Clock
 from .retry import renewal_delay
@@ -114,8 +115,10 @@ class LeaseKeeper:
     time at once, so a lease whose row is locked or refused fails alone; a lease that
     failed is tried again within seconds (retry.renewal_delay). An attempt that does
     not finish within a third of the lease counts as failed. A run found to have lost
-    its lease is logged and no longer renewed. While a lease is held here, this
-    process's reaps leave it alone (JobStore.renewing): its body runs here."""
+    its lease is logged and no longer renewed. A lease held a period or more after its
+    run took it (a body that started late) is renewed at once, alone. While a lease is
+    held here, this process's reaps leave it alone (JobStore.renewing): its body runs
+    here."""
 
     def __init__(self, store: JobStore, *, clock: Clock, lease_seconds: float) -> None:
         self.store = store
@@ -123,13 +126,23 @@ class LeaseKeeper:
         self.lease_seconds = lease_seconds
         self._held: dict[int, HeldLease] = {}
         self._renewer: asyncio.Task[None] | None = None
+        # One-off renewals of leases held too late for the renewer's next round.
+        self._overdue: set[asyncio.Task[bool]] = set()
 
-    def hold(self, lease: HeldLease) -> None:
-        """Renew ``lease`` from now on, until drop(); its run took it just now."""
+    def hold(self, lease: HeldLease, *, taken_at: datetime | None = None) -> None:
+        """Renew ``lease`` from now on, until drop(). ``taken_at``: when (on this
+        process's clock) its run took it; one taken a renewal period or more ago (its
+        body started late after its claim: a process that froze, a clock that jumped)
+        is renewed at once, since its next renewal would come too late."""
         self._held[lease.run_id] = lease
         self.store.renewing.add(lease.run_id)
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.create_task(self._renew(), name="running-leases")
+        period = self.lease_seconds / 3
+        if taken_at is not None and (self.clock.now() - taken_at).total_seconds() >= period:
+            renewal = asyncio.create_task(self._round([lease], period), name="running-lease")
+            self._overdue.add(renewal)
+            renewal.add_done_callback(self._overdue.discard)
 
     def drop(self, run_id: int) -> None:
         """Stop renewing the lease of run ``run_id`` (its body ended)."""
@@ -147,27 +160,31 @@ class LeaseKeeper:
             leases = list(self._held.values())
             if not leases:
                 continue
-            renewed, failed, error = await self._renew_each(leases, period)
-            failures = failures + 1 if failed else 0
-            if failed:
-                logger.warning(
-                    "Could not renew the running leases of %s run(s) (jobs %s); retrying",
-                    len(failed),
-                    ", ".join(sorted({lease.job_id for lease in failed})[:5]),
-                    exc_info=error,
-                    extra={"action": "job.lease_renew_failed"},
-                )
-            for lease in leases:
-                if lease in failed or lease.run_id in renewed or lease.run_id not in self._held:
-                    continue
-                logger.warning(
-                    'Job "%s" (run %s) lost its running lease while its body runs; '
-                    "another leader may start the job",
-                    lease.job_id,
-                    lease.run_id,
-                    extra={"action": "job.lease_lost", "job_id": lease.job_id},
-                )
-                self.drop(lease.run_id)
+            failures = failures + 1 if await self._round(leases, period) else 0
+
+    async def _round(self, leases: list[HeldLease], period: float) -> bool:
+        """Renew ``leases``; log and drop those found lost. True when any renewal failed."""
+        renewed, failed, error = await self._renew_each(leases, period)
+        if failed:
+            logger.warning(
+                "Could not renew the running leases of %s run(s) (jobs %s); retrying",
+                len(failed),
+                ", ".join(sorted({lease.job_id for lease in failed})[:5]),
+                exc_info=error,
+                extra={"action": "job.lease_renew_failed"},
+            )
+        for lease in leases:
+            if lease in failed or lease.run_id in renewed or lease.run_id not in self._held:
+                continue
+            logger.warning(
+                'Job "%s" (run %s) lost its running lease while its body runs; '
+                "another leader may start the job",
+                lease.job_id,
+                lease.run_id,
+                extra={"action": "job.lease_lost", "job_id": lease.job_id},
+            )
+            self.drop(lease.run_id)
+        return bool(failed)
 
     async def _renew_each(
         self, leases: list[HeldLease], period: float

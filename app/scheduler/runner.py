@@ -115,6 +115,7 @@ class Claim:
     for a replica run, which no leadership fences.
     ``manual``: the run-now request was claimed, not a slot; the slot run is the
     request time and the job's next slot is where the claim found it.
+    ``leased_at``: the moment, on this process's clock, its running lease was taken as of.
     """
 
     run_id: int
@@ -126,6 +127,7 @@ class Claim:
     term: int | None = None
     manual: bool = False
     replica: bool = False
+    leased_at: datetime | None = None
 
 
 def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
@@ -407,6 +409,7 @@ class Runner:
             jitter=item.jitter,
             term=claimed.term,
             manual=item.manual,
+            leased_at=now,
         )
 
     def _not_run(
@@ -467,7 +470,9 @@ class Runner:
                 dead.host,
                 extra={"action": "job.abandoned", "job_id": dead.job_id, "pid": self.store.pid},
             )
-        claim = Claim(run_id, slot, slot, runs=True, leased=True, jitter=jitter, replica=True)
+        claim = Claim(
+            run_id, slot, slot, runs=True, leased=True, jitter=jitter, replica=True, leased_at=now
+        )
         await self.execute(spec, claim)
         return run_id
 
@@ -747,7 +752,10 @@ class Runner:
     def _hold_lease(self, run: _Run) -> None:
         # Renewed with every other lease of this process while the body runs here.
         if run.claim.leased:
-            self._leases.hold(HeldLease(run.spec.id, run.claim.run_id, run.claim.replica))
+            self._leases.hold(
+                HeldLease(run.spec.id, run.claim.run_id, run.claim.replica),
+                taken_at=run.claim.leased_at,
+            )
 
     async def _release_lease(self, run: _Run) -> None:
         """Clear the lease of a run whose thread ended after its timeout was recorded,

@@ -167,22 +167,6 @@ _STILL_FENCED = text(
     f"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND}"
     " AND granted AND pid = :fence_pid)"
 )
-# The runs of a prepared claim that committed late start when it commits.
-_RESTAMP_START = text(
-    """
-    WITH runs AS (
-        UPDATE scheduler_runs
-        SET started_at = CAST(:started AS timestamptz),
-            lateness_ms = lateness_ms + CAST(:late_ms AS bigint)
-        WHERE id = ANY(CAST(CAST(:run_ids AS text[]) AS bigint[]))
-        RETURNING id
-    )
-    UPDATE scheduler_jobs
-    SET last_started_at = CAST(:started AS timestamptz),
-        running_since = CAST(:started AS timestamptz)
-    WHERE running_run_id IN (SELECT id FROM runs)
-    """
-)
 _OWN_INSERTS = text("SELECT set_config('regent.registering', 'on', true)")
 
 _LOAD = text(
@@ -221,6 +205,26 @@ _CHANGED_JOBS = text(
     """
 )
 
+# The runs of a prepared claim that committed late start when it commits, and their
+# running leases run from then (on the lease clock; :leased_at is the moment the claim
+# took them as of): the body's first renewal is due a third of a lease after it starts.
+_RESTAMP_START = text(
+    f"""
+    WITH runs AS (
+        UPDATE scheduler_runs
+        SET started_at = CAST(:started AS timestamptz),
+            lateness_ms = lateness_ms + CAST(:late_ms AS bigint)
+        WHERE id = ANY(CAST(CAST(:run_ids AS text[]) AS bigint[]))
+        RETURNING id
+    )
+    UPDATE scheduler_jobs
+    SET last_started_at = CAST(:started AS timestamptz),
+        running_since = CAST(:started AS timestamptz),
+        running_until = GREATEST(running_until,
+            {LEASE_NOW_SQL} + (running_until - CAST(:leased_at AS timestamptz)))
+    WHERE running_run_id IN (SELECT id FROM runs)
+    """
+)
 # A run starts only when no other body holds an unexpired running lease on the job.
 _STARTS = f"""(c.runs AND (j.running_until IS NULL OR j.running_until <= {LEASE_NOW_SQL}))"""
 # The rows of a claim's jobs that no other transaction holds, locked as the claim's
@@ -1417,8 +1421,9 @@ class JobStore:
                 started = prepared.now()
                 if started > now:
                     # The commit comes late (a busy loop, a slow preparation): the runs
-                    # start now, not when their rows said.
-                    await self._restamp(conn, results.values(), now, started)
+                    # start now, not when their rows said, and hold a whole lease from now.
+                    leased_at = lease_now["lease_now"]
+                    await self._restamp(conn, results.values(), now, started, leased_at)
         return [results[job_id] if job_id in results else busy.get(job_id) for job_id in ids]
 
     async def _lock_free_rows(
@@ -1439,9 +1444,13 @@ class JobStore:
         held = await conn.execute(_STILL_FENCED, {"fence_pid": fence_pid} | self.key.bind_params)
         return bool(held.scalar_one())
 
-    @staticmethod
     async def _restamp(
-        conn: AsyncConnection, claimed: Iterable[ClaimedSlot], was: datetime, started: datetime
+        self,
+        conn: AsyncConnection,
+        claimed: Iterable[ClaimedSlot],
+        was: datetime,
+        started: datetime,
+        leased_at: object,
     ) -> None:
         run_ids = [str(slot.run_id) for slot in claimed if slot.status == "running"]
         if run_ids:
@@ -1451,7 +1460,9 @@ class JobStore:
                     "run_ids": run_ids,
                     "started": started,
                     "late_ms": int((started - was).total_seconds() * 1000),
-                },
+                    "leased_at": leased_at,
+                }
+                | self._lease_now(started),
             )
 
     async def _already_recorded(

@@ -4,7 +4,10 @@ runner and outbox; every guarantee is checked after every step.
 The CI profile is derandomized (a fixed seed) and bounded; the soak profile runs many
 more and longer scenarios with a fresh seed each time, server restarts included:
 ``python -m pytest -m soak`` (add ``--hypothesis-show-statistics`` for the steps, faults
-and outbox keys each scenario ran). A failure names the scenario and every step played.
+and outbox keys each scenario ran). A failure names the scenario and every step played,
+and its traceback carries what the world held when it broke (World.evidence): the rows,
+the nodes, the log's last records. Keep the run's output: a soak failure may not come
+again.
 """
 
 from __future__ import annotations
@@ -72,6 +75,9 @@ def test_guarantees_hold_under_random_faults(pg_server: TestServer, scenario: Sc
     # Races make a replay inexact, so shrinking would end in "flaky" rather than in a
     # smaller case: the first failing scenario is reported as played, step by step.
     phases=[Phase.explicit, Phase.generate],
+    # The failing scenario's draw, to replay it with @reproduce_failure (as exactly as
+    # its races allow; the failure's own note, World.evidence, says what broke).
+    print_blob=True,
     **_COMMON,  # type: ignore[arg-type]
 )
 @given(scenario=scenarios(min_steps=1, max_steps=40, restarts=True))

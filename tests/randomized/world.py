@@ -12,11 +12,13 @@ world that does not settle has a stuck job, and that is a failure like any other
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
+import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -62,12 +64,56 @@ _STILL_STUCK_SECONDS = DELIVERY_TIMEOUT + 1
 _HEAL_ROUNDS = 12
 _RAN = ("running", "ok", "error", "timeout", "cancelled")
 _UTC = ZoneInfo("UTC")
+# A failure report carries the last records of the engine's log and of the world's own
+# (each step played), so that a failure seen once is never lost with the run's output.
+_LOGGER = logging.getLogger("tests.randomized")
+_TAIL_RECORDS = 400
+_TAIL_LOGGERS = ("app", _LOGGER.name)
+# Run rows in a failure report: the most recent ones, most jobs' whole history.
+_REPORTED_RUNS = 60
+_REPORTED_CHARS = 160
 # Who holds the leader key, by the server's word: the test's own reading of pg_locks.
 _HOLDERS = (
     "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = 0 AND objsubid = 1"
     " AND objid = :key AND granted"
     " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
+
+
+class _Tail(logging.Handler):
+    """The last _TAIL_RECORDS records of the engine's and the world's loggers, each
+    stamped with the fake time it was emitted at (the records' own time is the host's)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(logging.INFO)
+        self.clock = clock
+        self.lines: collections.deque[str] = collections.deque(maxlen=_TAIL_RECORDS)
+        self._levels: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Keep the record as one line (its traceback's last line, if any)."""
+        line = f"{self.clock.now().isoformat()} {record.levelname} {record.name}: "
+        line += record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            line += f" [{exc.__class__.__name__}: {exc}]"
+        self.lines.append(line)
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[None]:
+        """Receive INFO and above of _TAIL_LOGGERS while the block runs."""
+        for name in _TAIL_LOGGERS:
+            logger = logging.getLogger(name)
+            self._levels[name] = logger.level
+            if logger.getEffectiveLevel() > logging.INFO:
+                logger.setLevel(logging.INFO)
+            logger.addHandler(self)
+        try:
+            yield
+        finally:
+            for name, level in self._levels.items():
+                logging.getLogger(name).removeHandler(self)
+                logging.getLogger(name).setLevel(level)
 
 
 class Node:
@@ -218,9 +264,11 @@ class World:
     _released: bool = False
     _foreign: asyncpg.Connection | None = None
     receiver: Receiver = field(init=False)
+    _tail: _Tail = field(init=False)
 
     def __post_init__(self) -> None:
         self.receiver = Receiver(self.clock, self.config.lock_dsn, self.recorder)
+        self._tail = _Tail(self.clock)
 
     @property
     def triggers(self) -> dict[str, Trigger]:
@@ -296,6 +344,7 @@ class World:
         """Advance the clock, do the step's action, settle, and check every guarantee."""
         self.steps += 1
         self.faults += step.is_fault
+        _LOGGER.info("soak.step %s: %s", self.steps - 1, step)
         await self.pass_time(step.advance)
         await getattr(self, f"_do_{step.action}")(step)
         await self.settle()
@@ -707,6 +756,45 @@ class World:
             )
         assert not problems, "\n".join(problems)
 
+    # Evidence -------------------------------------------------------------------------
+
+    async def evidence(self) -> str:
+        """What a failure report shows beside the broken guarantee: the fake time, the
+        steps played, every node, what the recorder holds, the scheduler's and the
+        outbox's rows as the database has them now, and the log's last records."""
+        starts, completed = self.recorder.snapshot()
+        lines = [
+            f"at {self.clock.now().isoformat()}, after {self.steps} step(s) of "
+            f"{len(self.scenario.steps)}",
+            f"scenario: {self.scenario}",
+            f"nodes: {self.describe_nodes()}",
+            f"bodies running: {dict(self.recorder.active)}; services on {self.recorder.services}",
+            "bodies started (job, slot: count): "
+            + ", ".join(f"{j} {s.isoformat()}: {n}" for (j, s), n in sorted(starts.items())),
+            "bodies completed: " + ", ".join(f"{j} {s.isoformat()}" for j, s in sorted(completed)),
+            f"run-now requests: {self.run_now_requests}; dropped by a pause: "
+            f"{self.run_now_dropped}",
+        ]
+        for title, sql in (
+            ("scheduler_jobs", "SELECT * FROM scheduler_jobs ORDER BY id"),
+            (
+                f"scheduler_runs (the last {_REPORTED_RUNS})",
+                "SELECT * FROM (SELECT * FROM scheduler_runs ORDER BY id DESC"
+                f" LIMIT {_REPORTED_RUNS}) last ORDER BY id",
+            ),
+            ("outbox_messages", "SELECT * FROM outbox_messages ORDER BY id"),
+        ):
+            lines.append(f"{title}:")
+            try:
+                rows = await self._fetch(sql)
+            except Exception as exc:
+                lines.append(f"  (unread: {exc.__class__.__name__}: {exc})")
+                continue
+            lines += [f"  {_row_text(row)}" for row in rows]
+        lines.append(f"the log's last {len(self._tail.lines)} records:")
+        lines += [f"  {line}" for line in self._tail.lines]
+        return "\n".join(lines)
+
     # Database -------------------------------------------------------------------------
 
     async def _fetch(self, sql: str, **params: object) -> list[Any]:
@@ -745,7 +833,8 @@ async def open_world(
     scenario: Scenario, database_url: str, server: TestServer | None
 ) -> AsyncIterator[World]:
     """A world with the scenario's first nodes started; closed (every node stopped) on
-    exit, whatever happened."""
+    exit, whatever happened. An exception out of the block carries the world's
+    evidence (World.evidence) as a note, which its traceback prints."""
     config = SchedulerConfig(
         lock_dsn=asyncpg_dsn(database_url),
         # Real seconds on the server (idle_session_timeout): long enough that a slow
@@ -767,10 +856,26 @@ async def open_world(
         FakeClock(datetime(2026, 3, 27, 23, 0, tzinfo=ZoneInfo("UTC"))),
         config,
     )
-    try:
-        for _ in range(scenario.supervisors):
-            await world.add_node()
-        await world.settle()
-        yield world
-    finally:
-        await world.close()
+    with world._tail.attached():
+        try:
+            for _ in range(scenario.supervisors):
+                await world.add_node()
+            await world.settle()
+            yield world
+        except Exception as exc:
+            # Read before close() stops the nodes: the state that broke the guarantee.
+            exc.add_note(await world.evidence())
+            raise
+        finally:
+            await world.close()
+
+
+def _row_text(row: Any) -> str:
+    """A database row as ``column=value`` pairs, each value cut to _REPORTED_CHARS."""
+    pairs = []
+    for column, value in row._mapping.items():
+        shown = value.isoformat() if isinstance(value, datetime) else repr(value)
+        if len(shown) > _REPORTED_CHARS:
+            shown = shown[:_REPORTED_CHARS] + "..."
+        pairs.append(f"{column}={shown}")
+    return ", ".join(pairs)

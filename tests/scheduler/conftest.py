@@ -35,8 +35,8 @@ from ..procs.replica_app import REPLICA_BODIES_SQL
 from ..procs.service_app import SERVICE_COPIES_SQL
 
 __all__ = [
-    "BlockingBodies",
     "SERVICE_LEASE_SECONDS",
+    "BlockingBodies",
     "CopiesInThreads",
     "JobRowTraffic",
     "StandbyProcesses",

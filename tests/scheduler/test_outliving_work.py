@@ -134,6 +134,83 @@ async def test_an_async_job_bodys_thread_holds_the_running_lease_after_a_step_do
     assert copies.overlaps() == []
 
 
+async def test_an_async_job_bodys_thread_holds_the_running_lease_past_its_timeout(
+    start_scheduler: StartScheduler, engine: AsyncEngine, copies_in_threads: CopiesInThreads
+) -> None:
+    clock = FakeClock(T0)
+    copies = copies_in_threads
+    scheduler = Scheduler()
+
+    @scheduler.job(every(seconds=10), id="blocking_step", timeout=0.2)
+    async def blocking_step(ctx: JobContext) -> None:
+        await copies.run_one(f"run {len(copies.copies) + 1}")
+
+    supervisor = await start_scheduler(scheduler, clock=clock, lease_seconds=LEASE)
+    await supervisor.wait_until_firing()
+    await clock.wait_for_sleepers(2)
+    clock.advance(10)
+    await copies.in_thread()
+    # The body is cancelled by its timeout (real time); its thread runs on.
+    await wait_for_runs(engine, "blocking_step", 1)
+    clock.advance(10)
+    history = await wait_for_runs(engine, "blocking_step", 2, finished=False)
+    assert [status for status, _ in history] == ["timeout", "skipped_overlap"]
+    copies.release.set()
+
+    async def lease_released() -> bool:
+        return "blocking_step" not in await _leased_jobs(engine)
+
+    await eventually(lease_released, what="the running lease released as the thread ended")
+    clock.advance(10)
+    await copies.in_thread()
+    assert copies.overlaps() == []
+
+
+async def test_a_crashed_service_restarts_only_once_its_crashed_copys_threads_ended(
+    start_scheduler: StartScheduler,
+    copies_in_threads: CopiesInThreads,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    clock = FakeClock(T0)
+    copies = copies_in_threads
+    scheduler = Scheduler()
+
+    strays: list[asyncio.Future[None]] = []
+
+    @scheduler.service(id="consumer", name="Consumer")
+    async def consumer(ctx: ServiceContext) -> None:
+        if not copies.copies:
+            # Leaves its blocking step running in a task of its own, and crashes.
+            strays.append(asyncio.ensure_future(copies.run_one("crashed")))
+            await copies.in_thread()
+            raise RuntimeError("the consumer crashed")
+        await copies.run_one("restarted")
+        await asyncio.Event().wait()
+
+    await start_scheduler(scheduler, clock=clock, lease_seconds=LEASE)
+
+    async def crashed() -> bool:
+        return any("crashed; restarting" in record.getMessage() for record in caplog.records)
+
+    await eventually(crashed, what="the first copy's crash")
+    # Parked: the leader tick, the service lease's renewal and the restart's backoff.
+    await clock.wait_for_sleepers(3)
+    clock.advance(60)
+
+    async def restart_began_or_waits() -> bool:
+        return "restarted" in copies.labels() or _logged(caplog, "service.waiting_for_its_threads")
+
+    await eventually(restart_began_or_waits, what="the restart, or its wait")
+    copies.release.set()
+
+    async def restarted() -> bool:
+        return copies.labels() == ["crashed", "restarted"]
+
+    await eventually(restarted, what="the restarted copy")
+    assert copies.overlaps() == []
+
+
 async def _leased_jobs(engine: AsyncEngine) -> set[str]:
     """The jobs whose row holds a running lease."""
     async with engine.connect() as conn:

@@ -39,8 +39,9 @@ States::
 - **Leader** waits ``HANDOVER_GRACE_SECONDS`` (so an old leader that is about to
   notice its loss has stopped), begins its term, upserts its jobs' rows, then runs one
   job timer for all of its jobs (timetable.py: a heap of when each job acts next; each
-  wake claims everything due in one statement) and one task per service. The grace
-  ends early once the recorded previous leader's backend has left pg_stat_activity
+  wake claims everything due in one statement) and one task per service (a copy
+  starts only once no other copy holds the service's running lease; see below). The
+  grace ends early once the recorded previous leader's backend has left pg_stat_activity
   (killed, terminated, lease run out): that leader can no longer claim (the fence
   below) nor commit a fenced write (its term is over), so a kill -9 is followed by a
   fire in a fraction of a second; a previous leader whose backend is still there (a
@@ -139,6 +140,35 @@ On demotion an async body is cancelled at once and recorded ``cancelled``. A thr
 run stays ``running`` and gets its real outcome (``ok``, ``error``) when the thread
 ends, logged as ``job.finished_after_demotion``.
 
+Work that outlives its cancellation: one rule
+=============================================
+
+Not only a sync body runs in a thread: an async body or a service that does its
+blocking work in ``asyncio.to_thread`` (or ``run_in_executor(None, ...)``) leaves that
+thread running when a demotion cancels it. One rule covers them all: a run holds a
+running lease from its start until its task *and every thread it started* ended,
+renewed by the process's one renewer meanwhile (``batching.LeaseKeeper``; a keeper
+thread once the event loop is gone), so no leader starts the same work beside it. The
+scheduler knows a run's threads through the loop's default executor, which it makes an
+``OwningExecutor`` (threads.py): what a run's task, or a task it started, submits there
+is that run's. Threads started otherwise (``threading.Thread``, an executor of the
+app's own, anyio's worker threads) are not seen and hold nothing.
+
+- *A job run* holds the job row's lease (above). An async body cancelled, timed out or
+  returned while a thread it started runs is recorded at once (``cancelled``, ...), but
+  its run keeps the lease, and its job stays busy here, until the thread ends
+  (``job.outlived_by_threads``).
+- *A service copy* holds a lease on its service's row (``scheduler_services``), which
+  the leader takes before it starts the copy, fenced like a claim, and only while no
+  other copy's lease holds. While one does (a stopped leader's copy whose thread runs
+  on; a dead leader's copy until its lease runs out) the new leader waits, logged once
+  as ``service.waiting_for_previous_copy``, and starts its copy the moment the lease is
+  released (the release NOTIFYs the leader's lock connection) or has run out (it asks
+  every tick and as the lease ends). A copy restarted after a crash waits for the
+  crashed copy's threads too. After a kill -9 of the leader its services start again a
+  lease later, not a grace later: nothing tells a dead copy that had a thread running
+  from one that had none.
+
 A per-worker run (``leader_only=False``) cannot hold the job row's lease, since every
 worker runs the job at once; it holds a running lease on its own run row
 (``scheduler_runs.running_until``), set as it starts, renewed and handed over to a
@@ -146,20 +176,23 @@ keeper thread exactly as a leader run's, and cleared by its outcome. It guards n
 overlap (each worker's loop waits for its own run); it only tells whether the run's
 worker still lives.
 
-Across a shutdown the lease holds exactly as long as the body runs in a living process:
+Across a shutdown the lease holds exactly as long as the run's work (its body, its
+threads) runs in a living process:
 
-- ``Scheduler.stop()`` returns after the grace with threads still running; the app's
-  lifespan then waits for them (``Scheduler.wait_for_threads``, logged as
+- ``Scheduler.stop()`` returns after the grace with threads still running (job bodies,
+  threads of cancelled async bodies and stopped service copies); the app's lifespan
+  then waits for them (``Scheduler.wait_for_threads``, logged as
   ``scheduler.waiting_for_threads``), their leases renewed and their outcomes recorded
-  on the event loop. Without that wait uvicorn would end the process right after the
-  lifespan (it raises the stop signal again) and kill the body mid-way. A second
-  SIGINT or SIGTERM ends the wait.
+  (a copy's lease released) on the event loop. Without that wait uvicorn would end
+  the process right after the lifespan (it raises the stop signal again) and kill the
+  thread mid-way. A second SIGINT or SIGTERM ends the wait.
 - If the event loop ends before the thread anyway (that second signal, a host that
   tears the loop down: ``asyncio.run`` cancels every task, then waits for the threads,
   and so does Python at exit), the runner hands the run over to the thread's side
-  (threads.py): a daemon keeper renews the lease on the sync engine until the body
-  ends, and the body's own thread records its real outcome
-  (``job.finished_after_shutdown``) before the process can exit.
+  (threads.py): a daemon keeper renews the lease on the sync engine until the run's
+  threads ended, and the last of them records its real outcome
+  (``job.finished_after_shutdown``; a service copy's: releases its lease) before the
+  process can exit.
 - A process killed (kill -9, or uvicorn's re-raised SIGTERM after that second signal)
   takes the body and its keeper with it: nothing renews the lease, which runs out after
   ``LEASE_SECONDS``; the run is reaped as ``abandoned`` and the job fires again.

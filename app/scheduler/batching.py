@@ -109,16 +109,17 @@ def _settle(entries: list[_Waiting], exc: BaseException | None) -> None:
 
 
 class LeaseKeeper:
-    """Renews the running lease of every body this process holds one for, in one
-    statement (JobStore.renew_leases) every third of the lease, counted from the start
-    of the last renewal. A renewal of several that fails is tried again a lease at a
-    time at once, so a lease whose row is locked or refused fails alone; a lease that
-    failed is tried again within seconds (retry.renewal_delay). An attempt that does
-    not finish within a third of the lease counts as failed. A run found to have lost
-    its lease is logged and no longer renewed. A lease held a period or more after its
-    run took it (a body that started late) is renewed at once, alone. While a lease is
-    held here, this process's reaps leave it alone (JobStore.renewing): its body runs
-    here."""
+    """Renews the running lease of every run this process holds one for (job bodies and service
+    copies) in one commit (JobStore.renew_leases) every third of the lease, counted from
+    the start of the last renewal. A renewal of several that fails is tried again a
+    lease at a time at once, so a lease whose row is locked or refused fails alone; a
+    lease that failed is tried again within seconds (retry.renewal_delay). An attempt
+    that does not finish within a third of the lease counts as failed. A run found to
+    have lost its lease is logged and no longer renewed. A lease held a period or more
+    after its run took it (a body that started late) is renewed at once, alone. While a
+    job run's lease is held here, this process's reaps leave it alone
+    (JobStore.renewing): its body runs here. A service copy's lease is never reaped: a
+    lease that ran out is simply taken by the next copy."""
 
     def __init__(self, store: JobStore, *, clock: Clock, lease_seconds: float) -> None:
         self.store = store
@@ -135,7 +136,8 @@ class LeaseKeeper:
         body started late after its claim: a process that froze, a clock that jumped)
         is renewed at once, since its next renewal would come too late."""
         self._held[lease.run_id] = lease
-        self.store.renewing.add(lease.run_id)
+        if lease.kind != "service":
+            self.store.renewing.add(lease.run_id)
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.create_task(self._renew(), name="running-leases")
         period = self.lease_seconds / 3
@@ -177,8 +179,8 @@ class LeaseKeeper:
             if lease in failed or lease.run_id in renewed or lease.run_id not in self._held:
                 continue
             logger.warning(
-                'Job "%s" (run %s) lost its running lease while its body runs; '
-                "another leader may start the job",
+                '"%s" (run %s) lost its running lease while its work runs; '
+                "another leader may start it",
                 lease.job_id,
                 lease.run_id,
                 extra={"action": "job.lease_lost", "job_id": lease.job_id},

@@ -50,7 +50,7 @@ from .clock import LEASE_NOW_SQL, lease_now_sql
 from .errors import SchedulerError
 from .faults import LOCK_CONNECTION_ERRORS
 from .host_lock import Holder
-from .keys import DEFAULT_SCHEDULE, LeaderKey
+from .keys import DEFAULT_SCHEDULE, WAKE_CHANNEL, LeaderKey
 
 __all__ = [
     "CLIENT_CHECK_SECONDS",
@@ -66,9 +66,6 @@ __all__ = [
     "lock_connection_listed",
 ]
 
-
-# NOTIFY on this channel makes the leader reload its job rows now (pause, run now).
-WAKE_CHANNEL = "regent_scheduler"
 
 logger = logging.getLogger("app.scheduler")
 

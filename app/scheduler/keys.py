@@ -23,6 +23,12 @@ version). Two names can hash alike; the table ``scheduler_schedules`` keeps each
 started name with its key's pg_locks coordinates under a UNIQUE constraint, and a
 scheduler whose name collides with another's in its database refuses to start
 (ScheduleNameCollisionError naming both).
+
+The scheduler's NOTIFY channel is named here too (``WAKE_CHANNEL``): like a key, it is
+shared by every app of the database. A NOTIFY on it wakes the leader, whose lock
+connection LISTENs: it reloads its job rows at once (an operator's pause, resume or run
+now), and a leader waiting to start a service tries to take the service's lease again
+(a copy's release sends it).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ __all__ = [
     "LEADER_KEY_LOCKS_BOUND",
     "MIGRATION_LOCK_KEY",
     "SCHEDULER_LEADER_KEY",
+    "WAKE_CHANNEL",
     "InvalidScheduleNameError",
     "LeaderKey",
     "leader_key_locks",
@@ -50,6 +57,7 @@ __all__ = [
 SCHEDULER_LEADER_KEY: Final = 911_000_001
 MIGRATION_LOCK_KEY: Final = 8_110_731
 DEFAULT_SCHEDULE: Final = "default"
+WAKE_CHANNEL: Final = "regent_scheduler"
 
 # Letters, digits and a few separators: the name shows in log lines, pg_locks readers,
 # health bodies and the admin page, so it must read plainly and fit a line.

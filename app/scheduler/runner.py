@@ -22,6 +22,13 @@ cancels every task before it waits for the threads): the watcher then hands the 
 over to the thread's side (threads.py), where a keeper thread renews the lease and the
 body's thread records the outcome, so the lease never lapses while the process and
 its body live.
+
+The same watch (``_outlast``: the one rule for work that outlives its cancellation)
+keeps the lease of an async body, and of a service copy, whose threads
+(``asyncio.to_thread``, seen through threads.RunThreads) run on after its task ended:
+renewed until they end, then released; handed over the same way if the loop ends
+first. A service copy's lease is on its service's row, taken by the leader before the
+copy starts (``take_service_lease``).
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import inspect
 import itertools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -55,11 +62,12 @@ from .store import (
     JobStore,
     Outcome,
     PreparedCommit,
+    ServiceTake,
     SlotClaim,
     ThreadStore,
     format_error,
 )
-from .threads import ThreadBody, keep_lease
+from .threads import RunThreads, keep_lease, owning_executor
 from .triggers import COUNTED_SLOTS, Trigger
 
 __all__ = ["Claim", "Due", "Runner"]
@@ -146,6 +154,14 @@ def _run_in_thread(func: Callable[[JobContext], Any], ctx: JobContext) -> None:
         ctx.close_sync()
 
 
+def _body_in_thread(run: _Run, func: Callable[[JobContext], Any], ctx: JobContext) -> None:
+    """A sync body in its worker thread; what it raised is kept on its run."""
+    try:
+        _run_in_thread(func, ctx)
+    except BaseException as exc:
+        run.raised = exc
+
+
 class Runner:
     """Runs fires for one process and knows which jobs have a body running in it; the
     supervisor owns timing. ``lease_seconds`` is the length of a run's running lease."""
@@ -182,6 +198,9 @@ class Runner:
         self._paused_before_start: dict[str, asyncio.Task[None]] = {}
         # Outcome writes under way, kept from the garbage collector until they land.
         self._writes: set[asyncio.Task[None]] = set()
+        # The service copies stopped while threads they started run on (and so hold
+        # their leases): each one's watch, and the service's id.
+        self._outliving: dict[asyncio.Future[None], str] = {}
         self._outcomes = OutcomeWriter(store)
         self._leases = LeaseKeeper(store, clock=clock, lease_seconds=lease_seconds)
 
@@ -196,14 +215,21 @@ class Runner:
         alive = self._alive.get(job_id)
         return alive is not None and not alive.done()
 
+    @property
+    def outliving_service_ids(self) -> set[str]:
+        """Ids of the services whose stopped copy left threads running in this process."""
+        return set(self._outliving.values())
+
     async def wait_for_bodies(self) -> None:
-        """Return once no job body runs in this process, each recorded with its outcome,
-        the run cancelled before its body started too (its record is a write of its
-        own): the app disposes the engine next, and a write holding a pool connection
-        across that would leak it. A thread that outlived its run's task keeps its
-        lease renewed meanwhile."""
+        """Return once no job body and no thread of a stopped service copy runs in this
+        process, each run recorded with its outcome and each copy's lease released, the
+        run cancelled before its body started too (its record is a write of its own):
+        the app disposes the engine next, and a write holding a pool connection across
+        that would leak it. A thread that outlived its run's task keeps its lease
+        renewed meanwhile."""
         while pending := [
             *(alive for alive in self._alive.values() if not alive.done()),
+            *(watch for watch in self._outliving if not watch.done()),
             *(write for write in self._writes if not write.done()),
         ]:
             await asyncio.wait(pending)
@@ -476,15 +502,91 @@ class Runner:
         await self.execute(spec, claim)
         return run_id
 
-    async def run_service(self, spec: ServiceSpec, leading: asyncio.Event) -> None:
+    async def take_service_lease(self, spec: ServiceSpec, fence_pid: int) -> ServiceTake:
+        """Take ``spec``'s running lease for a copy about to start
+        (JobStore.take_service_lease), fenced by the lock connection of backend
+        ``fence_pid``. A take cut off by a cancel lands or not; one that lands then is
+        released at once."""
+        take = asyncio.ensure_future(
+            self.store.take_service_lease(spec.id, self.lease_seconds, fence_pid)
+        )
+        try:
+            return await asyncio.shield(take)
+        except asyncio.CancelledError:
+            take.add_done_callback(functools.partial(self._release_if_taken, spec.id))
+            raise
+
+    def _release_if_taken(self, service_id: str, take: asyncio.Future[ServiceTake]) -> None:
+        if take.cancelled() or take.exception() is not None:
+            return
+        run_id = take.result().run_id
+        if run_id is not None:
+            self._spawn(self._release_service(HeldLease(service_id, run_id, "service")))
+
+    async def run_service(
+        self, spec: ServiceSpec, leading: asyncio.Event, lease: HeldLease
+    ) -> None:
         """Run a leader-only service until cancelled, restarting it with backoff when it
         crashes or returns while ``leading`` is set. Once ``leading`` is cleared (the
         worker steps down, then cancels the service) it is never restarted, even when
         the cancel reaches this loop as an error or a return (the service, or a
-        TaskGroup in it, swallowed it): this raises CancelledError then."""
+        TaskGroup in it, swallowed it): this raises CancelledError then.
+
+        ``lease`` is the copy's running lease, taken by the leader for it
+        (take_service_lease). It is renewed while the service's task or any thread it
+        started (RunThreads) runs, here or after this returns, and released once all
+        ended; a restart waits for the threads of the copy before it."""
+        self._leases.hold(lease)
+        threads = RunThreads()
+        try:
+            with threads.owning():
+                await self._serve(spec, leading, threads)
+        finally:
+            threads.close()
+            outliving = _Outliving(
+                "service",
+                spec.id,
+                spec.name,
+                lease,
+                functools.partial(self._release_service, lease),
+                functools.partial(self._release_service_in_thread, lease),
+            )
+            if threads.ended.is_set():
+                self._leases.drop(lease.run_id)
+                # Released before the step-down lets the key go, so that the next
+                # leader's copy starts at once; shielded, so that it lands whatever.
+                await asyncio.shield(self._spawn(self._release_service(lease)))
+            else:
+                logger.warning(
+                    'Service "%s" stopped while threads it started run on; its running lease '
+                    "is renewed until they end, and no leader starts it before",
+                    spec.name,
+                    extra={
+                        "action": "service.outlived_by_threads",
+                        "service_id": spec.id,
+                        "pid": self.store.pid,
+                    },
+                )
+                task = asyncio.ensure_future(self._outlast(outliving, threads))
+                self._outliving[task] = spec.id
+                task.add_done_callback(self._outliving.pop)
+
+    async def _serve(self, spec: ServiceSpec, leading: asyncio.Event, threads: RunThreads) -> None:
         log = _adapter(f"app.services.{spec.id}", spec.id, self.store.pid)
         failures = 0
         while True:
+            if threads.running:
+                # A copy that crashed may leave a thread running: the next one waits.
+                logger.warning(
+                    'Service "%s" waits for the threads of its crashed copy before it restarts',
+                    spec.name,
+                    extra={
+                        "action": "service.waiting_for_its_threads",
+                        "service_id": spec.id,
+                        "pid": self.store.pid,
+                    },
+                )
+                await threads.wait()
             ctx = ServiceContext(spec.id, spec.name, self.clock, log, self.sessions)
             log.info(
                 'Starting service "%s" (id=%s, pid=%s)',
@@ -532,7 +634,8 @@ class Runner:
     async def execute(self, spec: JobSpec, claim: Claim) -> None:
         """Run the body of a claimed slot and record how it ended. Never raises but
         CancelledError: an async body is then recorded ``cancelled``; a thread runs on and
-        its outcome is recorded (and logged) when it ends."""
+        its outcome is recorded (and logged) when it ends. The run's lease holds while
+        its body or any thread it started (RunThreads) runs."""
         pid, slot = self.store.pid, claim.slot
         log = _adapter(f"app.jobs.{spec.id}", spec.id, pid)
         logger.info(
@@ -560,14 +663,17 @@ class Runner:
         if spec.is_async:
             await self._run_async(run, ctx)
             return
-        body = ThreadBody(functools.partial(_run_in_thread, spec.func, ctx))
+        threads = RunThreads()
+        body = functools.partial(_body_in_thread, run, spec.func, ctx)
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
         # An executor future, not a task (as asyncio.to_thread would make): the loop's
         # end cancels tasks, and a body queued behind busy workers must still run, and
         # be recorded, once submitted.
-        thread = asyncio.get_running_loop().run_in_executor(
-            None, contextvars.copy_context().run, body.run
-        )
-        watcher = asyncio.ensure_future(self._watch_thread(run, thread, body))
+        with threads.owning():
+            owning_executor(loop).submit(context.run, body)
+        threads.close()
+        watcher = asyncio.ensure_future(self._watch_thread(run, threads))
         self._alive[spec.id] = watcher
         try:
             await asyncio.shield(watcher)
@@ -588,13 +694,16 @@ class Runner:
         alive: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._alive[spec.id] = alive
         self._hold_lease(run)
+        threads = RunThreads()
+        outlived = False
         try:
             status, error = "ok", None
             try:
                 try:
-                    async with asyncio.timeout(spec.timeout) as deadline:
-                        await spec.func(ctx)
-                        await ctx.commit()
+                    with threads.owning():
+                        async with asyncio.timeout(spec.timeout) as deadline:
+                            await spec.func(ctx)
+                            await ctx.commit()
                 except TimeoutError:
                     if not deadline.expired():
                         raise
@@ -602,128 +711,194 @@ class Runner:
                 finally:
                     await ctx.aclose()
             except asyncio.CancelledError:
-                await self._finish(run, "cancelled", _CANCELLED)
+                outlived = self._outlived_by_threads(run, threads, "cancelled", _CANCELLED)
+                await self._finish(run, "cancelled", _CANCELLED, body_ended=not outlived)
                 raise
             except Exception as exc:
                 status, error = "error", format_error(exc)
                 run.log.exception('Job "%s" raised', spec.name, extra={"action": "job.error"})
-            await self._finish(run, status, error)
+            outlived = self._outlived_by_threads(run, threads, status, error)
+            await self._finish(run, status, error, body_ended=not outlived)
             if status == "timeout":
                 run.log.warning(
                     'Job "%s" timed out: %s', spec.name, error, extra={"action": "job.timeout"}
                 )
         finally:
-            self._leases.drop(run.claim.run_id)
+            if not outlived:
+                self._leases.drop(run.claim.run_id)
             alive.set_result(None)
 
-    async def _watch_thread(
-        self, run: _Run, thread: asyncio.Future[None], body: ThreadBody
-    ) -> None:
-        """Wait for a body's thread and record its outcome, however long it runs; hand
-        the run over to the thread's side if the event loop goes away first."""
-        spec = run.spec
-        self._hold_lease(run)
-        try:
-            done, _ = await asyncio.wait({thread}, timeout=spec.timeout)
-            if not done:
-                await self._outlast_timeout(run, thread)
-                return
-            raised = thread.exception()
-            if raised is not None:
-                run.log.error(
-                    'Job "%s" raised', spec.name, exc_info=raised, extra={"action": "job.error"}
-                )
-            run.settling = True
-            status, error = _outcome(raised)
-            await self._finish(run, status, error)
-            if run.detached:
-                logger.warning(
-                    'Job "%s" ended in its thread after its run was cancelled: %s',
-                    spec.name,
-                    status,
-                    extra={
-                        "action": "job.finished_after_demotion",
-                        "job_id": spec.id,
-                        "pid": self.store.pid,
-                        "status": status,
-                    },
-                )
-        except asyncio.CancelledError:
-            # The event loop is going away: asyncio.run cancels every task before it
-            # waits for the threads, so this loop will not see the body end.
-            if not run.settling and not self._hand_over(run, body):
-                await self._settle(run, body.raised)
-            raise
-        finally:
-            self._leases.drop(run.claim.run_id)
-
-    async def _outlast_timeout(self, run: _Run, thread: asyncio.Future[None]) -> None:
-        spec = run.spec
-        run.timed_out = (
-            f"still running after timeout={spec.timeout:g} s "
-            "(a thread cannot be cancelled; the next run waits for it)"
-        )
-        await self._finish(run, "timeout", run.timed_out, body_ended=False)
-        run.log.warning(
-            'Job "%s" timed out: %s', spec.name, run.timed_out, extra={"action": "job.timeout"}
-        )
-        # The job stays busy, and keeps its running lease, until its thread ends.
-        await asyncio.wait({thread})
-        raised = thread.exception()
-        if raised is not None:
-            run.log.warning(
-                'Job "%s" raised after its timeout',
-                spec.name,
-                exc_info=raised,
-                extra={"action": "job.error"},
-            )
-        run.settling = True
-        await self._release_lease(run)
-
-    async def _settle(self, run: _Run, raised: BaseException | None) -> None:
-        """Record a thread's end that the loop saw only as it went away."""
-        if run.timed_out is not None:
-            await self._release_lease(run)
-        else:
-            await self._finish(run, *_outcome(raised))
-
-    def _hand_over(self, run: _Run, body: ThreadBody) -> bool:
-        """Leave a running thread's run to the thread's side (see threads.py): a keeper
-        thread renews its lease and the body's thread records its outcome. False when
-        the body has ended already, for the loop to record it."""
-        spec, run_id = run.spec, run.claim.run_id
-        if not body.hand_over(functools.partial(self._settle_in_thread, run)):
+    def _outlived_by_threads(
+        self, run: _Run, threads: RunThreads, status: str, error: str | None
+    ) -> bool:
+        """An async body ended (``status``): True when threads it started run on. Its
+        outcome is then recorded without clearing its lease, and the job stays busy
+        here, its lease renewed, until they end (then the lease is released)."""
+        threads.close()
+        if threads.ended.is_set():
             return False
-        if run.claim.leased:
-            keep_lease(
-                functools.partial(self._renew_from_thread, spec.id, run_id, run.claim.replica),
-                period=self.lease_seconds / 3,
-                until=body.ended,
-                job_id=spec.id,
-                run_id=run_id,
-            )
+        run.recorded = (status, error)
+        watcher = asyncio.ensure_future(self._outlast(self._job_outliving(run), threads))
+        self._alive[run.spec.id] = watcher
         logger.warning(
-            'Job "%s" runs on in its thread as the event loop ends (shutdown); its running '
-            "lease is renewed from a thread and its thread records its outcome when it ends",
-            spec.name,
-            extra={"action": "job.outlived_event_loop", "job_id": spec.id, "pid": self.store.pid},
+            'Job "%s" ended (%s) while threads it started run on; its running lease is '
+            "renewed until they end, and the job's next slots are skipped until then",
+            run.spec.name,
+            status,
+            extra={
+                "action": "job.outlived_by_threads",
+                "job_id": run.spec.id,
+                "pid": self.store.pid,
+            },
         )
         return True
 
-    def _renew_from_thread(self, job_id: str, run_id: int, replica: bool) -> bool:
-        return self.thread_store.renew_lease(job_id, run_id, self.lease_seconds, replica=replica)
+    async def _watch_thread(self, run: _Run, threads: RunThreads) -> None:
+        """Wait for a sync body's thread and record its outcome, however long it runs
+        (its timeout recorded meanwhile); hand the run over to the thread's side if the
+        event loop goes away first."""
+        self._hold_lease(run)
+        await self._outlast(
+            self._job_outliving(run),
+            threads,
+            timeout=run.spec.timeout,
+            on_timeout=functools.partial(self._record_timeout, run),
+        )
 
-    def _settle_in_thread(self, run: _Run, raised: BaseException | None) -> None:
-        """Record a handed-over run's outcome, in its body's thread as the body ended.
-        Never raises: the lease runs out by itself when the record fails."""
+    def _job_outliving(self, run: _Run) -> _Outliving:
+        lease = (
+            HeldLease(run.spec.id, run.claim.run_id, "run" if run.claim.replica else "job")
+            if run.claim.leased
+            else None
+        )
+        return _Outliving(
+            "job",
+            run.spec.id,
+            run.spec.name,
+            lease,
+            functools.partial(self._settle, run),
+            functools.partial(self._settle_in_thread, run),
+        )
+
+    async def _outlast(
+        self,
+        outliving: _Outliving,
+        threads: RunThreads,
+        *,
+        timeout: float | None = None,
+        on_timeout: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """The one rule for work that outlives its cancellation: keep the run's lease
+        renewed until its own part and every thread of it ended (``threads``, closed),
+        then settle it on the loop (record its outcome, or release its lease). With
+        ``timeout``, ``on_timeout()`` runs once that many seconds passed first. If the
+        event loop ends meanwhile (asyncio.run cancels every task before it waits for
+        the executor's threads), the run is handed over to its threads' side."""
+        try:
+            try:
+                if timeout is not None and on_timeout is not None:
+                    try:
+                        async with asyncio.timeout(timeout):
+                            await threads.wait()
+                    except TimeoutError:
+                        await on_timeout()
+                await threads.wait()
+            except asyncio.CancelledError:
+                if not self._hand_over(outliving, threads):
+                    await outliving.settle()
+                raise
+            await outliving.settle()
+        finally:
+            if outliving.lease is not None:
+                self._leases.drop(outliving.lease.run_id)
+
+    async def _record_timeout(self, run: _Run) -> None:
+        """A sync body outlasted its timeout: record it, keeping the lease (the job stays
+        busy until the thread ends)."""
         spec = run.spec
+        run.recorded = (
+            "timeout",
+            f"still running after timeout={spec.timeout:g} s "
+            "(a thread cannot be cancelled; the next run waits for it)",
+        )
+        await self._finish(run, *run.recorded, body_ended=False)
+        run.log.warning(
+            'Job "%s" timed out: %s', spec.name, run.recorded[1], extra={"action": "job.timeout"}
+        )
+
+    async def _settle(self, run: _Run) -> None:
+        """Record the end of a run's last thread: the body's outcome, or, when an
+        outcome was recorded while its threads ran on, the release of its lease."""
+        spec, raised = run.spec, run.raised
+        if run.recorded is not None:
+            if raised is not None:
+                run.log.warning(
+                    'Job "%s" raised after its timeout',
+                    spec.name,
+                    exc_info=raised,
+                    extra={"action": "job.error"},
+                )
+            await self._release_lease(run)
+            return
         if raised is not None:
             run.log.error(
                 'Job "%s" raised', spec.name, exc_info=raised, extra={"action": "job.error"}
             )
-        # A run that timed out keeps its timeout, rewritten in case the loop's record of
-        # it was cut short by the loop's end.
-        status, error = ("timeout", run.timed_out) if run.timed_out else _outcome(raised)
+        status, error = _outcome(raised)
+        await self._finish(run, status, error)
+        if run.detached:
+            logger.warning(
+                'Job "%s" ended in its thread after its run was cancelled: %s',
+                spec.name,
+                status,
+                extra={
+                    "action": "job.finished_after_demotion",
+                    "job_id": spec.id,
+                    "pid": self.store.pid,
+                    "status": status,
+                },
+            )
+
+    def _hand_over(self, outliving: _Outliving, threads: RunThreads) -> bool:
+        """Leave a run whose threads still run to the threads' side (see threads.py): a
+        keeper thread renews its lease and its last thread settles it. False when they
+        have ended already, for the loop to settle it."""
+        if not threads.hand_over(outliving.settle_in_thread):
+            return False
+        lease = outliving.lease
+        if lease is not None:
+            keep_lease(
+                functools.partial(self.thread_store.renew_lease, lease, self.lease_seconds),
+                period=self.lease_seconds / 3,
+                until=threads.ended,
+                job_id=lease.job_id,
+                run_id=lease.run_id,
+            )
+        kind = outliving.kind
+        logger.warning(
+            '%s "%s" runs on in its threads as the event loop ends (shutdown); its running '
+            "lease is renewed from a thread and its last thread settles it when it ends",
+            kind.capitalize(),
+            outliving.name,
+            extra={
+                "action": f"{kind}.outlived_event_loop",
+                f"{kind}_id": outliving.id,
+                "pid": self.store.pid,
+            },
+        )
+        return True
+
+    def _settle_in_thread(self, run: _Run) -> None:
+        """Record a handed-over run's outcome, in its last thread as it ended. Never
+        raises: the lease runs out by itself when the record fails."""
+        spec = run.spec
+        if run.raised is not None:
+            run.log.error(
+                'Job "%s" raised', spec.name, exc_info=run.raised, extra={"action": "job.error"}
+            )
+        # An outcome recorded while the threads ran on (a timeout, an async body's end)
+        # is written again, in case the loop's record of it was cut short by its end.
+        status, error = run.recorded or _outcome(run.raised)
         try:
             self.thread_store.finish(run.outcome(status, error, self.clock.now()))
         except Exception:
@@ -749,22 +924,53 @@ class Runner:
             },
         )
 
+    async def _release_service(self, lease: HeldLease) -> None:
+        """Release a service copy's lease, its task and every thread it started having
+        ended (a leader waiting to start the service is woken). Never raises: a lease
+        not released runs out by itself."""
+        try:
+            await _until_it_lands(functools.partial(self.store.release_service_lease, lease))
+        except Exception:
+            logger.warning(
+                'Could not release the running lease of service "%s" (copy %s); it runs out '
+                "by itself",
+                lease.job_id,
+                lease.run_id,
+                exc_info=True,
+                extra={"action": "service.release_failed", "service_id": lease.job_id},
+            )
+
+    def _release_service_in_thread(self, lease: HeldLease) -> None:
+        """_release_service from a handed-over copy's last thread, as it ended."""
+        try:
+            self.thread_store.release_service_lease(lease)
+        except Exception:
+            logger.warning(
+                'Could not release the running lease of service "%s" (copy %s); it runs out '
+                "by itself",
+                lease.job_id,
+                lease.run_id,
+                exc_info=True,
+                extra={"action": "service.release_failed", "service_id": lease.job_id},
+            )
+
     def _hold_lease(self, run: _Run) -> None:
         # Renewed with every other lease of this process while the body runs here.
         if run.claim.leased:
             self._leases.hold(
-                HeldLease(run.spec.id, run.claim.run_id, run.claim.replica),
+                HeldLease(run.spec.id, run.claim.run_id, "run" if run.claim.replica else "job"),
                 taken_at=run.claim.leased_at,
             )
 
     async def _release_lease(self, run: _Run) -> None:
-        """Clear the lease of a run whose thread ended after its timeout was recorded,
-        recording the timeout again if that record did not land."""
+        """Clear the lease of a run whose threads ended after its outcome was recorded
+        (a thread past its timeout, an async body's threads), recording that outcome
+        again if its record did not land."""
+        assert run.recorded is not None, "released only after an outcome was recorded"
         try:
             async with asyncio.timeout(_RECORD_TIMEOUT):
                 await self.store.release_lease(
-                    run.outcome("timeout", run.timed_out, self.clock.now()),
-                    replica=run.claim.replica,
+                    run.outcome(*run.recorded, self.clock.now()), replica=run.claim.replica
                 )
         except Exception:
             logger.warning(
@@ -796,19 +1002,8 @@ class Runner:
     ) -> None:
         outcome = run.outcome(status, error, self.clock.now(), body_ended=body_ended)
         try:
-            async with asyncio.timeout(_RECORD_TIMEOUT):
-                for attempt in itertools.count(1):
-                    try:
-                        # Written with the outcomes of the other runs that end meanwhile.
-                        await self._outcomes.write(outcome)
-                        return
-                    except Exception:
-                        # A write cut off by a lost connection (a server restart, a
-                        # terminated backend) would leave the run 'running' until its
-                        # lease ran out, then 'abandoned': the outcome is idempotent,
-                        # so it is written again, on a fresh connection, until it lands.
-                        logger.debug("outcome write failed; retrying", exc_info=True)
-                        await asyncio.sleep(OUTCOME_WRITE.delay(attempt))
+            # Written with the outcomes of the other runs that end meanwhile.
+            await _until_it_lands(functools.partial(self._outcomes.write, outcome))
         except Exception:
             logger.warning(
                 'Could not record the outcome %s of job "%s" (run %s)',
@@ -820,11 +1015,44 @@ class Runner:
             )
 
 
+async def _until_it_lands(write: Callable[[], Awaitable[None]]) -> None:
+    """Call ``write()`` until it succeeds, for at most _RECORD_TIMEOUT; raise its last
+    failure, or TimeoutError. A write cut off by a lost connection (a server restart, a
+    terminated backend) would leave a run 'running', or a service's lease held, until
+    the lease ran out: these writes are idempotent, so each is tried again, on a fresh
+    connection, until it lands."""
+    async with asyncio.timeout(_RECORD_TIMEOUT):
+        for attempt in itertools.count(1):
+            try:
+                await write()
+                return
+            except Exception:
+                logger.debug("a record failed; retrying", exc_info=True)
+                await asyncio.sleep(OUTCOME_WRITE.delay(attempt))
+
+
+@dataclass(frozen=True)
+class _Outliving:
+    """A run (``kind`` "job" or "service", ``id``, ``name``) whose lease holds until
+    its threads end: the lease (None: it holds none), and how it is settled on the loop
+    (``settle()``) and from its last thread once the loop is gone
+    (``settle_in_thread()``)."""
+
+    kind: str
+    id: str
+    name: str
+    lease: HeldLease | None
+    settle: Callable[[], Awaitable[None]]
+    settle_in_thread: Callable[[], None]
+
+
 @dataclass
 class _Run:
     """One run in progress. ``detached``: its task was cancelled while its thread runs.
-    ``timed_out``: the error recorded when a thread outlasted its timeout. ``settling``:
-    the loop saw the thread end and records it."""
+    ``recorded``: the outcome (status, error) recorded while its threads ran on (a
+    thread body past its timeout, an async body that ended while threads it started
+    ran): its lease is released when they end. ``raised``: what a sync body raised,
+    set in its thread."""
 
     spec: JobSpec
     claim: Claim
@@ -832,8 +1060,8 @@ class _Run:
     started: float
     lateness: timedelta
     detached: bool = False
-    timed_out: str | None = None
-    settling: bool = False
+    recorded: tuple[str, str | None] | None = None
+    raised: BaseException | None = None
 
     def duration_ms(self) -> int:
         """Milliseconds since the body started."""

@@ -121,8 +121,10 @@ class Scheduler:
         """Register an ``async def`` that runs only while this worker leads.
 
         It is started on promotion, restarted with backoff when it crashes, and
-        cancelled on demotion. Raises InvalidJobError for a duplicate id or a sync
-        function.
+        cancelled on demotion. A thread it started through the loop's default executor
+        (``asyncio.to_thread``) that still runs then holds the service's running lease:
+        no leader starts another copy until it ended. Raises InvalidJobError for a
+        duplicate id or a sync function.
         """
 
         def register(func: F) -> F:
@@ -258,24 +260,29 @@ class Scheduler:
         self._task = None
 
     async def wait_for_threads(self) -> None:
-        """After ``stop()``: return once no job body of this process runs in a thread
-        and every run's outcome is written (Runner.wait_for_bodies): the app disposes
-        its engine next.
+        """After ``stop()``: return once no job body of this process runs in a thread,
+        no thread of a stopped service copy runs, every run's outcome is written and
+        every copy's lease released (Runner.wait_for_bodies): the app disposes its
+        engine next.
 
         A thread cannot be stopped, so ``stop()`` returns while one may still run; it
-        keeps its running lease renewed and its real outcome is recorded when it ends,
-        for as long as this event loop runs. The app's lifespan waits here so that the
-        server does not end the process (and the body) first.
+        keeps its running lease renewed and its real outcome is recorded (a service
+        copy's lease released) when it ends, for as long as this event loop runs. The
+        app's lifespan waits here so that the server does not end the process (and the
+        thread) first.
         """
         if self._task is not None:
             raise SchedulerError("wait_for_threads() waits after stop(); call stop() first")
         if self.supervisor is None:
             return
         runner = self.supervisor.runner
-        if running := sorted(runner.running_job_ids):
+        if running := [
+            *sorted(runner.running_job_ids),
+            *(f"service {service_id}" for service_id in sorted(runner.outliving_service_ids)),
+        ]:
             logger.warning(
-                "scheduler.waiting_for_threads: job bodies still run in threads (%s); "
-                "waiting for them to end (pid=%s)",
+                "scheduler.waiting_for_threads: job bodies or service threads still run "
+                "(%s); waiting for them to end (pid=%s)",
                 ", ".join(running),
                 os.getpid(),
                 extra={"action": "scheduler.waiting_for_threads", "pid": os.getpid()},

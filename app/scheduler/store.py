@@ -43,6 +43,12 @@ died) is *reaped*: its run and the job's status become ``abandoned`` and the lea
 cleared, by the leader every tick and by the claim that takes the job over. A process
 never reaps a lease it renews itself (``JobStore.renewing``): the body runs there.
 
+A service copy holds a running lease on its service's row (``scheduler_services``),
+taken as it starts, only while no other copy's lease holds, renewed with every other
+lease of its process and released (with a NOTIFY that wakes a leader waiting for it)
+once the copy's task and every thread it started ended. Every lease's token is a run
+id, so the leases a process renews are told apart by token alone.
+
 A per-worker run (``scope = 'replica'``) holds its lease on its own run row instead
 (``scheduler_runs.running_until``): every worker runs the job at once, so the job row
 cannot hold one lease for them. It is set by the insert that starts the run, renewed
@@ -70,7 +76,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import Connection, text
@@ -85,7 +91,7 @@ from app.storable import escape_unstorable
 from .clock import LEASE_END_SQL as _LEASE_END
 from .clock import LEASE_NOW_SQL, Clock
 from .errors import JobRowBusyError, ScheduleNameCollisionError
-from .keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
+from .keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, WAKE_CHANNEL, LeaderKey
 from .registry import JobSpec
 from .triggers import Trigger
 
@@ -97,8 +103,10 @@ __all__ = [
     "JobStore",
     "LeaderJobs",
     "LeaderRow",
+    "LeaseKind",
     "Outcome",
     "ReapedRun",
+    "ServiceTake",
     "SlotClaim",
     "StoredJob",
     "StoredJobs",
@@ -456,6 +464,63 @@ _RENEW_REPLICA_LEASES = text(
     RETURNING l.run_id
     """
 )
+# A service copy's lease, on its service's row (s): taken only while no other copy's
+# lease holds, and only while this leader's lock connection holds the key; its token is
+# a run id. A take that finds the lease held matches nothing.
+_TAKE_SERVICE_LEASE = text(
+    f"""
+    INSERT INTO scheduler_services AS s
+        (schedule, id, running_run_id, running_since, running_until, running_pid, running_host)
+    SELECT CAST(:schedule AS text), CAST(:service_id AS text),
+        nextval(pg_get_serial_sequence('scheduler_runs', 'id')), {LEASE_NOW_SQL}, {_LEASE_END},
+        CAST(:pid AS integer), CAST(:host AS text)
+    WHERE EXISTS (
+        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted AND pid = :fence_pid)
+    ON CONFLICT (schedule, id) DO UPDATE
+    SET running_run_id = excluded.running_run_id, running_since = excluded.running_since,
+        running_until = excluded.running_until, running_pid = excluded.running_pid,
+        running_host = excluded.running_host
+    WHERE s.running_until IS NULL OR s.running_until <= {LEASE_NOW_SQL}
+    RETURNING s.running_run_id
+    """
+)
+# Who holds a service's lease, and for how many more seconds on the lease clock.
+_SERVICE_HOLDER = text(
+    f"""
+    SELECT running_pid, running_host,
+        EXTRACT(epoch FROM running_until - {LEASE_NOW_SQL}) AS left_seconds
+    FROM scheduler_services
+    WHERE schedule = :schedule AND id = :service_id AND running_until > {LEASE_NOW_SQL}
+    """
+)
+_RENEW_SERVICE_LEASES = text(
+    f"""
+    UPDATE scheduler_services s SET running_until = {_LEASE_END}
+    FROM {_LEASES}
+    WHERE s.schedule = :schedule AND s.id = l.job_id AND s.running_run_id = l.run_id
+    RETURNING l.run_id
+    """
+)
+# Released by its token; the NOTIFY (sent at commit) wakes a leader waiting to start
+# the next copy.
+_RELEASE_SERVICE_LEASE = text(
+    f"""
+    WITH released AS (
+        UPDATE scheduler_services
+        SET running_run_id = NULL, running_since = NULL, running_until = NULL,
+            running_pid = NULL, running_host = NULL
+        WHERE schedule = :schedule AND id = :service_id AND running_run_id = :run_id
+        RETURNING id)
+    SELECT pg_notify('{WAKE_CHANNEL}', id) FROM released
+    """
+)
+# Every lease kind's renewal, by the row that holds the lease.
+_RENEWALS = {
+    "job": _RENEW_LEASES,
+    "run": _RENEW_REPLICA_LEASES,
+    "service": _RENEW_SERVICE_LEASES,
+}
+
 # The leases of the runs whose bodies ended (o.body_ended).
 _RELEASE_LEASES = text(
     f"""
@@ -677,14 +742,34 @@ class Outcome:
     body_ended: bool = True
 
 
+# Where a running lease is held: on a job's row (a leader run), on a run's own row (a
+# per-worker run), on a service's row (a service copy).
+LeaseKind = Literal["job", "run", "service"]
+
+
 @dataclass(frozen=True)
 class HeldLease:
-    """A running lease a body of this process holds: on its job row for a leader run,
-    on its own run row for a per-worker run (``replica``)."""
+    """A running lease a run of this process holds, by its token ``run_id`` (a run id),
+    on the row ``kind`` names: ``job_id``'s row for a leader run (``job``), the run's
+    own row for a per-worker run (``run``), the row of the service ``job_id`` for a
+    service copy (``service``)."""
 
     job_id: str
     run_id: int
-    replica: bool = False
+    kind: LeaseKind = "job"
+
+
+@dataclass(frozen=True)
+class ServiceTake:
+    """The answer to a take of a service's running lease: ``run_id``, the new copy's
+    token, when taken; else the copy that holds it (``pid`` on ``host``, None when
+    none does: this leader no longer holds the key) and the seconds ``left`` on its
+    lease, on the lease clock."""
+
+    run_id: int | None
+    pid: int | None = None
+    host: str | None = None
+    left: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -1503,12 +1588,12 @@ class JobStore:
 
     async def renew_leases(self, leases: Sequence[HeldLease], lease_seconds: float) -> set[int]:
         """Renew the running lease of every run in ``leases`` for ``lease_seconds``, in
-        one commit of at most two statements however many there are (leader runs'
-        leases are on their job rows, per-worker runs' on their own run rows). Returns
-        the ids of the runs that still held theirs; a run left out lost it (it ran out
-        and another run took the job, or the run was reaped). Raises what the database
-        raises, after at most a second's wait for a row another transaction holds;
-        nothing is renewed then."""
+        one commit of at most one statement per kind however many there are (leader
+        runs' leases are on their job rows, per-worker runs' on their own run rows,
+        service copies' on their services' rows). Returns the tokens of the leases still
+        held; a lease left out was lost (it ran out and another run took the job or the
+        service, or the run was reaped). Raises what the database raises, after at most
+        a second's wait for a row another transaction holds; nothing is renewed then."""
         params: dict[str, object] = {
             "lease_seconds": lease_seconds,
             "schedule": self.schedule,
@@ -1518,8 +1603,8 @@ class JobStore:
         leases = sorted(leases, key=lambda lease: (lease.job_id, lease.run_id))
         async with self.engine.begin() as conn:
             await conn.execute(_ROW_LOCK_PATIENCE)
-            for replica, statement in ((False, _RENEW_LEASES), (True, _RENEW_REPLICA_LEASES)):
-                batch = [lease for lease in leases if lease.replica is replica]
+            for kind, statement in _RENEWALS.items():
+                batch = [lease for lease in leases if lease.kind == kind]
                 if batch:
                     rows = await conn.execute(statement, params | _lease_arrays(batch))
                     renewed.update(row.run_id for row in rows)
@@ -1537,6 +1622,42 @@ class JobStore:
             if settled:
                 await conn.execute(_FINISH_JOBS, params | _runs_before(settled))
             await conn.execute(_RELEASE_REPLICA_LEASES if replica else _RELEASE_LEASES, params)
+
+    async def take_service_lease(
+        self, service_id: str, lease_seconds: float, fence_pid: int
+    ) -> ServiceTake:
+        """Take the running lease of service ``service_id`` for a copy about to start,
+        for ``lease_seconds``, in one commit: only while no other copy's lease holds and
+        the lock connection of backend ``fence_pid`` holds this schedule's key. Says who
+        holds it when it is not taken."""
+        params = (
+            {
+                "schedule": self.schedule,
+                "service_id": service_id,
+                "lease_seconds": lease_seconds,
+                "pid": self.pid,
+                "host": self.host,
+                "fence_pid": fence_pid,
+            }
+            | self.key.bind_params
+            | self._lease_now()
+        )
+        async with self.engine.begin() as conn:
+            taken = (await conn.execute(_TAKE_SERVICE_LEASE, params)).scalar_one_or_none()
+            if taken is not None:
+                return ServiceTake(int(taken))
+            holder = (await conn.execute(_SERVICE_HOLDER, params)).first()
+        if holder is None:
+            return ServiceTake(None)
+        return ServiceTake(
+            None, holder.running_pid, holder.running_host, float(holder.left_seconds)
+        )
+
+    async def release_service_lease(self, lease: HeldLease) -> None:
+        """Release service copy ``lease`` if it still holds it, as the copy's task and
+        every thread it started ended; a leader waiting to start the service is woken."""
+        async with self.engine.begin() as conn:
+            await conn.execute(_RELEASE_SERVICE_LEASE, _service_lease_params(self.schedule, lease))
 
     async def start_replica_run(
         self,
@@ -1635,18 +1756,23 @@ class ThreadStore:
         self.schedule = schedule
         self.lease_clock = lease_clock
 
-    def renew_lease(
-        self, job_id: str, run_id: int, lease_seconds: float, *, replica: bool = False
-    ) -> bool:
-        """JobStore.renew_leases of one run: False when it no longer holds its lease."""
+    def renew_lease(self, lease: HeldLease, lease_seconds: float) -> bool:
+        """JobStore.renew_leases of one lease: False when it is no longer held."""
         params = {
             "lease_seconds": lease_seconds,
             "lease_now": _lease_reading(self.lease_clock),
             "schedule": self.schedule,
-        } | _lease_arrays([HeldLease(job_id, run_id, replica)])
-        statement = _RENEW_REPLICA_LEASES if replica else _RENEW_LEASES
+        } | _lease_arrays([lease])
         with self.sessions.begin() as session:
-            return _read_committed(session).execute(statement, params).first() is not None
+            renewed = _read_committed(session).execute(_RENEWALS[lease.kind], params)
+            return renewed.first() is not None
+
+    def release_service_lease(self, lease: HeldLease) -> None:
+        """JobStore.release_service_lease, from a thread."""
+        with self.sessions.begin() as session:
+            _read_committed(session).execute(
+                _RELEASE_SERVICE_LEASE, _service_lease_params(self.schedule, lease)
+            )
 
     def finish(self, outcome: Outcome) -> None:
         """JobStore.finish_many of one body that ended: record it, clear the lease."""
@@ -1684,6 +1810,10 @@ def _runs_before(rows: Sequence[Any]) -> dict[str, object]:
         "wases": [row.was for row in rows],
         "scopes": [row.scope for row in rows],
     }
+
+
+def _service_lease_params(schedule: str, lease: HeldLease) -> dict[str, object]:
+    return {"schedule": schedule, "service_id": lease.job_id, "run_id": lease.run_id}
 
 
 def _lease_arrays(leases: Sequence[HeldLease]) -> dict[str, object]:

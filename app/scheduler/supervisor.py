@@ -14,7 +14,9 @@ flock so that another worker of its host queues behind it (host_lock.py). LEADER
 HANDOVER_GRACE_SECONDS (less once the previous leader's backend is gone), then fires
 every leader-only job from one timer (a heap keyed by when each job is next due: one
 wake claims every job due by then in one statement) and runs one task per service,
-started only once the whole grace has passed (a service has no fence), and checks every
+started only once the whole grace has passed (a service has no fence) and no other
+copy of it holds the service's running lease (a copy whose thread outlived its
+leadership, or a dead one's until it runs out), and checks every
 LEADER_TICK_SECONDS that its lock connection still owns the key, through the handover
 and shutdown graces too (the check is what keeps the idle connection inside its
 lease). The termination listener of that connection demotes at once; the fence in
@@ -63,6 +65,7 @@ from .replicas import run_replica_jobs
 from .retry import BROKEN_JOB, BUSY_ROW, DATABASE, log_retry
 from .runner import Claim, Due, Runner
 from .store import (
+    HeldLease,
     JobRow,
     JobStore,
     LeaderJobs,
@@ -418,7 +421,7 @@ class Supervisor:
                 # unguarded, where another worker may lead.
                 loops += [
                     asyncio.create_task(
-                        self._service_after(spec, grace_ends), name=f"service:{spec.id}"
+                        self._service_after(spec, grace_ends, lock), name=f"service:{spec.id}"
                     )
                     for spec in self.registry.services.values()
                 ]
@@ -1023,16 +1026,58 @@ class Supervisor:
                 extra={"action": "job.row_free", "job_id": job_id, "pid": os.getpid()},
             )
 
-    async def _service_after(self, spec: ServiceSpec, grace_ends: datetime) -> None:
-        """Run a service once the whole handover grace has passed. The grace ends early
-        for jobs when the previous leader's backend is gone, since their claims are
-        fenced; a service has no fence, and the old leader's copy of it runs until that
-        leader notices its loss, which the grace gives it time to do. A crashed service
-        is restarted only while this worker fires (see Runner.run_service)."""
+    async def _service_after(
+        self, spec: ServiceSpec, grace_ends: datetime, lock: LockConnection
+    ) -> None:
+        """Run a service once the whole handover grace has passed and no other copy of
+        it holds the service's running lease. The grace ends early for jobs when the
+        previous leader's backend is gone, since their claims are fenced; a service has
+        no fence, and the old leader's copy of it runs until that leader notices its
+        loss, which the grace gives it time to do. A copy that outlives its leadership
+        (a thread of it still runs) holds its lease until it ended, or, its process
+        dead, until the lease ran out. A crashed service is restarted only while this
+        worker fires (see Runner.run_service)."""
         wait = (grace_ends - self.clock.now()).total_seconds()
         if wait > 0:
             await self.clock.sleep(wait)
-        await self.runner.run_service(spec, self._firing)
+        lease = await self._take_service_lease(spec, lock)
+        await self.runner.run_service(spec, self._firing, lease)
+
+    async def _take_service_lease(self, spec: ServiceSpec, lock: LockConnection) -> HeldLease:
+        """Take the service's running lease for this leadership's copy, waiting while
+        another copy holds it: tried again when a release's NOTIFY comes, else every
+        tick or as the holder's lease runs out, whichever is first."""
+        released = asyncio.Event()
+        await lock.on_wake(released.set)
+        waiting = False
+        while True:
+            released.clear()
+            took = await self.runner.take_service_lease(spec, lock.backend_pid)
+            if took.run_id is not None:
+                return HeldLease(spec.id, took.run_id, "service")
+            if took.pid is not None and not waiting:
+                waiting = True
+                logger.warning(
+                    "service.waiting_for_previous_copy: service %s still runs elsewhere "
+                    "(pid %s on %s, a thread of a stopped copy or a process that died); "
+                    "starting it once that copy ends or its lease runs out, in at most %.1f s "
+                    "(pid=%s)",
+                    spec.id,
+                    took.pid,
+                    took.host,
+                    took.left,
+                    os.getpid(),
+                    extra={
+                        "action": "service.waiting_for_previous_copy",
+                        "service_id": spec.id,
+                        "pid": os.getpid(),
+                    },
+                )
+            # No holder: released meanwhile (its NOTIFY is on its way) or this leader
+            # lost the key (it steps down): a tick at most.
+            tick = self.config.leader_tick_seconds
+            wait = tick if took.pid is None else min(tick, max(took.left, 0.0))
+            await _first(self.clock.sleep(wait), released.wait())
 
     async def _handover(self, lock: LockConnection | None, deadline: datetime) -> bool:
         """The handover grace: wait until the previous leader's backend is gone, for at

@@ -1,73 +1,186 @@
-"""A sync body's thread, and who keeps its run true once the event loop is gone.
+"""The threads a run started, and who keeps its run true once the event loop is gone.
 
-A thread cannot be cancelled, and the process lives as long as it runs: at exit Python
-joins the executor's worker threads (and ``asyncio.run`` waits for them first). But
-``asyncio.run`` cancels every task before it waits, the runner's thread watcher and its
-lease renewal among them, so a body that outlives the shutdown grace would run on with
-no lease: once the lease ran out another process would start the job beside it. So when
-the watcher is cancelled while its thread still runs, it *hands the run over* to the
-thread's side, where nothing needs the event loop:
+A thread cannot be cancelled. A run (a job body, a service copy) may leave threads
+running after its task was cancelled (a step-down, a shutdown) or its body ended: a
+sync body's own thread, and the threads an async body or a service started through the
+loop's default executor (``asyncio.to_thread``, ``loop.run_in_executor(None, ...)``).
+The run's running lease holds until every one of them ended, or another leader would
+start the same work beside them. So each run keeps a ``RunThreads``:
+
+- The scheduler makes the loop's default executor an ``OwningExecutor`` (a
+  ThreadPoolExecutor of the default size) when the first run starts on that loop
+  (``owning_executor``). ``loop.run_in_executor`` submits to it from inside the calling
+  task's context, so a submission made within the run's ``owning()`` block, by its task
+  or by a task or callback started from there (they copy its context), is one of the
+  run's threads. Threads started otherwise (``threading.Thread``, another executor,
+  anyio's worker threads, or after the app set a default executor of its own) are not
+  seen, and hold nothing.
+- ``close()`` says the run's own part (its task) ended; ``ended`` is set once it did
+  and none of its threads runs.
+
+``asyncio.run`` cancels every task before it waits for the executor's threads, the
+runner's lease renewal and its watch over the threads among them. So when that watch
+is cancelled while a thread still runs, the run is *handed over* to the threads' side,
+where nothing needs the event loop:
 
 - a daemon *lease keeper* thread renews the running lease at once and then every third
   of the lease (a failed renewal again within seconds, as the loop's keeper does), on
-  the sync engine, until the body's thread ends;
-- the body's own thread, right after the body, records the run's real outcome and
-  clears the lease (after a timeout already recorded, it only clears the lease). The
-  record is written before the thread ends, so the process cannot exit before it lands.
+  the sync engine, until the run's threads ended;
+- the run's last thread, as it ends, settles the run (records its outcome, or releases
+  its lease) in a callback of its future, which runs in that thread before the executor
+  lets it go: the process cannot exit before the record lands.
 
-The lease thus holds exactly while the body runs in a living process: a kill -9 ends the
-keeper with the body, and the lease runs out after LEASE_SECONDS. Observers are not told
-of a run that ends after the event loop; its log line is ``job.finished_after_shutdown``.
+The lease thus holds exactly while the run's work runs in a living process: a kill -9
+ends the keeper with the threads, and the lease runs out after LEASE_SECONDS.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import ContextVar
+from typing import Any, ParamSpec, TypeVar
 
 from .retry import renewal_delay
 
-__all__ = ["ThreadBody", "keep_lease"]
+__all__ = ["OwningExecutor", "RunThreads", "keep_lease", "owning_executor"]
 
 logger = logging.getLogger("app.scheduler")
 
+P = ParamSpec("P")
+T = TypeVar("T")
 
-class ThreadBody:
-    """One sync body in its worker thread, as any thread sees it: whether it ended, what
-    it raised, and who settles its run when the event loop no longer watches it."""
+# The run whose owning() block the current context is in.
+_OWNER: ContextVar[RunThreads | None] = ContextVar("regent_run_threads", default=None)
+# Each event loop's OwningExecutor, set as its default executor.
+_EXECUTORS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, OwningExecutor] = (
+    weakref.WeakKeyDictionary()
+)
 
-    def __init__(self, func: Callable[[], None]) -> None:
-        self._func = func
+
+class OwningExecutor(ThreadPoolExecutor):
+    """A ThreadPoolExecutor that counts each submission made inside a run's ``owning()``
+    block as one of that run's threads (see RunThreads)."""
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """ThreadPoolExecutor.submit; the future joins the current run's threads."""
+        future = super().submit(fn, *args, **kwargs)
+        owner = _OWNER.get()
+        if owner is not None:
+            owner.add(future)
+        return future
+
+
+def owning_executor(loop: asyncio.AbstractEventLoop) -> OwningExecutor:
+    """``loop``'s OwningExecutor, made its default executor on the first call for it.
+    An executor the loop had is left to finish what it runs (its idle threads exit once
+    it is collected)."""
+    executor = _EXECUTORS.get(loop)
+    if executor is None:
+        executor = OwningExecutor(thread_name_prefix="asyncio")
+        loop.set_default_executor(executor)
+        _EXECUTORS[loop] = executor
+    return executor
+
+
+class RunThreads:
+    """The executor threads of one run, as any thread sees them: whether the run and
+    its threads ended, and who settles the run when the event loop no longer watches."""
+
+    def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._running: set[Future[Any]] = set()
+        self._closed = False
+        self._on_end: Callable[[], None] | None = None
+        # (loop, future) of every wait() in progress, resolved when no thread runs.
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self.ended = threading.Event()
-        self.raised: BaseException | None = None
-        self._on_end: Callable[[BaseException | None], None] | None = None
 
-    def run(self) -> None:
-        """Run the body here, in its worker thread; then, if it was handed over, settle
-        its run in this same thread. Raises what the body raised."""
+    @contextlib.contextmanager
+    def owning(self) -> Iterator[None]:
+        """Within the block, what the running task (and every task or callback it
+        starts meanwhile) submits to the loop's default executor is one of this run's
+        threads; the executor is made an OwningExecutor first."""
+        owning_executor(asyncio.get_running_loop())
+        token = _OWNER.set(self)
         try:
-            self._func()
-        except BaseException as exc:
-            self.raised = exc
-            raise
+            yield
         finally:
-            with self._lock:
-                self.ended.set()
-                on_end = self._on_end
-            if on_end is not None:
-                on_end(self.raised)
+            _OWNER.reset(token)
 
-    def hand_over(self, on_end: Callable[[BaseException | None], None]) -> bool:
-        """Have ``on_end(raised)`` called in the body's thread once the body ends, as the
-        event loop will not see it. False when the body has ended already: nothing will
-        call ``on_end`` and the caller settles the run itself."""
+    @property
+    def running(self) -> bool:
+        """True while a thread of this run runs (or waits in the executor's queue)."""
+        with self._lock:
+            return bool(self._running)
+
+    def add(self, future: Future[Any]) -> None:
+        """Count ``future``'s thread as one of this run's until it is done. A thread
+        started after the run ended holds nothing: its lease is gone."""
+        with self._lock:
+            if self.ended.is_set():
+                return
+            self._running.add(future)
+        future.add_done_callback(self._thread_ended)
+
+    def close(self) -> None:
+        """The run's own part ended: ``ended`` is set once none of its threads runs."""
+        with self._lock:
+            self._closed = True
+        self._settle_if_done()
+
+    async def wait(self) -> None:
+        """Return once no thread of this run runs; after close(), once it ended. A
+        cancelled wait leaves the threads alone."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if not self._running:
+                return
+            waiter = loop.create_future()
+            self._waiters.append((loop, waiter))
+        await waiter
+
+    def hand_over(self, on_end: Callable[[], None]) -> bool:
+        """After close(): have ``on_end()`` called in the run's last thread as it ends,
+        since the event loop will not see it. False when the run has ended already:
+        nothing will call ``on_end`` and the caller settles the run itself."""
         with self._lock:
             if self.ended.is_set():
                 return False
             self._on_end = on_end
             return True
+
+    def _thread_ended(self, future: Future[Any]) -> None:
+        # In the thread that ran it (or in the loop's, for a future cancelled queued).
+        with self._lock:
+            self._running.discard(future)
+        self._settle_if_done()
+
+    def _settle_if_done(self) -> None:
+        with self._lock:
+            if self._running:
+                return
+            waiters, self._waiters = self._waiters, []
+            on_end = None
+            if self._closed and not self.ended.is_set():
+                self.ended.set()
+                on_end = self._on_end
+        for loop, waiter in waiters:
+            # A loop already closed has no one waiting any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_resolve, waiter)
+        if on_end is not None:
+            on_end()
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def keep_lease(
@@ -96,7 +209,7 @@ def _keep(
         except Exception:
             failures += 1
             logger.warning(
-                'Could not renew the running lease of job "%s" (run %s); retrying',
+                'Could not renew the running lease of "%s" (run %s); retrying',
                 job_id,
                 run_id,
                 exc_info=True,
@@ -106,10 +219,10 @@ def _keep(
             failures = 0
             if not held:
                 if until.is_set():
-                    return  # the body ended and its outcome cleared the lease meanwhile
+                    return  # the run ended and its settling cleared the lease meanwhile
                 logger.warning(
-                    'Job "%s" (run %s) lost its running lease while its body runs; '
-                    "another leader may start the job",
+                    '"%s" (run %s) lost its running lease while its work runs; '
+                    "another leader may start it",
                     job_id,
                     run_id,
                     extra={"action": "job.lease_lost", "job_id": job_id},

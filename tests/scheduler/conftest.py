@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,12 @@ from ..conftest import StartScheduler
 from ..procs.cluster import PROBE_TABLE_SQL, Cluster
 from ..procs.gated_app import GATE_KEY, GATED_TABLE_SQL
 from ..procs.replica_app import REPLICA_BODIES_SQL
+from ..procs.service_app import SERVICE_COPIES_SQL
 
 __all__ = [
+    "SERVICE_LEASE_SECONDS",
     "BlockingBodies",
+    "CopiesInThreads",
     "JobRowTraffic",
     "StandbyProcesses",
     "StartScheduler",
@@ -135,6 +139,98 @@ class BlockingBodies:
         """Return once one more body has started (each start is counted once)."""
         if not await asyncio.to_thread(self._entered.acquire, True, timeout):
             raise AssertionError("timed out waiting for a body to start")
+
+
+@dataclass
+class Copy:
+    """One copy of a service (or one run of a job body): when its body began and when
+    the blocking step it ran in a thread ended (None while it runs), on time.monotonic."""
+
+    label: str
+    began: float
+    thread_ended: float | None = None
+
+
+class CopiesInThreads:
+    """Bodies (service copies, async job runs) that each do one blocking step through
+    ``asyncio.to_thread``: the step blocks until ``release`` is set. Records every copy,
+    so a test can say whether two ever ran at once."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.copies: list[Copy] = []
+        self._in_thread = threading.Semaphore(0)
+
+    async def run_one(self, label: str) -> None:
+        """The body of one copy: record it, then block in a thread until released."""
+        copy = Copy(label, time.monotonic())
+        self.copies.append(copy)
+        await asyncio.to_thread(self._block, copy)
+
+    def _block(self, copy: Copy) -> None:
+        self._in_thread.release()
+        try:
+            self.release.wait(30)
+        finally:
+            copy.thread_ended = time.monotonic()
+
+    async def in_thread(self, timeout: float = 10) -> None:
+        """Return once one more copy's blocking step has started in its thread."""
+        if not await asyncio.to_thread(self._in_thread.acquire, True, timeout):
+            raise AssertionError("timed out waiting for a copy's thread to start")
+
+    def labels(self) -> list[str]:
+        """The copies' labels, in the order they began."""
+        return [copy.label for copy in self.copies]
+
+    def overlaps(self) -> list[tuple[str, str]]:
+        """Each pair (earlier, later) where the later copy began while the earlier one's
+        thread still ran: an overlap of two copies."""
+        return [
+            (earlier.label, later.label)
+            for i, earlier in enumerate(self.copies)
+            for later in self.copies[i + 1 :]
+            if earlier.thread_ended is None or later.began < earlier.thread_ended
+        ]
+
+
+@pytest.fixture
+def copies_in_threads() -> Iterator[CopiesInThreads]:
+    """Copies that block in a thread; released at teardown so no thread outlives the test."""
+    copies = CopiesInThreads()
+    yield copies
+    copies.release.set()
+
+
+# The service cluster's lease: long beside the time a new leader takes to promote, so that
+# a copy started before a dead copy's lease ran out shows plainly.
+SERVICE_LEASE_SECONDS = 10
+
+
+@pytest.fixture
+def service_cluster(
+    database_url: str, tmp_path: Path, gate: psycopg.Connection[tuple[object, ...]]
+) -> Iterator[Cluster]:
+    """Two app processes with the gated service (tests/procs/service_app.py), leases of
+    SERVICE_LEASE_SECONDS; the first copy's thread waits at the gate."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(SERVICE_COPIES_SQL)
+    cluster = Cluster(
+        database_url,
+        tmp_path,
+        app="tests.procs.service_app:app",
+        env={"LEASE_SECONDS": str(SERVICE_LEASE_SECONDS)},
+    )
+    cluster.start(2)
+    try:
+        cluster.leader()
+        cluster.wait_for(
+            lambda: cluster.query("SELECT 1 FROM service_copies"), 20, "a copy of the service"
+        )
+        yield cluster
+    finally:
+        gate.execute("SELECT pg_advisory_unlock_all()")
+        cluster.stop()
 
 
 _WRITES_JOBS = re.compile(r"\b(UPDATE|INSERT INTO|DELETE FROM)\s+scheduler_jobs\b")

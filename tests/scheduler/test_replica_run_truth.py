@@ -280,7 +280,7 @@ async def test_a_dead_workers_reap_leaves_running_while_another_worker_still_run
     await dead.store.start_replica_run(spec, T0, clock.now(), lease_seconds=lease)
     alive_run, _ = await alive.store.start_replica_run(spec, T0, clock.now(), lease_seconds=lease)
     clock.advance(lease / 2)
-    renewed = await alive.store.renew_leases([HeldLease("sweep", alive_run, replica=True)], lease)
+    renewed = await alive.store.renew_leases([HeldLease("sweep", alive_run, "run")], lease)
     assert renewed == {alive_run}
     clock.advance(lease / 2 + 1)  # the dead worker's lease ran out; the live one holds
     await leader.store.reap(clock.now())

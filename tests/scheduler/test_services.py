@@ -72,8 +72,9 @@ async def test_crashed_service_restarts_with_backoff(start_scheduler: StartSched
 
     supervisor = await start_scheduler(scheduler, clock=clock)
     await supervisor.wait_for_role(Role.LEADER)
-    # Parked: the leader tick and the service's backoff sleep.
-    await clock.wait_for_sleepers(2)
+    # Parked: the leader tick, the renewal of the service's running lease and the
+    # service's backoff sleep.
+    await clock.wait_for_sleepers(3)
     assert attempts == 1
     clock.advance(1)
     await asyncio.wait_for(second_attempt.wait(), 5)

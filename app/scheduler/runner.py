@@ -931,28 +931,14 @@ class Runner:
         try:
             await _until_it_lands(functools.partial(self.store.release_service_lease, lease))
         except Exception:
-            logger.warning(
-                'Could not release the running lease of service "%s" (copy %s); it runs out '
-                "by itself",
-                lease.job_id,
-                lease.run_id,
-                exc_info=True,
-                extra={"action": "service.release_failed", "service_id": lease.job_id},
-            )
+            _log_release_failed(lease)
 
     def _release_service_in_thread(self, lease: HeldLease) -> None:
         """_release_service from a handed-over copy's last thread, as it ended."""
         try:
             self.thread_store.release_service_lease(lease)
         except Exception:
-            logger.warning(
-                'Could not release the running lease of service "%s" (copy %s); it runs out '
-                "by itself",
-                lease.job_id,
-                lease.run_id,
-                exc_info=True,
-                extra={"action": "service.release_failed", "service_id": lease.job_id},
-            )
+            _log_release_failed(lease)
 
     def _hold_lease(self, run: _Run) -> None:
         # Renewed with every other lease of this process while the body runs here.
@@ -1089,3 +1075,16 @@ def _outcome(raised: BaseException | None) -> tuple[str, str | None]:
 
 def _adapter(name: str, job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:
     return logging.LoggerAdapter(logging.getLogger(name), {"job_id": job_id, "pid": pid})
+
+
+def _log_release_failed(lease: HeldLease) -> None:
+    """The warning for a service copy's lease that could not be released (call it from
+    an except block: it logs the error being handled)."""
+    logger.warning(
+        'Could not release the running lease of service "%s" (copy %s); it runs out '
+        "by itself",
+        lease.job_id,
+        lease.run_id,
+        exc_info=True,
+        extra={"action": "service.release_failed", "service_id": lease.job_id},
+    )

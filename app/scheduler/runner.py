@@ -1081,8 +1081,7 @@ def _log_release_failed(lease: HeldLease) -> None:
     """The warning for a service copy's lease that could not be released (call it from
     an except block: it logs the error being handled)."""
     logger.warning(
-        'Could not release the running lease of service "%s" (copy %s); it runs out '
-        "by itself",
+        'Could not release the running lease of service "%s" (copy %s); it runs out by itself',
         lease.job_id,
         lease.run_id,
         exc_info=True,

@@ -15,9 +15,10 @@ on this process's clock: an elapsed time, which an offset between hosts' clocks 
 not change); ``asyncio.timeout`` cuts its delivery off at delivery_timeout, so every
 delivery ends at least 15 s before its lease runs out, and no other drain can claim a
 row while it is being delivered. A row that could not start in time (slow
-deliveries ahead of it) is given back, due now, in one statement, and claimed again
-with a fresh lease. The pass claims the next batch once every row of the last one has
-started, and stops once a claim finds fewer rows than it asked for and gave none back.
+deliveries ahead of it, or a delivery task that began late) is given back, due now,
+and claimed again with a fresh lease. The pass claims the next batch once every row of
+the last one has started, and stops once a claim finds fewer rows than it asked for
+and gave none back.
 
 Outcomes are written by group commit: a delivery that ends adds its outcome to the
 pass's list and waits for the connection; whoever gets it first writes every outcome
@@ -203,7 +204,7 @@ class DrainPass:
                         exhausted = False
                         continue
                     message = waiting.popleft()
-                    group.create_task(self._deliver_held(claim.token, message, slots, report))
+                    group.create_task(self._deliver_held(claim, message, slots, report))
         except ExceptionGroup as failed:
             # Every statement of the pass shares one connection: its first error (most
             # often the connection's loss) is why the pass stopped; say that, not "a
@@ -255,10 +256,17 @@ class DrainPass:
             )
 
     async def _deliver_held(
-        self, token: uuid.UUID, message: Message, slots: asyncio.Semaphore, report: DrainReport
+        self, claim: _Claim, message: Message, slots: asyncio.Semaphore, report: DrainReport
     ) -> None:
+        if self.clock.now() > claim.start_by:
+            # The window is checked again as the delivery begins, not only as its task is
+            # made: a task begins later than that when the loop is busy or frozen, and a
+            # row started past its window could outlive its lease beside another drain.
+            slots.release()
+            await self._release(claim.token, [message])
+            return
         try:
-            outcome = await self._attempt(token, message)
+            outcome = await self._attempt(claim.token, message)
         finally:
             slots.release()
         self._ended.append(outcome)

@@ -3,7 +3,7 @@ batch leaves those rows to come back when their lease runs out."""
 
 import asyncio
 import collections
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import text
@@ -111,3 +111,36 @@ async def test_a_pass_claiming_a_large_batch_delivers_at_most_concurrency_rows_a
     await _enqueue(database, outbox, 20)
     assert (await outbox.drain_once()).delivered == 20
     assert peak == 3
+
+
+async def test_a_delivery_that_begins_past_its_start_window_goes_out_only_under_a_fresh_claim(
+    make_outbox: MakeOutbox, database: Database, clock: FakeClock
+) -> None:
+    # The soak's double delivery: a delivery's task began after the pass made it, and the
+    # world's time moved on in between (a loop busy or frozen that long): the row went out
+    # after its lease had run out, while another drain claimed and delivered it too.
+    began: list[tuple[str, datetime, datetime]] = []
+    loop = asyncio.get_running_loop()
+
+    async def receive(message: Message) -> None:
+        async with database.engine.connect() as conn:
+            lease_until = (
+                await conn.execute(
+                    text("SELECT next_attempt_at FROM outbox_messages WHERE id = :id"),
+                    {"id": message.id},
+                )
+            ).scalar_one()
+        began.append((message.key, clock.now(), lease_until))
+        if message.key == "k0":
+            # Queued so that it runs after the pass makes the next delivery's task and
+            # before that task begins.
+            loop.call_soon(loop.call_soon, clock.advance, 60)
+
+    outbox = make_outbox(deliver=receive, batch_size=2, concurrency=1)
+    await _enqueue(database, outbox, 2)
+    report = await outbox.drain_once()
+
+    assert report.delivered == 2
+    assert [key for key, _, _ in began] == ["k0", "k1"]
+    # Each began while its own claim's lease held: k1 was given back and claimed anew.
+    assert all(at < lease_until for _, at, lease_until in began), began

@@ -203,7 +203,7 @@ async def _jobs(
     schedule = schedule_of(args, settings)
     if args.jobs_command == "run":
         await queries.run_job_now(
-            engine, args.job_id, clock.now(), lease_now=lease_now(clock), schedule=schedule
+            engine, args.job_id, lease_now=lease_now(clock), schedule=schedule
         )
         return (
             f"queued {args.job_id} (schedule {schedule}): the leader fires it now, through "

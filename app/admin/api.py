@@ -39,11 +39,6 @@ def schedule_name(request: Request) -> str:
     return name
 
 
-def _now(request: Request) -> datetime:
-    clock: Clock = request.app.state.clock
-    return clock.now()
-
-
 def lease_now_of(request: Request) -> datetime | None:
     """The lease clock's now for this app (clock.lease_now): None, the database
     server's clock, which every lease and due time is written and compared on."""
@@ -106,7 +101,6 @@ async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
     await queries.run_job_now(
         _engine(request),
         job_id,
-        _now(request),
         lease_now=lease_now_of(request),
         schedule=schedule_name(request),
     )

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hmac
 import re
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,7 +25,6 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app.db import Database
-from app.scheduler import Clock
 from app.storable import INT64_MAX
 
 from . import display, queries, session, throttle
@@ -65,11 +63,6 @@ def _engine(request: Request) -> Any:
     return database.engine
 
 
-def _now(request: Request) -> datetime:
-    clock: Clock = request.app.state.clock
-    return clock.now()
-
-
 async def _session(request: Request, key: bytes) -> str | None:
     """The request's session cookie when it is signed, unexpired and not revoked."""
     cookie = request.cookies.get(session.COOKIE)
@@ -95,14 +88,15 @@ def _flash(code: str | None) -> str | None:
     return _FLASHES[action].format(subject)
 
 
-def _common(
+async def _common(
     request: Request, csrf: str, flash: str | None, refresh_url: str, failed: bool = False
 ) -> dict[str, Any]:
     return {
         "csrf": csrf,
         "flash": flash,
         "failed": failed,
-        "now": _now(request),
+        # "in 14 min" is told on the clock the times shown are on, not this host's.
+        "now": await queries.lease_clock_now(_engine(request), lease_now_of(request)),
         "zone": request.app.state.settings.TIMEZONE,
         "refresh_url": refresh_url,
         "refresh_seconds": REFRESH_SECONDS,
@@ -113,7 +107,7 @@ async def _page(
     request: Request, csrf: str, flash: str | None, status_code: int = 200
 ) -> HTMLResponse:
     engine = _engine(request)
-    context = _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
+    context = await _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
         "leader": await queries.leader(
             engine, lease_now=lease_now_of(request), schedule=schedule_name(request)
         ),
@@ -133,7 +127,7 @@ async def _job_page(
 ) -> HTMLResponse:
     engine = _engine(request)
     query = f"?before={before}&limit={limit}" if before is not None else f"?limit={limit}"
-    context = _common(request, csrf, flash, f"/admin/jobs/{job_id}{query}")
+    context = await _common(request, csrf, flash, f"/admin/jobs/{job_id}{query}")
     try:
         runs = await queries.job_runs(
             engine, job_id, limit=limit, before=before, schedule=schedule_name(request)
@@ -283,7 +277,6 @@ async def run_now(
         lambda: queries.run_job_now(
             _engine(request),
             job_id,
-            _now(request),
             lease_now=lease_now_of(request),
             schedule=schedule_name(request),
         ),

@@ -125,7 +125,7 @@ _RUN_NOW_CHECK = text(
 # touched. A request still pending stays: asking twice before the leader takes it is
 # one run.
 _RUN_NOW = text(
-    "UPDATE scheduler_jobs SET run_requested_at = COALESCE(run_requested_at, :now),"
+    f"UPDATE scheduler_jobs SET run_requested_at = COALESCE(run_requested_at, {LEASE_NOW_SQL}),"
     " updated_at = now() WHERE schedule = :schedule AND id = :job_id"
 )
 # Pausing drops a pending request: a paused job runs nothing, and a resume does not
@@ -313,15 +313,15 @@ async def job_runs(
 async def run_job_now(
     engine: AsyncEngine,
     job_id: str,
-    now: datetime,
     *,
     lease_now: datetime | None = None,
     schedule: str = DEFAULT_SCHEDULE,
 ) -> None:
     """Ask the leader to run the job once now, beside its schedule: the leader claims
     the request as it claims a slot (the running lease, one run row, marked ``manual``,
-    whose slot is ``now``), fires it without jitter, and leaves the job's next slot
-    where it was. A request still pending when asked again is the same request.
+    whose slot is the request's time on the lease clock), fires it without jitter, and
+    leaves the job's next slot where it was. A request still pending when asked again
+    is the same request.
 
     Raises UnknownJobError (a NotFound) for an unknown job, and Conflict while it runs
     (its running lease holds, read on the lease clock as in list_jobs: ``lease_now``,
@@ -346,7 +346,7 @@ async def run_job_now(
             raise Conflict(f"job {job_id!r} is running; try again when it has finished")
         if row.paused:
             raise Conflict(f"job {job_id!r} is paused; resume it first")
-        await conn.execute(_RUN_NOW, {"job_id": job_id, "now": now, "schedule": schedule})
+        await conn.execute(_RUN_NOW, params)
         await conn.execute(_WAKE)
 
 

@@ -134,7 +134,10 @@ a timeout) it runs on. Two things keep the next slot from starting beside it:
   run, the one overlap the lease cannot prevent. The lease is measured on the
   database server's clock (``clock_timestamp()`` plus ``LEASE_SECONDS``), the one clock
   every process shares, so hosts whose clocks disagree never take a live run for a
-  dead one; a test's FakeClock measures it instead (``clock.lease_clock``).
+  dead one; a test's FakeClock measures it instead (``clock.lease_clock``). When a
+  slot is due is read on that clock as well: on the system clock a scheduler runs on a
+  ``ServerClock``, the host's clock plus the offset to the server's, measured every
+  tick, so a leader whose host clock is off fires no slot early or late.
 
 On demotion an async body is cancelled at once and recorded ``cancelled``. A thread's
 run stays ``running`` and gets its real outcome (``ok``, ``error``) when the thread

@@ -4,11 +4,13 @@ clock.
 Every "now" and every wait goes through a Clock, so that tests make "due" a fixture: a
 FakeClock's sleepers wake when the test advances it, never by real time passing.
 
-Every lease and every "is it due" is read on the *lease clock* instead, in SQL
-(``LEASE_NOW_SQL``): the database server's, the one clock all processes share, since
-hosts' clocks disagree; or a test's FakeClock, which the test shares between the
-processes it plays. The scheduler's running leases and heartbeat, the outbox's row
-leases, due times and retries, and what operators read and reset all use it.
+Every lease and every "is it due" is read on the *lease clock* instead: the database
+server's, the one clock all processes share, since hosts' clocks disagree; or a test's
+FakeClock, which the test shares between the processes it plays. In SQL
+(``LEASE_NOW_SQL``): the scheduler's running leases and heartbeat, the outbox's row
+leases, due times and retries, and what operators read and reset. In the process
+(``ServerClock``): when a scheduler's timers find a slot due, and the time its jobs
+are given.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -24,6 +27,7 @@ __all__ = [
     "LEASE_NOW_SQL",
     "Clock",
     "FakeClock",
+    "ServerClock",
     "SystemClock",
     "lease_clock",
     "lease_now",
@@ -142,6 +146,51 @@ class FakeClock:
             self._parked.notify_all()
 
 
+MAX_ROUND_TRIP_SECONDS = 1.0
+"""The longest round trip a ServerClock measures over: the offset is off by up to half."""
+
+
+class ServerClock:
+    """The database server's clock, read without a round trip: this host's clock plus
+    the offset last measured against the server (``measure``).
+
+    A scheduler on the system clock decides "is it due" on this, so a host whose clock
+    runs ahead fires no slot early and one behind fires none late. The offset is off by
+    at most half the round trip of the measurement it came from; a host clock that
+    steps (NTP) is wrong by the step until the next measurement.
+    """
+
+    def __init__(self, host: Clock) -> None:
+        self.host = host
+        self._offset = timedelta(0)
+
+    @property
+    def offset(self) -> timedelta:
+        """How far the server's clock is ahead of this host's (negative: behind)."""
+        return self._offset
+
+    def now(self) -> datetime:
+        """The server's current time, as the last measurement lets this host tell it."""
+        return self.host.now() + self._offset
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on the host's clock: an interval is the same on both."""
+        await self.host.sleep(seconds)
+
+    async def measure(self, read_server_now: Callable[[], Awaitable[datetime]]) -> None:
+        """Measure the offset with one reading of the server's clock by
+        ``read_server_now`` (it raises what the database raises), taken as read halfway
+        through the round trip. A reading whose round trip on the host's clock is
+        negative or over ``MAX_ROUND_TRIP_SECONDS`` (the host's clock stepped meanwhile,
+        or the database was slow to answer) leaves the offset as it was."""
+        asked_at = self.host.now()
+        server_now = await read_server_now()
+        answered_at = self.host.now()
+        round_trip = (answered_at - asked_at).total_seconds()
+        if 0 <= round_trip <= MAX_ROUND_TRIP_SECONDS:
+            self._offset = server_now - (asked_at + (answered_at - asked_at) / 2)
+
+
 def lease_clock(clock: Clock) -> Clock | None:
     """The clock running leases are measured on for a process whose clock is ``clock``.
 
@@ -151,7 +200,7 @@ def lease_clock(clock: Clock) -> Clock | None:
     for a dead one). Any other clock (a FakeClock, which a test shares between the
     processes it plays) measures the leases itself, so a test moves them with it.
     """
-    return None if isinstance(clock, SystemClock) else clock
+    return None if isinstance(clock, SystemClock | ServerClock) else clock
 
 
 def lease_now(clock: Clock) -> datetime | None:

@@ -11,10 +11,11 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session, sessionmaker
 
-from .clock import Clock, SystemClock, lease_clock
+from .clock import Clock, ServerClock, SystemClock, lease_clock
 from .config import Role, SchedulerConfig
 from .election import DatabaseIdentity, engine_identity
 from .errors import SchedulerError
@@ -191,6 +192,10 @@ class Scheduler:
         the same server, however its DSN names it (unless ``config.simulated_workers``),
         and ConnectionError when ``engine``'s database does not answer (which server it
         is must be asked).
+
+        On the system clock (the default) every "is it due" is read on the database
+        server's clock instead, through a ServerClock the supervisor measures again every
+        leader tick; the scheduler's jobs are given that clock too.
         """
         if self._task is not None and not self._task.done():
             raise SchedulerError("scheduler already started; call stop() first")
@@ -218,6 +223,14 @@ class Scheduler:
             lease_clock=lease_clock(clock),
             schedule=self.name,
         )
+        if lease_clock(clock) is None and not isinstance(clock, ServerClock):
+            # Slots come due on the database server's clock, as leases run out on it:
+            # the host's clock only measures the time since the last reading of it.
+            clock = ServerClock(clock)
+            try:
+                await clock.measure(store.server_now)
+            except DBAPIError as exc:
+                raise ConnectionError(f"the app database did not answer: {exc}") from exc
         runner = Runner(
             store,
             clock=clock,

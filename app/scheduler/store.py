@@ -655,6 +655,7 @@ _CLEAR_BROKEN = text(
 
 # On the lease clock, as the readers of the heartbeat compare it (app/admin/health.py):
 # a leader whose own clock runs behind still reads as firing.
+_SERVER_NOW = text("SELECT clock_timestamp()")
 _HEARTBEAT = text(
     f"UPDATE scheduler_leadership SET heartbeat_at = {LEASE_NOW_SQL}"
     " WHERE schedule = :schedule AND backend_pid = :backend_pid"
@@ -1194,6 +1195,13 @@ class JobStore:
             reaped = [row.id for row in await conn.execute(_REAP, params)]
             replicas = await conn.execute(_REAP_REPLICA_RUNS, params)
             return reaped + [row.job_id for row in replicas]
+
+    async def server_now(self) -> datetime:
+        """The database server's clock (``clock_timestamp()``), read in one round trip;
+        raises what the database raises."""
+        async with self.engine.connect() as conn:
+            now: datetime = (await conn.execute(_SERVER_NOW)).scalar_one()
+        return now
 
     async def heartbeat(self, backend_pid: int, now: datetime) -> None:
         """Note that the leader on lock backend ``backend_pid`` still fires, at ``now``

@@ -49,7 +49,7 @@ import asyncpg
 
 from .ahead import CommitCost, collector_held_off
 from .broken import BrokenJobs
-from .clock import Clock, lease_now
+from .clock import Clock, ServerClock, lease_now
 from .config import Role, SchedulerConfig
 from .election import (
     LockConnection,
@@ -208,11 +208,12 @@ class Supervisor:
             name="replica-jobs",
         )
         watch = asyncio.create_task(self._watch_leader_jobs(), name="leader-jobs-watch")
+        follow = asyncio.create_task(self._follow_server_clock(), name="server-clock")
         try:
             while not self._stopping.is_set():
                 await self.run_once()
         finally:
-            for task in (replicas, watch):
+            for task in (replicas, watch, follow):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -1175,6 +1176,20 @@ class Supervisor:
             await _first(self.clock.sleep(self.config.leader_tick_seconds), self._left_standby())
             if self.role is not Role.STANDBY:
                 self._set_unled([], None)
+
+    async def _follow_server_clock(self) -> None:
+        """Every leader tick, in every role, measure the database server's clock again
+        (when slots come due on it, a ServerClock): a host clock that drifts or steps
+        moves when slots fire for at most a tick. Never raises; a failed reading keeps
+        the last offset."""
+        if not isinstance(self.clock, ServerClock):
+            return
+        while True:
+            try:
+                await self.clock.measure(self.store.server_now)
+            except Exception:
+                logger.debug("scheduler: could not read the database's clock", exc_info=True)
+            await self.clock.sleep(self.config.leader_tick_seconds)
 
     async def _left_standby(self) -> None:
         async with self._role_changed:

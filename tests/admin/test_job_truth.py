@@ -49,6 +49,9 @@ async def test_a_broken_job_is_listed_and_makes_health_not_ok(serve: Serve) -> N
             client, "/health/scheduler", lambda body: body.get("broken_jobs")
         )
         assert health["status"] == "unhealthy" and health["broken_jobs"] == ["poisoned"]
+        # The other job's row is registered after the poisoned one is marked broken.
+        assert scheduler.supervisor is not None
+        await scheduler.supervisor.wait_until_firing()
         jobs = {
             job["id"]: job for job in (await client.get("/admin/api/jobs", headers=AUTH)).json()
         }
@@ -67,6 +70,8 @@ async def test_a_broken_job_with_no_stored_row_is_offered_no_actions(serve: Serv
     scheduler = _hourly(("poisoned", _PoisonedTrigger(timedelta(hours=1))))
     async with serve(scheduler) as client:
         await eventually_json(client, "/health/scheduler", lambda body: body.get("broken_jobs"))
+        assert scheduler.supervisor is not None
+        await scheduler.supervisor.wait_until_firing()
         jobs = {
             job["id"]: job for job in (await client.get("/admin/api/jobs", headers=AUTH)).json()
         }

@@ -6,6 +6,8 @@ at once; read a job running while its lease holds and abandoned once it ran out;
 firing leader firing; give the oldest pending row its true age."""
 
 import argparse
+import asyncio
+import re
 from typing import Any
 
 import httpx
@@ -236,3 +238,61 @@ async def test_a_client_slowed_on_a_host_two_minutes_off_waits_its_delay_on_anot
         answer = await true_host.post("/admin/login", data={"token": TOKEN})
     assert answer.status_code == 429, answer.text
     assert 0 < int(answer.headers["retry-after"]) <= BASE_DELAY.total_seconds()
+
+
+async def _manual_run_slot_age(database: Database) -> float:
+    """Seconds from the slot of job hourly's manual run to the database's now, once the
+    leader recorded the run."""
+    async with asyncio.timeout(10):
+        while True:
+            age = await _execute(
+                database,
+                "SELECT extract(epoch FROM clock_timestamp() - slot) FROM scheduler_runs"
+                " WHERE job_id = 'hourly' AND manual",
+            )
+            if age is not None:
+                return float(age)
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize("surface", _SURFACES)
+async def test_a_run_now_from_a_host_two_minutes_off_is_asked_at_the_database_clock_now(
+    serve: Serve,
+    database: Database,
+    settings: Settings,
+    skewed_clock: SkewedClock,
+    surface: str,
+) -> None:
+    scheduler = _hourly()
+    async with serve(scheduler, clock=skewed_clock) as client:
+        assert scheduler.supervisor is not None
+        await scheduler.supervisor.wait_until_firing()
+        if surface == "api":
+            response = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
+            assert response.status_code == 202
+        elif surface == "page":
+            csrf = await signed_in(client)
+            response = await client.post("/admin/jobs/hourly/run", data={"csrf": csrf})
+            assert response.status_code < 400
+        else:
+            await run_command(settings, _cli("jobs", "run", "hourly"), clock=skewed_clock)
+        age = await _manual_run_slot_age(database)
+
+    assert 0 <= age < 10
+
+
+async def test_the_page_of_a_host_two_minutes_off_tells_how_far_off_a_slot_is_on_the_database_clock(
+    serve: Serve, skewed_clock: SkewedClock
+) -> None:
+    scheduler = Scheduler()
+    scheduler.job(every(minutes=10), id="often")(_noop)
+    async with serve(scheduler, clock=skewed_clock) as client:
+        assert scheduler.supervisor is not None
+        await scheduler.supervisor.wait_until_firing()
+        await signed_in(client)
+        page = (await client.get("/admin")).text
+
+    # The first slot is ten minutes after the row was made, a moment ago (a host two
+    # minutes off would say 8 or 12).
+    row = page[page.index('data-job="often"') :].split("</tr>")[0]
+    assert re.search(r'<span class="rel">in (9|10) min</span>', row), row

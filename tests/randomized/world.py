@@ -391,7 +391,7 @@ class World:
         self.advance(0.001)
         job, now = self._job(step), self.clock.now()
         with contextlib.suppress(AdminError):
-            await queries.run_job_now(self.db.engine, job, now, lease_now=now)
+            await queries.run_job_now(self.db.engine, job, lease_now=now)
             # Its own request is pending or was taken (with its run row, in one commit);
             # else it was merged into one still pending when it was asked.
             rows = await self._fetch(

@@ -96,7 +96,7 @@ async def test_a_job_row_held_elsewhere_delays_no_run_now_request_of_another_job
         await clock.wait_for_sleepers(2)
         # The held job's slot comes due: the leader's claim meets the held row.
         clock.set(SLOT)
-        await run_job_now(engine, "asked", SLOT, lease_now=clock.now())
+        await run_job_now(engine, "asked", lease_now=clock.now())
 
         async def asked_ran() -> bool:
             return ("ok", SLOT) in await runs(engine, "asked")

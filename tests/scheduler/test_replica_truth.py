@@ -101,7 +101,7 @@ async def test_run_now_of_a_replica_job_is_refused_saying_why(
     await start_scheduler(_sweep(), clock=clock)
     await _next_run_is(engine, T0 + MINUTE)
     with pytest.raises(Conflict, match="every worker"):
-        await queries.run_job_now(engine, "sweep", clock.now())
+        await queries.run_job_now(engine, "sweep", lease_now=clock.now())
 
 
 async def _noop(ctx: JobContext) -> None:

@@ -45,4 +45,4 @@ async def test_run_now_is_accepted_once_a_killed_owners_running_lease_ran_out(
     assert claimed is not None and claimed.status == "running"
     # A day later the lease is long gone and no body runs anywhere; the next slot is a
     # year away. The operator asks for a run now.
-    await run_job_now(engine, "yearly", due + timedelta(days=1))
+    await run_job_now(engine, "yearly", lease_now=due + timedelta(days=1))

@@ -29,7 +29,7 @@ async def test_run_now_on_an_interval_job_keeps_its_next_slot(
     await supervisor.wait_until_firing()
     await clock.wait_for_sleepers(2)
     clock.advance(timedelta(hours=5))
-    await run_job_now(engine, "daily", clock.now())
+    await run_job_now(engine, "daily", lease_now=clock.now())
     await wait_for_runs(engine, "daily", 1)
     async with engine.connect() as conn:
         next_run_at = (

@@ -37,7 +37,7 @@ async def test_a_run_now_that_races_a_slot_runs_once_more(
     clock.set(SLOT)
     await wait_for_runs(engine, "hourly", 1)
     # The request read its "now" one millisecond before the slot.
-    await run_job_now(engine, "hourly", SLOT - timedelta(milliseconds=1))
+    await run_job_now(engine, "hourly", lease_now=SLOT - timedelta(milliseconds=1))
     clock.advance(1)
     history = await wait_for_runs(engine, "hourly", 2, timeout=5)
     assert [status for status, _ in history] == ["ok", "ok"]

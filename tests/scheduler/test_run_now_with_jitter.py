@@ -39,7 +39,7 @@ async def test_run_now_fires_at_once_on_a_jittered_job(
     await supervisor.wait_until_firing()
     await clock.wait_for_sleepers(2)
     clock.set(ASKED_AT)
-    await run_job_now(engine, job_id, clock.now())
+    await run_job_now(engine, job_id, lease_now=clock.now())
     # The clock stays at the moment the operator asked.
     history = await wait_for_runs(engine, job_id, 1, timeout=5)
     assert [status for status, _ in history] == ["ok"]

@@ -272,9 +272,7 @@ async def test_a_run_now_asked_during_the_lead_is_refused_or_runs(
     await eventually(lambda: prepared_claim_waits(engine), what="a prepared claim")
     # The operator asks for a run now 0.2 s before the slot: the job is not running
     # (nothing committed yet), so the request is accepted (no Conflict).
-    asking = asyncio.create_task(
-        run_job_now(engine, "minutely", lease_now=clock.now())
-    )
+    asking = asyncio.create_task(run_job_now(engine, "minutely", lease_now=clock.now()))
     await eventually(lambda: _a_statement_waits_for_a_row_lock(engine), what="the request")
     clock.set(SLOT)
     try:

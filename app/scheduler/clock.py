@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -61,6 +62,12 @@ class Clock(Protocol):
         """The current time, timezone-aware, in UTC."""
         ...
 
+    def monotonic(self) -> float:
+        """Seconds on a clock that never steps (an arbitrary origin): what every elapsed
+        time (a wait, a window) is measured on, so that a wall clock stepped by NTP
+        neither stretches nor shortens it."""
+        ...
+
     async def sleep(self, seconds: float) -> None:
         """Return once ``seconds`` have passed on this clock."""
         ...
@@ -72,6 +79,10 @@ class SystemClock:
     def now(self) -> datetime:
         """The current wall-clock time in UTC."""
         return datetime.now(UTC)
+
+    def monotonic(self) -> float:
+        """time.monotonic(): never steps with the wall clock."""
+        return time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
         """asyncio.sleep; a non-positive delay yields once."""
@@ -97,6 +108,10 @@ class FakeClock:
     def now(self) -> datetime:
         """The fake current time."""
         return self._now
+
+    def monotonic(self) -> float:
+        """The fake time in seconds: it moves only as the test moves the clock."""
+        return self._now.timestamp()
 
     @property
     def sleepers(self) -> int:
@@ -172,6 +187,10 @@ class ServerClock:
     def now(self) -> datetime:
         """The server's current time, as the last measurement lets this host tell it."""
         return self.host.now() + self._offset
+
+    def monotonic(self) -> float:
+        """The host's monotonic clock: an interval is the same on both."""
+        return self.host.monotonic()
 
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` on the host's clock: an interval is the same on both."""

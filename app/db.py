@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .redact import redact
 
 __all__ = [
+    "REGENT_VERSION_TABLE",
     "Database",
     "DatabaseError",
     "DatabaseUnreachableError",
@@ -43,7 +44,11 @@ __all__ = [
     "verify_schema_at_head",
 ]
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+REGENT_VERSION_TABLE = "regent_alembic_version"
+"""Where Regent keeps its schema's revision: a table of its own, so that an application's
+own alembic history on the same database (the default ``alembic_version``) never meets
+Regent's."""
 
 
 class DatabaseError(Exception):
@@ -94,9 +99,10 @@ def asyncpg_dsn(url: str) -> str:
 
 
 def alembic_config(database_url: str | None = None) -> Config:
-    """Alembic configuration for this project's migrations, optionally bound to a URL."""
-    config = Config(str(PROJECT_ROOT / "alembic.ini"))
-    config.set_main_option("script_location", str(PROJECT_ROOT / "migrations"))
+    """Alembic configuration for Regent's migrations (shipped inside the package, so an
+    installed wheel migrates as a checkout does), optionally bound to a URL."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
     if database_url is not None:
         # configparser treats % as interpolation; a password may contain one.
         config.set_main_option("sqlalchemy.url", async_url(database_url).replace("%", "%%"))
@@ -107,12 +113,13 @@ def alembic_config(database_url: str | None = None) -> Config:
 def head_revision() -> str:
     """The head revision of the migrations shipped with this code."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None, "migrations/versions holds no revision"
+    assert head is not None, "app/migrations/versions holds no revision"
     return head
 
 
 def _current_revision(connection: Connection) -> str | None:
-    return MigrationContext.configure(connection).get_current_revision()
+    context = MigrationContext.configure(connection, opts={"version_table": REGENT_VERSION_TABLE})
+    return context.get_current_revision()
 
 
 def describe_target(url: str) -> str:

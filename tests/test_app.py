@@ -43,7 +43,7 @@ async def test_readyz_answers_503_with_the_reason_when_schema_falls_behind(
 ) -> None:
     async with _Lifespan(create_app(settings)) as client:
         with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute("UPDATE alembic_version SET version_num = 'older'")
+            conn.execute("UPDATE regent_alembic_version SET version_num = 'older'")
         ready = await client.get("/readyz")
         assert (await client.get("/healthz")).status_code == 200
     assert ready.status_code == 503

@@ -57,7 +57,7 @@ async def test_unreachable_server_fails_fast_naming_host_and_port() -> None:
 def test_migrate_brings_an_empty_database_to_head(empty_database_url: str) -> None:
     migrate(empty_database_url)
     with psycopg.connect(empty_database_url) as conn:
-        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+        row = conn.execute("SELECT version_num FROM regent_alembic_version").fetchone()
     assert row == (head_revision(),)
 
 
@@ -90,7 +90,7 @@ def test_migrate_waits_for_the_migration_lock(empty_database_url: str) -> None:
     worker.join(30)
     assert not errors
     with psycopg.connect(empty_database_url) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == (
+        assert conn.execute("SELECT version_num FROM regent_alembic_version").fetchone() == (
             head_revision(),
         )
 
@@ -110,7 +110,7 @@ def test_two_migrate_processes_at_once_both_succeed(empty_database_url: str) -> 
     outputs = [run.communicate(timeout=120)[0] for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     with psycopg.connect(empty_database_url) as conn:
-        assert conn.execute("SELECT version_num FROM alembic_version").fetchone() == (
+        assert conn.execute("SELECT version_num FROM regent_alembic_version").fetchone() == (
             head_revision(),
         )
 

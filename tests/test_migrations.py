@@ -1,0 +1,140 @@
+"""Regent's schema travels with the package and keeps to its own version table: a built
+wheel migrates a database on its own, a user's alembic history on the same database is
+never touched, and a database made by an older Regent moves over by itself."""
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from app.db import REGENT_VERSION_TABLE, head_revision, migrate
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+# A user's own alembic project, as `alembic init` and one revision of theirs make it:
+# the default version table (alembic_version), a revision id that Regent also uses.
+_USER_ENV = """
+    from alembic import context
+    from sqlalchemy import create_engine
+
+    engine = create_engine(context.config.get_main_option("sqlalchemy.url"))
+    with engine.connect() as connection:
+        context.configure(connection=connection)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+"""
+_USER_REVISION = """
+    import sqlalchemy as sa
+    from alembic import op
+
+    revision = "0001"
+    down_revision = None
+
+
+    def upgrade() -> None:
+        op.create_table("signups", sa.Column("id", sa.Integer, primary_key=True))
+"""
+
+
+def _user_project(root: Path) -> Path:
+    (root / "versions").mkdir(parents=True)
+    (root / "env.py").write_text(textwrap.dedent(_USER_ENV))
+    (root / "versions" / "0001_signups.py").write_text(textwrap.dedent(_USER_REVISION))
+    return root
+
+
+def _upgrade_user_project(project: Path, url: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(project))
+    config.set_main_option("sqlalchemy.url", url.replace("postgresql://", "postgresql+psycopg://"))
+    command.upgrade(config, "head")
+
+
+def _one(url: str, query: str) -> object:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(query).fetchone()
+    return None if row is None else row[0]
+
+
+def test_a_users_own_alembic_history_on_the_same_database_is_never_touched(
+    empty_database_url: str, tmp_path: Path
+) -> None:
+    migrate(empty_database_url)
+    _upgrade_user_project(_user_project(tmp_path / "migrations"), empty_database_url)
+    migrate(empty_database_url)
+
+    assert _one(empty_database_url, "SELECT version_num FROM alembic_version") == "0001"
+    assert (
+        _one(empty_database_url, f"SELECT version_num FROM {REGENT_VERSION_TABLE}")
+        == head_revision()
+    )
+
+
+def test_a_database_made_by_an_older_regent_moves_to_its_own_version_table(
+    empty_database_url: str,
+) -> None:
+    migrate(empty_database_url)
+    # As a Regent that kept its revision in alembic_version left it.
+    with psycopg.connect(empty_database_url) as conn:
+        conn.execute(f"ALTER TABLE {REGENT_VERSION_TABLE} RENAME TO alembic_version")
+
+    migrate(empty_database_url)
+
+    assert (
+        _one(empty_database_url, f"SELECT version_num FROM {REGENT_VERSION_TABLE}")
+        == head_revision()
+    )
+    assert _one(empty_database_url, "SELECT to_regclass('alembic_version')") is None
+
+
+@pytest.fixture(scope="module")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Regent's wheel, built from a copy of this checkout as `pip wheel` builds it (the
+    build leaves its work files beside the sources)."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPOSITORY / name, source / name)
+    shutil.copytree(
+        REPOSITORY / "app", source / "app", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*build, "-w", str(out), str(source)], check=True)
+    (wheel,) = out.glob("regent-*.whl")
+    return wheel
+
+
+def test_the_built_wheel_migrates_an_empty_database_on_its_own(
+    built_wheel: Path, empty_database_url: str, tmp_path: Path
+) -> None:
+    installed = tmp_path / "site"
+    # A pure-Python wheel unpacked is the package as pip installs it; the checkout is
+    # not on the path (run from elsewhere, no PYTHONPATH to it).
+    zipfile.ZipFile(built_wheel).extractall(installed)
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH",)} | {
+        "PYTHONPATH": str(installed),
+        "DATABASE_URL": empty_database_url,
+    }
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "app", "migrate"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert (
+        _one(empty_database_url, f"SELECT version_num FROM {REGENT_VERSION_TABLE}")
+        == head_revision()
+    )

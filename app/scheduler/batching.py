@@ -18,7 +18,9 @@ from datetime import datetime
 
 from .clock import Clock
 from .retry import renewal_delay
-from .store import HeldLease, JobStore, Outcome
+from .store import JobStore
+from .store.leases import HeldLease
+from .store.runs import Outcome
 
 __all__ = ["LeaseKeeper", "OutcomeWriter"]
 

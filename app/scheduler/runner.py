@@ -56,17 +56,12 @@ from .errors import JobRowBusyError, SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
 from .retry import OUTCOME_WRITE, SERVICE_RESTART
-from .store import (
-    ClaimedSlot,
-    HeldLease,
-    JobStore,
-    Outcome,
-    PreparedCommit,
-    ServiceTake,
-    SlotClaim,
-    ThreadStore,
-    format_error,
-)
+from .store import JobStore
+from .store.claims import ClaimedSlot, SlotClaim
+from .store.leases import HeldLease, ServiceTake
+from .store.prepared import PreparedCommit
+from .store.runs import Outcome, format_error
+from .store.thread_store import ThreadStore
 from .threads import RunThreads, keep_lease, owning_executor
 from .triggers import COUNTED_SLOTS, Trigger
 

@@ -64,16 +64,13 @@ from .registry import JobSpec, Registry, ServiceSpec
 from .replicas import run_replica_jobs
 from .retry import BROKEN_JOB, BUSY_ROW, DATABASE, log_retry
 from .runner import Claim, Due, Runner
-from .store import (
-    HeldLease,
-    JobRow,
-    JobStore,
-    LeaderJobs,
-    LeaderRow,
-    PreparedClaimDropped,
-    PreparedCommit,
-    format_error,
-)
+from .store import JobStore
+from .store.leases import HeldLease
+from .store.prepared import PreparedClaimDropped, PreparedCommit
+from .store.registration import LeaderRow
+from .store.rows import JobRow
+from .store.runs import format_error
+from .store.schedule import LeaderJobs
 from .timetable import Timetable
 from .triggers import Trigger
 

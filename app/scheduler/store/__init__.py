@@ -68,10 +68,20 @@ the place of a slot, nor a slot of a request.
 A job whose row or next slot the leader cannot handle is recorded in
 ``scheduler_broken_jobs`` (a table of its own: the job's row may be what cannot be
 written) until a later registration or claim of it succeeds.
+
+The store speaks SQL and nothing else, one module per noun (JobStore, in job_store.py,
+is made of their parts): rows.py, the job rows read (a promotion's, the changes since a
+horizon); registration.py, the job rows written at registration and the broken marks;
+busy.py, a claim's free rows locked and the held ones named; claims.py, the claim;
+prepared.py, a claim held open until its slot; runs.py, the outcomes (the one writer,
+for the loop and for threads) and a per-worker run's start; leases.py, the renewal of
+running leases and the service leases; reap.py, the one reaper; schedule.py, the
+schedule's name and leadership rows; thread_store.py, the same writes from a thread
+(ThreadStore); base.py, what they share: the store's binding, the text arrays, and the
+one runner of a sequence of statements on either engine.
 """
 
-from .base import StoreBase
-from .claims import ClaimedSlot, ClaimStore, SlotClaim
+from .claims import ClaimedSlot, SlotClaim
 from .job_store import JobStore
 from .leases import HeldLease, LeaseKind, ServiceTake
 from .prepared import PreparedClaimDropped, PreparedCommit
@@ -84,7 +94,6 @@ from .thread_store import ThreadStore
 
 __all__ = [
     "ChangedRows",
-    "ClaimStore",
     "ClaimedSlot",
     "HeldLease",
     "JobRow",
@@ -98,7 +107,6 @@ __all__ = [
     "ReapedRun",
     "ServiceTake",
     "SlotClaim",
-    "StoreBase",
     "StoredJob",
     "StoredJobs",
     "ThreadStore",

@@ -98,14 +98,6 @@ class _Planned:
     item: SlotClaim
 
 
-def _one(claims: list[Claim | Exception | None]) -> Claim | None:
-    """The only claim of a one-job claim_many(); raises its trigger's exception."""
-    (claim,) = claims
-    if isinstance(claim, Exception):
-        raise claim
-    return claim
-
-
 @dataclass(frozen=True)
 class Claim:
     """A slot this process won: its run row, the slot run, and the job's next slot.
@@ -286,20 +278,6 @@ class Runner:
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
         return task
-
-    async def claim_leader(
-        self, spec: JobSpec, due: datetime, fence_pid: int | None
-    ) -> Claim | None:
-        """Claim slot ``due`` of a leader-only job: claim_many() of that one slot.
-        Raises what the job's trigger raises."""
-        return _one(await self.claim_many([Due(spec, due)], fence_pid))
-
-    async def claim_request(
-        self, spec: JobSpec, requested_at: datetime, fence_pid: int | None
-    ) -> Claim | None:
-        """Claim the run-now request made at ``requested_at`` of a leader-only job:
-        claim_many() of that one request."""
-        return _one(await self.claim_many([Due(spec, requested_at, manual=True)], fence_pid))
 
     async def claim_many(
         self, dues: Sequence[Due], fence_pid: int | None, prepared: PreparedCommit | None = None

@@ -14,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..clock import LEASE_NOW_SQL
 from ..errors import JobRowBusyError
 from ..keys import LEADER_KEY_LOCKS_BOUND
-from ..registry import JobSpec
 from .base import StoreBase, as_text, flag, iso, lateness_ms
 from .busy import lock_free_rows
 from .prepared import PreparedCommit, begin_prepared, commit_prepared
@@ -198,65 +197,6 @@ class _Recording:
 
 class ClaimStore(StoreBase):
     """The claims of slots and run-now requests (part of JobStore)."""
-
-    async def claim(
-        self,
-        spec: JobSpec,
-        *,
-        due: datetime,
-        next_slot: datetime,
-        run_slot: datetime,
-        now: datetime,
-        status: str,
-        fence_pid: int | None,
-        lease_seconds: float | None = None,
-        error: str | None = None,
-        missed_before: tuple[datetime, str] | None = None,
-        jitter: float = 0.0,
-    ) -> ClaimedSlot | None:
-        """Claim slot ``due`` and record its run row, in one commit: claim_many() of
-        one slot (see SlotClaim for the arguments). Returns the run row and the status
-        it got, or None when the claim matched nothing: another process took the slot,
-        the job is paused, or (fenced) this process no longer holds the leader key.
-        Raises JobRowBusyError when another transaction holds the job's row.
-        """
-        item = SlotClaim(
-            spec.id,
-            due=due,
-            run_slot=run_slot,
-            next_slot=next_slot,
-            status=status,
-            lease_seconds=lease_seconds,
-            error=error,
-            missed_before=missed_before,
-            jitter=jitter,
-        )
-        return _only(await self.claim_many([item], now=now, fence_pid=fence_pid))
-
-    async def claim_request(
-        self,
-        spec: JobSpec,
-        *,
-        requested_at: datetime,
-        now: datetime,
-        status: str,
-        fence_pid: int | None,
-        lease_seconds: float | None = None,
-        error: str | None = None,
-    ) -> ClaimedSlot | None:
-        """Claim the run-now request made at ``requested_at`` and record its manual run,
-        whose slot is the request time, in one commit; the job's next slot is left alone.
-
-        ``status``, ``lease_seconds`` and the running lease are as in claim(); nothing
-        coalesces and no jitter applies, since the run fires at once. Returns None when
-        the claim matched nothing: another process took the request, the job is paused,
-        or (fenced) this process no longer holds the leader key. Raises JobRowBusyError
-        when another transaction holds the job's row.
-        """
-        item = SlotClaim.request(
-            spec.id, requested_at, status=status, lease_seconds=lease_seconds, error=error
-        )
-        return _only(await self.claim_many([item], now=now, fence_pid=fence_pid))
 
     async def claim_many(
         self,
@@ -454,11 +394,3 @@ class ClaimStore(StoreBase):
             got.next_slot,
             f"slot {item.run_slot.isoformat()} already has run {recorded.id} ({recorded.status})",
         )
-
-
-def _only(claims: list[ClaimedSlot | JobRowBusyError | None]) -> ClaimedSlot | None:
-    """The answer of a one-item claim_many(); raises its JobRowBusyError."""
-    (claim,) = claims
-    if isinstance(claim, JobRowBusyError):
-        raise claim
-    return claim

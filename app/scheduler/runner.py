@@ -203,6 +203,12 @@ class Runner:
         return alive is not None and not alive.done()
 
     @property
+    def renewing(self) -> frozenset[int]:
+        """The runs whose running lease this process renews now (its LeaseKeeper's):
+        every reap it makes leaves them alone, since their bodies run here."""
+        return self._leases.renewing
+
+    @property
     def outliving_service_ids(self) -> set[str]:
         """Ids of the services whose stopped copy left threads running in this process."""
         return set(self._outliving.values())
@@ -315,7 +321,13 @@ class Runner:
                 plans.append(exc)
         items = [plan.item for plan in plans if isinstance(plan, _Planned)]
         claimed = iter(
-            await self.store.claim_many(items, now=now, fence_pid=fence_pid, prepared=prepared)
+            await self.store.claim_many(
+                items,
+                now=now,
+                fence_pid=fence_pid,
+                prepared=prepared,
+                renewing=self._leases.renewing,
+            )
         )
         return [
             plan if isinstance(plan, Exception) else self._claimed(plan, next(claimed), now)
@@ -458,6 +470,7 @@ class Runner:
             now,
             lease_seconds=self.lease_seconds,
             jitter=jitter,
+            renewing=self._leases.renewing,
         )
         for dead in reaped:
             logger.warning(

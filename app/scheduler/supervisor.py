@@ -600,7 +600,7 @@ class Supervisor:
                             # the pause is seen.
                             self.runner.drop_for_pause(job_id)
                 self._horizon = changed.horizon
-                for job_id in await self.store.reap(self.clock.now()):
+                for job_id in await self.store.reap(self.clock.now(), self.runner.renewing):
                     logger.warning(
                         "job.abandoned: the running lease of job %s ran out (its owner died)",
                         job_id,

@@ -125,7 +125,7 @@ async def test_a_process_never_reaps_the_running_lease_of_a_body_it_runs_itself(
             {"at": clock.now() - timedelta(seconds=1)},
         )
     try:
-        assert await owner.store.reap(clock.now()) == []
+        assert await owner.store.reap(clock.now(), owner.renewing) == []
         assert [status for status, _ in await runs(engine, "long")] == ["running"]
     finally:
         bodies.release.set()

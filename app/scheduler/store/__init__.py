@@ -41,7 +41,8 @@ The lease is also the truth for "running": a skipped or missed slot never overwr
 the job's ``running`` status while a lease holds, and a lease that ran out (its owner
 died) is *reaped*: its run and the job's status become ``abandoned`` and the lease is
 cleared, by the leader every tick and by the claim that takes the job over. A process
-never reaps a lease it renews itself (``JobStore.renewing``): the body runs there.
+never reaps a lease it renews itself (the runs its caller gives as ``renewing``): the
+body runs there.
 
 A service copy holds a running lease on its service's row (``scheduler_services``),
 taken as it starts, only while no other copy's lease holds, renewed with every other

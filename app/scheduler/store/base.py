@@ -68,9 +68,6 @@ class StoreBase:
         self.lease_clock = lease_clock
         self.key = LeaderKey.of(schedule)
         self.schedule = schedule
-        # The run ids whose running lease this process renews, kept by its Runner: no
-        # reap of this store takes them, whatever the lease clock says.
-        self.renewing: set[int] = set()
 
     def lease_params(self, now: datetime | None = None) -> dict[str, object]:
         """The :lease_now of a statement: None for the server's clock; on a test's

@@ -4,7 +4,7 @@ in one commit; the running lease a started run takes with it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -205,6 +205,7 @@ class ClaimStore(StoreBase):
         now: datetime,
         fence_pid: int | None,
         prepared: PreparedCommit | None = None,
+        renewing: Collection[int] = (),
     ) -> list[ClaimedSlot | JobRowBusyError | None]:
         """Claim every slot and run-now request in ``items`` (one per job) and record
         their run rows, in one commit and a fixed number of statements however many
@@ -221,7 +222,8 @@ class ClaimStore(StoreBase):
         process's lock connection holds the key. An item whose status is 'running' takes
         the job's running lease for its ``lease_seconds``, or is recorded
         'skipped_overlap' while another body holds an unexpired one (a lease that ran
-        out is reaped first). A slot that already has its run is 'already_recorded'
+        out is reaped first, unless its run is one of ``renewing``, those this process
+        renews itself). A slot that already has its run is 'already_recorded'
         and runs nothing, but the job moves on. Returns, in the order of ``items``,
         each one's run row and status, or None where the claim matched nothing.
 
@@ -250,7 +252,7 @@ class ClaimStore(StoreBase):
                 return [busy.get(job_id) for job_id in ids]
             runs = [item.job_id for item in ordered if item.runs]
             if runs:
-                await reap_jobs(self, conn, now, runs, lease_now)
+                await reap_jobs(self, conn, now, renewing, runs, lease_now)
             # History reads in id order: a job's passed-over slots get the lower id,
             # though the claim allocates the run's id (its lease token) first.
             wanted = sum(item.runs + (item.missed_before is not None) for item in ordered)

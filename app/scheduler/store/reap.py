@@ -5,6 +5,7 @@ job's runs (reap_replica_runs): the same statements."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -16,7 +17,7 @@ from .base import StoreBase
 
 __all__ = ["ReapStore", "ReapedRun", "reap_jobs", "reap_replica_runs"]
 
-# The runs whose lease the reaping process renews itself (JobStore.renewing), as text[]
+# The runs whose lease the reaping process renews itself (its LeaseKeeper's), as text[]
 # (see _UPSERT): their bodies run in that process, so a lease of theirs that ran out
 # only says the process froze past it, and its renewal is on its way.
 _RENEWING = "CAST(CAST(:renewing AS text[]) AS bigint[])"
@@ -115,15 +116,19 @@ class ReapedRun:
 
 
 def reap_params(
-    store: StoreBase, now: datetime, job_id: str | None = None, job_ids: list[str] | None = None
+    store: StoreBase,
+    now: datetime,
+    renewing: Collection[int],
+    job_id: str | None = None,
+    job_ids: list[str] | None = None,
 ) -> dict[str, object]:
-    """The parameters of a reap as of ``now``: never the runs ``store`` renews."""
+    """The parameters of a reap as of ``now``: never the runs of ``renewing``."""
     return {
         "now": now,
         "job_id": job_id,
         "job_ids": job_ids,
         "schedule": store.schedule,
-        "renewing": [str(run_id) for run_id in sorted(store.renewing)],
+        "renewing": [str(run_id) for run_id in sorted(renewing)],
     } | store.lease_params(now)
 
 
@@ -131,36 +136,46 @@ async def reap_jobs(
     store: StoreBase,
     conn: AsyncConnection,
     now: datetime,
+    renewing: Collection[int],
     job_ids: list[str] | None = None,
     lease_now: dict[str, object] | None = None,
 ) -> list[str]:
     """Reap the lapsed running leases on the job rows of ``job_ids`` (None: every job
-    of the schedule), in ``conn``'s transaction; return the ids of the jobs reaped.
-    ``lease_now``: the lease clock's reading to reap as of (a prepared claim's)."""
-    params = reap_params(store, now, job_ids=job_ids) | (lease_now or {})
+    of the schedule), in ``conn``'s transaction, but never those of the runs
+    ``renewing`` (this process renews them: their bodies run here); return the ids of
+    the jobs reaped. ``lease_now``: the lease clock's reading to reap as of (a
+    prepared claim's)."""
+    params = reap_params(store, now, renewing, job_ids=job_ids) | (lease_now or {})
     return [row.id for row in await conn.execute(_REAP, params)]
 
 
 async def reap_replica_runs(
-    store: StoreBase, conn: AsyncConnection, now: datetime, job_id: str | None = None
+    store: StoreBase,
+    conn: AsyncConnection,
+    now: datetime,
+    renewing: Collection[int],
+    job_id: str | None = None,
 ) -> list[ReapedRun]:
     """Reap the per-worker runs of ``job_id`` (None: of every job) whose own running
-    lease ran out, in ``conn``'s transaction; return them."""
+    lease ran out, in ``conn``'s transaction, but never the runs ``renewing``; return
+    them."""
+    params = reap_params(store, now, renewing, job_id)
     return [
         ReapedRun(row.job_id, row.run_id, row.pid, row.host)
-        for row in await conn.execute(_REAP_REPLICA_RUNS, reap_params(store, now, job_id))
+        for row in await conn.execute(_REAP_REPLICA_RUNS, params)
     ]
 
 
 class ReapStore(StoreBase):
     """The leader tick's reap (part of JobStore)."""
 
-    async def reap(self, now: datetime) -> list[str]:
+    async def reap(self, now: datetime, renewing: Collection[int] = ()) -> list[str]:
         """Reap every running lease that ran out (on the lease clock), a leader run's on the job
         row and a per-worker run's on its run row (see the module docstring); return the
-        ids of the jobs reaped, once per run. A lease this process renews itself
-        (``renewing``) is never reaped: its body runs here."""
+        ids of the jobs reaped, once per run. The leases of the runs ``renewing`` (those
+        this process renews itself, LeaseKeeper.renewing) are never reaped: their
+        bodies run here."""
         async with self.engine.begin() as conn:
-            reaped = await reap_jobs(self, conn, now)
-            replicas = await reap_replica_runs(self, conn, now)
+            reaped = await reap_jobs(self, conn, now, renewing)
+            replicas = await reap_replica_runs(self, conn, now, renewing)
             return reaped + [run.job_id for run in replicas]

@@ -5,7 +5,7 @@ write alike (the same statements, finish_steps); and a per-worker run's start.""
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -204,14 +204,16 @@ class RunStore(StoreBase):
         *,
         lease_seconds: float,
         jitter: float = 0.0,
+        renewing: Collection[int] = (),
     ) -> tuple[int, list[ReapedRun]]:
         """Record the start of a per-replica run (no claim: every worker runs it), with
         its own running lease for ``lease_seconds``; lateness counts from ``slot`` +
         ``jitter`` seconds. The job's runs whose lease ran out are reaped
-        first, so they are reaped while any worker runs the job, leader or not. Returns
-        the new run's id and the runs reaped."""
+        first (never the runs ``renewing``, which this process renews itself), so they
+        are reaped while any worker runs the job, leader or not. Returns the new run's
+        id and the runs reaped."""
         async with self.engine.begin() as conn:
-            reaped = await reap_replica_runs(self, conn, now, spec.id)
+            reaped = await reap_replica_runs(self, conn, now, renewing, spec.id)
             params = self._run_params(spec, "replica", slot, now, "running", jitter=jitter)
             result = await conn.execute(_INSERT_RUN, params | {"lease_seconds": lease_seconds})
             run_id: int = result.scalar_one()

@@ -209,7 +209,7 @@ whose own lease ran out is reaped to ``abandoned`` by the same leader tick and, 
 no leader, by the job's next run on any worker; the job's status becomes
 ``abandoned`` too unless another of its runs ended after that lease ran out. A reaped
 run whose body still ran (a frozen worker) records its real outcome when it ends. A
-process never reaps a lease it renews itself (``JobStore.renewing``): after a freeze of
+process never reaps a lease it renews itself (``Runner.renewing``): after a freeze of
 the whole process its reaper may wake before its renewal, but the body runs there.
 
 One bad job stops nothing

@@ -18,7 +18,9 @@ from datetime import datetime
 
 from .clock import Clock
 from .retry import renewal_delay
-from .store import HeldLease, JobStore, Outcome
+from .store import JobStore
+from .store.leases import HeldLease
+from .store.runs import Outcome
 
 __all__ = ["LeaseKeeper", "OutcomeWriter"]
 
@@ -117,9 +119,9 @@ class LeaseKeeper:
     that does not finish within a third of the lease counts as failed. A run found to
     have lost its lease is logged and no longer renewed. A lease held a period or more
     after its run took it (a body that started late) is renewed at once, alone. While a
-    job run's lease is held here, this process's reaps leave it alone
-    (JobStore.renewing): its body runs here. A service copy's lease is never reaped: a
-    lease that ran out is simply taken by the next copy."""
+    job run's lease is held here, this process's reaps leave it alone (``renewing``,
+    which the runner gives every reap): its body runs here. A service copy's lease is
+    never reaped: a lease that ran out is simply taken by the next copy."""
 
     def __init__(self, store: JobStore, *, clock: Clock, lease_seconds: float) -> None:
         self.store = store
@@ -136,8 +138,6 @@ class LeaseKeeper:
         body started late after its claim: a process that froze, a clock that jumped)
         is renewed at once, since its next renewal would come too late."""
         self._held[lease.run_id] = lease
-        if lease.kind != "service":
-            self.store.renewing.add(lease.run_id)
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.create_task(self._renew(), name="running-leases")
         period = self.lease_seconds / 3
@@ -149,7 +149,13 @@ class LeaseKeeper:
     def drop(self, run_id: int) -> None:
         """Stop renewing the lease of run ``run_id`` (its body ended)."""
         self._held.pop(run_id, None)
-        self.store.renewing.discard(run_id)
+
+    @property
+    def renewing(self) -> frozenset[int]:
+        """The runs whose job or run lease is renewed here now: no reap of this
+        process takes them, whatever the lease clock says (a service copy's lease is
+        never reaped)."""
+        return frozenset(run_id for run_id, lease in self._held.items() if lease.kind != "service")
 
     async def _renew(self) -> None:
         period = self.lease_seconds / 3

@@ -40,7 +40,8 @@ from .faults import blames_job
 from .registry import JobSpec
 from .retry import BROKEN_JOB, DATABASE, log_retry
 from .runner import Runner
-from .store import JobStore, format_error
+from .store import JobStore
+from .store.runs import format_error
 
 __all__ = ["run_replica_jobs"]
 

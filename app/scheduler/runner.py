@@ -56,17 +56,12 @@ from .errors import JobRowBusyError, SchedulerError
 from .events import Observers, RunFinished
 from .registry import JobSpec, ServiceSpec
 from .retry import OUTCOME_WRITE, SERVICE_RESTART
-from .store import (
-    ClaimedSlot,
-    HeldLease,
-    JobStore,
-    Outcome,
-    PreparedCommit,
-    ServiceTake,
-    SlotClaim,
-    ThreadStore,
-    format_error,
-)
+from .store import JobStore
+from .store.claims import ClaimedSlot, SlotClaim
+from .store.leases import HeldLease, ServiceTake
+from .store.prepared import PreparedCommit
+from .store.runs import Outcome, format_error
+from .store.thread_store import ThreadStore
 from .threads import RunThreads, keep_lease, owning_executor
 from .triggers import COUNTED_SLOTS, Trigger
 
@@ -101,14 +96,6 @@ class _Planned:
 
     spec: JobSpec
     item: SlotClaim
-
-
-def _one(claims: list[Claim | Exception | None]) -> Claim | None:
-    """The only claim of a one-job claim_many(); raises its trigger's exception."""
-    (claim,) = claims
-    if isinstance(claim, Exception):
-        raise claim
-    return claim
 
 
 @dataclass(frozen=True)
@@ -216,6 +203,12 @@ class Runner:
         return alive is not None and not alive.done()
 
     @property
+    def renewing(self) -> frozenset[int]:
+        """The runs whose running lease this process renews now (its LeaseKeeper's):
+        every reap it makes leaves them alone, since their bodies run here."""
+        return self._leases.renewing
+
+    @property
     def outliving_service_ids(self) -> set[str]:
         """Ids of the services whose stopped copy left threads running in this process."""
         return set(self._outliving.values())
@@ -292,20 +285,6 @@ class Runner:
         task.add_done_callback(self._writes.discard)
         return task
 
-    async def claim_leader(
-        self, spec: JobSpec, due: datetime, fence_pid: int | None
-    ) -> Claim | None:
-        """Claim slot ``due`` of a leader-only job: claim_many() of that one slot.
-        Raises what the job's trigger raises."""
-        return _one(await self.claim_many([Due(spec, due)], fence_pid))
-
-    async def claim_request(
-        self, spec: JobSpec, requested_at: datetime, fence_pid: int | None
-    ) -> Claim | None:
-        """Claim the run-now request made at ``requested_at`` of a leader-only job:
-        claim_many() of that one request."""
-        return _one(await self.claim_many([Due(spec, requested_at, manual=True)], fence_pid))
-
     async def claim_many(
         self, dues: Sequence[Due], fence_pid: int | None, prepared: PreparedCommit | None = None
     ) -> list[Claim | Exception | None]:
@@ -342,7 +321,13 @@ class Runner:
                 plans.append(exc)
         items = [plan.item for plan in plans if isinstance(plan, _Planned)]
         claimed = iter(
-            await self.store.claim_many(items, now=now, fence_pid=fence_pid, prepared=prepared)
+            await self.store.claim_many(
+                items,
+                now=now,
+                fence_pid=fence_pid,
+                prepared=prepared,
+                renewing=self._leases.renewing,
+            )
         )
         return [
             plan if isinstance(plan, Exception) else self._claimed(plan, next(claimed), now)
@@ -485,6 +470,7 @@ class Runner:
             now,
             lease_seconds=self.lease_seconds,
             jitter=jitter,
+            renewing=self._leases.renewing,
         )
         for dead in reaped:
             logger.warning(

@@ -64,16 +64,13 @@ from .registry import JobSpec, Registry, ServiceSpec
 from .replicas import run_replica_jobs
 from .retry import BROKEN_JOB, BUSY_ROW, DATABASE, log_retry
 from .runner import Claim, Due, Runner
-from .store import (
-    HeldLease,
-    JobRow,
-    JobStore,
-    LeaderJobs,
-    LeaderRow,
-    PreparedClaimDropped,
-    PreparedCommit,
-    format_error,
-)
+from .store import JobStore
+from .store.leases import HeldLease
+from .store.prepared import PreparedClaimDropped, PreparedCommit
+from .store.registration import LeaderRow
+from .store.rows import JobRow
+from .store.runs import format_error
+from .store.schedule import LeaderJobs
 from .timetable import Timetable
 from .triggers import Trigger
 
@@ -604,7 +601,7 @@ class Supervisor:
                             # the pause is seen.
                             self.runner.drop_for_pause(job_id)
                 self._horizon = changed.horizon
-                for job_id in await self.store.reap(self.clock.now()):
+                for job_id in await self.store.reap(self.clock.now(), self.runner.renewing):
                     logger.warning(
                         "job.abandoned: the running lease of job %s ran out (its owner died)",
                         job_id,

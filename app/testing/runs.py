@@ -17,6 +17,8 @@ from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
 from app.settings import load_settings
 
+from .claims import claim_request
+
 __all__ = ["RunRecord", "run_job"]
 
 _REQUEST = text(
@@ -101,7 +103,7 @@ async def run_job(
         await store.register_leader_jobs([spec], now, zone)
         async with database.engine.begin() as conn:
             await conn.execute(_REQUEST, {"now": now, "job_id": job_id, "schedule": schedule})
-        claim = await runner.claim_request(spec, now, None)
+        claim = await claim_request(runner, spec, now, None)
         if claim is None:
             raise SchedulerError(f"job {job_id!r} could not be claimed: is it paused?")
         if claim.runs:

@@ -225,7 +225,7 @@ class Node:
         if supervisor is None:
             return f"{self.label}: {self.role.value}"
         said = f"{self.label}: {self.role.value}, firing {supervisor.firing}"
-        said += f", renewing {sorted(supervisor.store.renewing)}"
+        said += f", renewing {sorted(supervisor.runner.renewing)}"
         lock = supervisor.lock
         if lock is None:
             return said
@@ -508,7 +508,7 @@ class World:
             run_id
             for node in self.nodes
             if node.scheduler.supervisor is not None
-            for run_id in node.scheduler.supervisor.store.renewing
+            for run_id in node.scheduler.supervisor.runner.renewing
         }
         if not renewing:
             return []

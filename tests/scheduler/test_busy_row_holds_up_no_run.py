@@ -20,6 +20,7 @@ from app.scheduler.errors import JobRowBusyError
 from app.scheduler.registry import JobSpec
 from app.scheduler.runner import Due, Runner
 from app.scheduler.store import JobStore
+from app.testing.claims import claim_leader
 
 from .conftest import eventually
 
@@ -65,7 +66,7 @@ async def _start_all(runner: Runner, gates: Gates, clock: FakeClock) -> list[asy
     rows = await runner.store.register_leader_jobs(specs, clock.now(), UTC_ZONE)
     tasks = []
     for spec in specs:
-        claim = await runner.claim_leader(spec, rows[spec.id].next_run_at, None)
+        claim = await claim_leader(runner, spec, rows[spec.id].next_run_at, None)
         assert claim is not None and claim.runs
         tasks.append(runner.start(spec, claim))
     for entered in gates.entered.values():
@@ -202,7 +203,7 @@ async def test_a_batched_renewal_and_another_leaders_claim_of_the_same_jobs_neve
     next_slots = {}
     # b starts first: the process holds its leases in the order b, a.
     for job_id in ("b", "a"):
-        claim = await owner.claim_leader(specs[job_id], rows[job_id].next_run_at, None)
+        claim = await claim_leader(owner, specs[job_id], rows[job_id].next_run_at, None)
         assert claim is not None and claim.runs
         next_slots[job_id] = claim.next_slot
         tasks.append(owner.start(specs[job_id], claim))
@@ -293,7 +294,7 @@ async def test_another_leader_never_starts_a_job_whose_body_runs_while_a_renewal
     rows = await owner.store.register_leader_jobs(list(specs.values()), clock.now(), UTC_ZONE)
     tasks, next_slots = [], {}
     for job_id in ("a-refused", "b-free"):
-        claim = await owner.claim_leader(specs[job_id], rows[job_id].next_run_at, None)
+        claim = await claim_leader(owner, specs[job_id], rows[job_id].next_run_at, None)
         assert claim is not None and claim.runs
         next_slots[job_id] = claim.next_slot
         tasks.append(owner.start(specs[job_id], claim))
@@ -306,7 +307,7 @@ async def test_another_leader_never_starts_a_job_whose_body_runs_while_a_renewal
             await clock.wait_for_sleepers(1, timeout=10)
             clock.advance(step)
         await clock.wait_for_sleepers(1, timeout=10)
-        claim = await successor.claim_leader(specs["b-free"], next_slots["b-free"], None)
+        claim = await claim_leader(successor, specs["b-free"], next_slots["b-free"], None)
         assert claim is not None
         assert not claim.runs, "a second body of b-free started while the first still runs"
     finally:

@@ -33,6 +33,7 @@ from app.scheduler.election import LockConnection
 from app.scheduler.keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
 from app.scheduler.store import JobStore
 from app.scheduler.supervisor import Supervisor
+from app.testing.claims import claim_slot
 
 from .conftest import (
     StandbyProcesses,
@@ -272,7 +273,8 @@ async def test_an_advisory_lock_that_only_shares_the_objid_is_not_the_leader_key
             scheduler.jobs.values(), clock.now(), ZoneInfo("UTC")
         )
         due = rows["fenced"].next_run_at
-        claimed = await store.claim(
+        claimed = await claim_slot(
+            store,
             scheduler.jobs["fenced"],
             due=due,
             next_slot=due + timedelta(seconds=10),

@@ -18,6 +18,7 @@ from app.scheduler.runner import Claim, Runner
 from app.scheduler.store import JobStore
 from app.scheduler.supervisor import Supervisor
 from app.scheduler.triggers import COUNTED_SLOTS
+from app.testing.claims import claim_leader
 
 from .conftest import StartScheduler, make_runner, runs, wait_for_runs
 
@@ -39,7 +40,7 @@ async def _claim_or_lose(runner: Runner, spec: JobSpec, due: datetime) -> Claim 
     """The runner's claim of slot ``due``; None when it lost the race: the other
     claim matched first, or held the row when this one came (left out as busy)."""
     try:
-        return await runner.claim_leader(spec, due, None)
+        return await claim_leader(runner, spec, due, None)
     except JobRowBusyError:
         return None
 
@@ -85,7 +86,7 @@ async def test_claim_fenced_by_a_key_not_held_matches_nothing(
     clock.advance(10)
     async with engine.connect() as conn:
         own_pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
-    assert await runner.claim_leader(spec, rows["fenced"].next_run_at, own_pid) is None
+    assert await claim_leader(runner, spec, rows["fenced"].next_run_at, own_pid) is None
     assert await runs(engine, "fenced") == []
 
 
@@ -126,7 +127,7 @@ async def test_first_run_applies_once_per_job_row_not_at_each_promotion(
     runner = make_runner(database, clock, 1)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(30)
-    claim = await runner.claim_leader(spec, rows["warm"].next_run_at, None)
+    claim = await claim_leader(runner, spec, rows["warm"].next_run_at, None)
     assert claim is not None and claim.next_slot == T0 + timedelta(hours=1, seconds=30)
     # Later promotions and restarts (every 60 s while unguarded) keep the countdown.
     for _ in range(5):
@@ -183,7 +184,7 @@ async def test_a_long_cron_outage_is_caught_up_at_once_and_noted_as_at_least(
     runner = make_runner(database, clock, 1)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(timedelta(days=30, seconds=30).total_seconds())
-    claim = await runner.claim_leader(spec, rows["minutely"].next_run_at, None)
+    claim = await claim_leader(runner, spec, rows["minutely"].next_run_at, None)
     assert claim is not None
     assert claim.slot == T0 + timedelta(days=30)
     missed = "SELECT error FROM scheduler_runs WHERE job_id = 'minutely' AND status = 'missed'"
@@ -480,7 +481,7 @@ async def test_a_slot_weeks_late_is_claimed_and_the_job_moves_on(
     runner = make_runner(database, clock, 1)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(timedelta(days=26).total_seconds())
-    claim = await runner.claim_leader(spec, rows["late"].next_run_at, None)
+    claim = await claim_leader(runner, spec, rows["late"].next_run_at, None)
     assert claim is not None
     assert claim.next_slot > clock.now()
     assert (await runner.store.load(["late"]))["late"].next_run_at == claim.next_slot

@@ -20,6 +20,7 @@ from app.scheduler import FakeClock, JobContext, Scheduler, SystemClock, every
 from app.scheduler.registry import JobSpec
 from app.scheduler.runner import Claim, Runner
 from app.scheduler.store import JobStore
+from app.testing.claims import claim_leader, claim_request
 
 from ..conftest import SkewedClock
 from .conftest import BlockingBodies, runs
@@ -64,7 +65,7 @@ async def live_run(database: Database, bodies: BlockingBodies) -> AsyncIterator[
     spec = scheduler.jobs["long"]
     owner = _runner(database, SystemClock(), pid=1)
     rows = await owner.store.register_leader_jobs([spec], owner.clock.now(), UTC_ZONE)
-    claim = await owner.claim_leader(spec, rows["long"].next_run_at, None)
+    claim = await claim_leader(owner, spec, rows["long"].next_run_at, None)
     assert claim is not None and claim.runs
     task = owner.start(spec, claim)
     await bodies.entered()
@@ -91,7 +92,7 @@ async def test_a_leader_whose_clock_runs_ahead_starts_no_run_beside_a_live_one(
             text("UPDATE scheduler_jobs SET run_requested_at = :at WHERE id = 'long'"),
             {"at": requested_at},
         )
-    claim = await ahead.claim_request(live_run.spec, requested_at, None)
+    claim = await claim_request(ahead, live_run.spec, requested_at, None)
     assert claim is not None and not claim.runs
     assert [status for status, _ in await runs(engine, "long")] == ["running", "skipped_overlap"]
 
@@ -112,7 +113,7 @@ async def test_a_process_never_reaps_the_running_lease_of_a_body_it_runs_itself(
         lease_seconds=LEASE_SECONDS,
     )
     rows = await owner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
-    claim = await owner.claim_leader(spec, rows["long"].next_run_at, None)
+    claim = await claim_leader(owner, spec, rows["long"].next_run_at, None)
     assert claim is not None and claim.runs
     task = owner.start(spec, claim)
     await bodies.entered()
@@ -124,7 +125,7 @@ async def test_a_process_never_reaps_the_running_lease_of_a_body_it_runs_itself(
             {"at": clock.now() - timedelta(seconds=1)},
         )
     try:
-        assert await owner.store.reap(clock.now()) == []
+        assert await owner.store.reap(clock.now(), owner.renewing) == []
         assert [status for status, _ in await runs(engine, "long")] == ["running"]
     finally:
         bodies.release.set()
@@ -148,7 +149,7 @@ async def test_a_reaper_on_a_host_two_minutes_off_reaps_a_run_whose_lease_ran_ou
     spec = scheduler.jobs["long"]
     owner = _runner(database, SystemClock(), pid=1)
     rows = await owner.store.register_leader_jobs([spec], owner.clock.now(), UTC_ZONE)
-    claim = await owner.claim_leader(spec, rows["long"].next_run_at, None)
+    claim = await claim_leader(owner, spec, rows["long"].next_run_at, None)
     assert claim is not None and claim.runs
     # Its owner died before starting the body: the lease ran out a moment ago.
     async with engine.begin() as conn:
@@ -172,6 +173,6 @@ async def test_a_leader_on_a_host_two_minutes_off_starts_no_run_beside_a_live_on
             text("UPDATE scheduler_jobs SET run_requested_at = :at WHERE id = 'long'"),
             {"at": requested_at},
         )
-    claim = await skewed.claim_request(live_run.spec, requested_at, None)
+    claim = await claim_request(skewed, live_run.spec, requested_at, None)
     assert claim is not None and not claim.runs
     assert [status for status, _ in await runs(engine, "long")] == ["running", "skipped_overlap"]

@@ -19,6 +19,7 @@ from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.registry import JobSpec
 from app.scheduler.store import Outcome
 from app.scheduler.threads import keep_lease
+from app.testing.claims import claim_leader
 
 from .conftest import BlockingBodies, eventually, make_runner
 
@@ -101,7 +102,7 @@ async def test_a_renewal_that_fails_twice_never_lets_the_lease_of_a_live_run_lap
         "OLD.running_run_id = NEW.running_run_id AND NEW.running_until > OLD.running_until",
         times=2,
     )
-    claim = await runner.claim_leader(spec, rows["long"].next_run_at, None)
+    claim = await claim_leader(runner, spec, rows["long"].next_run_at, None)
     assert claim is not None and claim.runs
     task = runner.start(spec, claim)
     await bodies.entered()
@@ -127,11 +128,11 @@ async def test_a_late_outcome_of_a_reaped_run_leaves_the_job_to_the_run_that_hol
     runner = make_runner(database, clock)
     spec = _job(_noop, "tick")
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
-    late = await runner.claim_leader(spec, rows["tick"].next_run_at, None)
+    late = await claim_leader(runner, spec, rows["tick"].next_run_at, None)
     assert late is not None and late.runs
     clock.advance(runner.lease_seconds + 1)
     # Its owner froze past the lease: the next claim reaps it and starts a newer run.
-    newer = await runner.claim_leader(spec, late.next_slot, None)
+    newer = await claim_leader(runner, spec, late.next_slot, None)
     assert newer is not None and newer.runs
     await runner.store.finish_many([Outcome(late.run_id, "tick", "ok", clock.now(), 1, None)])
     assert (await _job_row(engine, "tick"))[:2] == ("running", newer.run_id)
@@ -172,7 +173,7 @@ async def test_a_timed_out_leader_thread_whose_timeout_write_failed_is_settled_a
     spec = _job(bodies, "long", timeout=0.1)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     await _fail_updates(engine, "scheduler_runs", "NEW.status = 'timeout'", times=1)
-    claim = await runner.claim_leader(spec, rows["long"].next_run_at, None)
+    claim = await claim_leader(runner, spec, rows["long"].next_run_at, None)
     assert claim is not None and claim.runs
     task = runner.start(spec, claim)
     await bodies.entered()

@@ -13,6 +13,7 @@ from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.runner import Claim, Due
 from app.scheduler.store import PreparedCommit
 from app.testing import run_job
+from app.testing.claims import claim_leader
 
 from .conftest import StartScheduler, eventually, make_runner, runs, wait_for_runs
 
@@ -45,7 +46,7 @@ async def test_a_run_cancelled_before_its_body_started_is_recorded_and_frees_the
     runner = make_runner(database, clock)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(10)
-    claim = await runner.claim_leader(spec, rows["early"].next_run_at, None)
+    claim = await claim_leader(runner, spec, rows["early"].next_run_at, None)
     assert claim is not None and claim.runs
     body = runner.start(spec, claim)
     body.cancel()  # a demotion right after the claim, before the task's first step
@@ -75,7 +76,7 @@ async def test_waiting_for_the_bodies_waits_for_the_record_of_a_run_cancelled_be
     runner = make_runner(database, clock)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(10)
-    claim = await runner.claim_leader(spec, rows["early"].next_run_at, None)
+    claim = await claim_leader(runner, spec, rows["early"].next_run_at, None)
     assert claim is not None and claim.runs
     runner.start(spec, claim).cancel()
     await runner.wait_for_bodies()
@@ -97,7 +98,7 @@ async def test_an_outcome_write_cut_by_a_demotion_still_lands(
     runner = make_runner(database, clock)
     rows = await runner.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
     clock.advance(10)
-    claim = await runner.claim_leader(spec, rows["finished"].next_run_at, None)
+    claim = await claim_leader(runner, spec, rows["finished"].next_run_at, None)
     assert claim is not None
     # Another session holds the job row: the outcome write waits on it.
     async with engine.connect() as blocker:

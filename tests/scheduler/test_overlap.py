@@ -18,6 +18,7 @@ from app.scheduler import FakeClock, JobContext, Role, Scheduler, every
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
 from app.scheduler.supervisor import Supervisor
+from app.testing.claims import claim_leader
 
 from .conftest import BlockingBodies, StartScheduler, eventually, wait_for_runs
 
@@ -140,7 +141,7 @@ async def test_a_crashed_owners_running_lease_runs_out_and_the_job_fires_again(
     )
     rows = await dead.store.register_leader_jobs([spec], clock.now(), ZoneInfo("UTC"))
     clock.advance(10)
-    assert await dead.claim_leader(spec, rows["orphaned"].next_run_at, None) is not None
+    assert await claim_leader(dead, spec, rows["orphaned"].next_run_at, None) is not None
     supervisor = await start_scheduler(scheduler, clock=clock)
     await supervisor.wait_until_firing()
     await clock.wait_for_sleepers(2)

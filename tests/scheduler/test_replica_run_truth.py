@@ -28,6 +28,7 @@ from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.registry import JobSpec
 from app.scheduler.store import HeldLease, JobStore, Outcome
+from app.testing.claims import claim_leader
 
 from ..procs.cluster import LEASE_SECONDS, Cluster
 from ..procs.gated_app import GATE_KEY
@@ -337,10 +338,10 @@ async def test_a_leader_claim_that_reaps_a_dead_run_shows_no_stale_error(
     spec = scheduler.jobs["tick"]
     dead, alive = (make_runner(database, clock, pid=pid) for pid in (41, 42))
     rows = await dead.store.register_leader_jobs([spec], clock.now(), UTC_ZONE)
-    first = await dead.claim_leader(spec, rows["tick"].next_run_at, None)
+    first = await claim_leader(dead, spec, rows["tick"].next_run_at, None)
     assert first is not None and first.runs
     clock.advance(dead.lease_seconds + 60)  # its process died; the next claim reaps it
-    second = await alive.claim_leader(spec, first.next_slot, None)
+    second = await claim_leader(alive, spec, first.next_slot, None)
     assert second is not None and second.runs
     job = await _listed(database, clock)
     assert (job["last_status"], job["last_error"]) == ("running", None), job

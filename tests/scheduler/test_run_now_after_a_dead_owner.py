@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.admin.queries import run_job_now
 from app.scheduler import FakeClock, JobContext, Scheduler, cron
 from app.scheduler.store import JobStore
+from app.testing.claims import claim_slot
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 LEASE = timedelta(seconds=30)
@@ -32,7 +33,8 @@ async def test_run_now_is_accepted_once_a_killed_owners_running_lease_ran_out(
     clock.set(due)
     # The owner claims its slot, starts the body and is killed (kill -9): nothing ever
     # records the outcome or clears the lease; the lease runs out on its own.
-    claimed = await store.claim(
+    claimed = await claim_slot(
+        store,
         spec,
         due=due,
         next_slot=spec.trigger.next_after(due, ZoneInfo("UTC")),

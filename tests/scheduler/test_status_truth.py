@@ -18,6 +18,7 @@ from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.registry import JobSpec
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore, Outcome
+from app.testing.claims import claim_leader, claim_slot
 
 from .conftest import BlockingBodies, StartScheduler, eventually, runs, wait_for_runs
 
@@ -79,7 +80,7 @@ async def test_a_run_whose_owner_died_is_reaped_to_abandoned_once_its_lease_pass
     )
     rows = await dead.store.register_leader_jobs([spec], clock.now(), ZoneInfo("UTC"))
     clock.set(rows["orphaned"].next_run_at)
-    assert await dead.claim_leader(spec, rows["orphaned"].next_run_at, None) is not None
+    assert await claim_leader(dead, spec, rows["orphaned"].next_run_at, None) is not None
     supervisor = await start_scheduler(scheduler, clock=clock)
     await supervisor.wait_until_firing()
     assert (await _job_row(engine, "orphaned"))["last_status"] == "running"
@@ -203,7 +204,8 @@ async def _run_status(database: Database, run_id: int) -> str:
 
 
 async def _claim_running(store: JobStore, spec: JobSpec, due: datetime) -> int:
-    claimed = await store.claim(
+    claimed = await claim_slot(
+        store,
         spec,
         due=due,
         next_slot=spec.trigger.next_after(due, UTC_ZONE),

@@ -1,0 +1,215 @@
+"""Running leases held by this process: their renewal (one statement per kind of row
+that holds them), and a service copy's lease, taken and released."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from sqlalchemy import text
+
+from ..clock import LEASE_END_SQL as _LEASE_END
+from ..clock import LEASE_NOW_SQL
+from ..keys import LEADER_KEY_LOCKS_BOUND, WAKE_CHANNEL
+from .base import ROW_LOCK_PATIENCE, Statement, Steps, StoreBase, lease_reading, run_steps
+
+__all__ = ["HeldLease", "LeaseKind", "LeaseStore", "ServiceTake", "renew_steps", "service_release"]
+
+# Where a running lease is held: on a job's row (a leader run), on a run's own row (a
+# per-worker run), on a service's row (a service copy).
+LeaseKind = Literal["job", "run", "service"]
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A running lease a run of this process holds, by its token ``run_id`` (a run id),
+    on the row ``kind`` names: ``job_id``'s row for a leader run (``job``), the run's
+    own row for a per-worker run (``run``), the row of the service ``job_id`` for a
+    service copy (``service``)."""
+
+    job_id: str
+    run_id: int
+    kind: LeaseKind = "job"
+
+
+@dataclass(frozen=True)
+class ServiceTake:
+    """The answer to a take of a service's running lease: ``run_id``, the new copy's
+    token, when taken; else the copy that holds it (``pid`` on ``host``, None when
+    none does: this leader no longer holds the key) and the seconds ``left`` on its
+    lease, on the lease clock."""
+
+    run_id: int | None
+    pid: int | None = None
+    host: str | None = None
+    left: float = 0.0
+
+
+# The leases of a batch of runs (l): a leader run's is on its job row, a per-worker
+# run's on its own run row (a reaped run no longer holds one).
+_LEASES = """unnest(CAST(:job_ids AS text[]), CAST(CAST(:run_ids AS text[]) AS bigint[]))
+        AS l(job_id, run_id)"""
+_RENEW_LEASES = text(
+    f"""
+    UPDATE scheduler_jobs j SET running_until = {_LEASE_END}
+    FROM {_LEASES}
+    WHERE j.schedule = :schedule AND j.id = l.job_id AND j.running_run_id = l.run_id
+    RETURNING l.run_id
+    """
+)
+_RENEW_REPLICA_LEASES = text(
+    f"""
+    UPDATE scheduler_runs r SET running_until = {_LEASE_END}
+    FROM {_LEASES}
+    WHERE r.id = l.run_id AND r.running_until IS NOT NULL
+    RETURNING l.run_id
+    """
+)
+# A service copy's lease, on its service's row (s): taken only while no other copy's
+# lease holds, and only while this leader's lock connection holds the key; its token is
+# a run id. A take that finds the lease held matches nothing.
+_TAKE_SERVICE_LEASE = text(
+    f"""
+    INSERT INTO scheduler_services AS s
+        (schedule, id, running_run_id, running_since, running_until, running_pid, running_host)
+    SELECT CAST(:schedule AS text), CAST(:service_id AS text),
+        nextval(pg_get_serial_sequence('scheduler_runs', 'id')), {LEASE_NOW_SQL}, {_LEASE_END},
+        CAST(:pid AS integer), CAST(:host AS text)
+    WHERE EXISTS (
+        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted AND pid = :fence_pid)
+    ON CONFLICT (schedule, id) DO UPDATE
+    SET running_run_id = excluded.running_run_id, running_since = excluded.running_since,
+        running_until = excluded.running_until, running_pid = excluded.running_pid,
+        running_host = excluded.running_host
+    WHERE s.running_until IS NULL OR s.running_until <= {LEASE_NOW_SQL}
+    RETURNING s.running_run_id
+    """
+)
+# Who holds a service's lease, and for how many more seconds on the lease clock.
+_SERVICE_HOLDER = text(
+    f"""
+    SELECT running_pid, running_host,
+        EXTRACT(epoch FROM running_until - {LEASE_NOW_SQL}) AS left_seconds
+    FROM scheduler_services
+    WHERE schedule = :schedule AND id = :service_id AND running_until > {LEASE_NOW_SQL}
+    """
+)
+_RENEW_SERVICE_LEASES = text(
+    f"""
+    UPDATE scheduler_services s SET running_until = {_LEASE_END}
+    FROM {_LEASES}
+    WHERE s.schedule = :schedule AND s.id = l.job_id AND s.running_run_id = l.run_id
+    RETURNING l.run_id
+    """
+)
+# Released by its token; the NOTIFY (sent at commit) wakes a leader waiting to start
+# the next copy.
+_RELEASE_SERVICE_LEASE = text(
+    f"""
+    WITH released AS (
+        UPDATE scheduler_services
+        SET running_run_id = NULL, running_since = NULL, running_until = NULL,
+            running_pid = NULL, running_host = NULL
+        WHERE schedule = :schedule AND id = :service_id AND running_run_id = :run_id
+        RETURNING id)
+    SELECT pg_notify('{WAKE_CHANNEL}', id) FROM released
+    """
+)
+# Every lease kind's renewal, by the row that holds the lease.
+_RENEWALS = {
+    "job": _RENEW_LEASES,
+    "run": _RENEW_REPLICA_LEASES,
+    "service": _RENEW_SERVICE_LEASES,
+}
+
+
+class LeaseStore(StoreBase):
+    """The renewal of running leases and the service leases (part of JobStore)."""
+
+    async def renew_leases(self, leases: Sequence[HeldLease], lease_seconds: float) -> set[int]:
+        """Renew the running lease of every run in ``leases`` for ``lease_seconds``, in
+        one commit of at most one statement per kind however many there are (leader
+        runs' leases are on their job rows, per-worker runs' on their own run rows,
+        service copies' on their services' rows). Returns the tokens of the leases still
+        held; a lease left out was lost (it ran out and another run took the job or the
+        service, or the run was reaped). Raises what the database raises, after at most
+        a second's wait for a row another transaction holds; nothing is renewed then."""
+        steps = renew_steps(self.schedule, leases, lease_seconds, lease_reading(self.lease_clock))
+        async with self.engine.begin() as conn:
+            await conn.execute(ROW_LOCK_PATIENCE)
+            return await run_steps(conn, steps)
+
+    async def take_service_lease(
+        self, service_id: str, lease_seconds: float, fence_pid: int
+    ) -> ServiceTake:
+        """Take the running lease of service ``service_id`` for a copy about to start,
+        for ``lease_seconds``, in one commit: only while no other copy's lease holds and
+        the lock connection of backend ``fence_pid`` holds this schedule's key. Says who
+        holds it when it is not taken."""
+        params = (
+            {
+                "schedule": self.schedule,
+                "service_id": service_id,
+                "lease_seconds": lease_seconds,
+                "pid": self.pid,
+                "host": self.host,
+                "fence_pid": fence_pid,
+            }
+            | self.key.bind_params
+            | self.lease_params()
+        )
+        async with self.engine.begin() as conn:
+            taken = (await conn.execute(_TAKE_SERVICE_LEASE, params)).scalar_one_or_none()
+            if taken is not None:
+                return ServiceTake(int(taken))
+            holder = (await conn.execute(_SERVICE_HOLDER, params)).first()
+        if holder is None:
+            return ServiceTake(None)
+        return ServiceTake(
+            None, holder.running_pid, holder.running_host, float(holder.left_seconds)
+        )
+
+    async def release_service_lease(self, lease: HeldLease) -> None:
+        """Release service copy ``lease`` if it still holds it, as the copy's task and
+        every thread it started ended; a leader waiting to start the service is woken."""
+        async with self.engine.begin() as conn:
+            await conn.execute(*service_release(self.schedule, lease))
+
+
+def renew_steps(
+    schedule: str, leases: Sequence[HeldLease], lease_seconds: float, lease_now: datetime | None
+) -> Steps[set[int]]:
+    """The one renewal of running leases, for the loop's keeper (LeaseStore.renew_leases)
+    and a thread's (ThreadStore.renew_lease): one statement per kind of row that holds
+    them; answers the tokens of the leases still held. ``lease_now``: the lease clock's
+    reading (None: the server's)."""
+    params: dict[str, object] = {
+        "lease_seconds": lease_seconds,
+        "schedule": schedule,
+        "lease_now": lease_now,
+    }
+    renewed: set[int] = set()
+    # Rows in job id order, as claims lock them: a renewal never deadlocks with one.
+    leases = sorted(leases, key=lambda lease: (lease.job_id, lease.run_id))
+    for kind, statement in _RENEWALS.items():
+        batch = [lease for lease in leases if lease.kind == kind]
+        if batch:
+            rows = yield statement, params | _lease_arrays(batch)
+            renewed.update(row.run_id for row in rows)
+    return renewed
+
+
+def service_release(schedule: str, lease: HeldLease) -> Statement:
+    """The release of service copy ``lease``, from the loop or a thread (see
+    LeaseStore.release_service_lease)."""
+    params = {"schedule": schedule, "service_id": lease.job_id, "run_id": lease.run_id}
+    return _RELEASE_SERVICE_LEASE, params
+
+
+def _lease_arrays(leases: Sequence[HeldLease]) -> dict[str, object]:
+    return {
+        "job_ids": [lease.job_id for lease in leases],
+        "run_ids": [str(lease.run_id) for lease in leases],
+    }

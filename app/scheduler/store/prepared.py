@@ -1,0 +1,133 @@
+"""A claim prepared ahead of its slot (PreparedCommit): its statements run early and its
+transaction holds the claimed rows until the slot; only the commit is left for then."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ..clock import LEASE_NOW_SQL
+from ..keys import LEADER_KEY_LOCKS_BOUND
+from .base import StoreBase
+
+__all__ = ["PreparedClaimDropped", "PreparedCommit"]
+
+# A prepared claim's transaction idles until its slot: the server ends the session if it
+# idles a few seconds longer than planned (its process froze), which rolls the claim
+# back. It also reads the server's moment of the start (now + lead).
+_PREPARE = text(
+    "SELECT set_config('idle_in_transaction_session_timeout', :ms, true) AS idle_limit,"
+    " clock_timestamp() + make_interval(secs => CAST(:lead AS double precision)) AS at_start"
+)
+_PREPARED_IDLE_SLACK = 3.0
+# A prepared claim's fence, checked again right before it commits.
+_STILL_FENCED = text(
+    f"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND}"
+    " AND granted AND pid = :fence_pid)"
+)
+
+# The runs of a prepared claim that committed late start when it commits, and their
+# running leases run from then (on the lease clock; :leased_at is the moment the claim
+# took them as of): the body's first renewal is due a third of a lease after it starts.
+_RESTAMP_START = text(
+    f"""
+    WITH runs AS (
+        UPDATE scheduler_runs
+        SET started_at = CAST(:started AS timestamptz),
+            lateness_ms = lateness_ms + CAST(:late_ms AS bigint)
+        WHERE id = ANY(CAST(CAST(:run_ids AS text[]) AS bigint[]))
+        RETURNING id
+    )
+    UPDATE scheduler_jobs
+    SET last_started_at = CAST(:started AS timestamptz),
+        running_since = CAST(:started AS timestamptz),
+        running_until = GREATEST(running_until,
+            {LEASE_NOW_SQL} + (running_until - CAST(:leased_at AS timestamptz)))
+    WHERE running_run_id IN (SELECT id FROM runs)
+    """
+)
+
+
+class PreparedClaimDropped(Exception):
+    """A prepared claim was rolled back before its commit: the leadership it was made
+    for ended while it waited. It claimed nothing; the next leader claims its slots."""
+
+
+@dataclass(frozen=True)
+class PreparedCommit:
+    """When a prepared claim commits: its statements run at once, then its transaction
+    stays open until ``wait()`` returns (the slot), and commits; an exception from
+    ``wait()`` (a cancel, a lost leadership) rolls it back, claiming nothing.
+
+    ``starts_at``: the instant the bodies are meant to start, written as the runs'
+    start (``now()`` gives the clock, read before each write, so that a preparation
+    that outlasts its lead records when the runs really start). ``seconds``: about how
+    long the transaction waits: the server ends its session when it idles in the
+    transaction a second longer (a frozen process must not hold job rows for good).
+    """
+
+    starts_at: datetime
+    wait: Callable[[], Awaitable[None]]
+    now: Callable[[], datetime]
+    seconds: float
+
+    def start(self) -> datetime:
+        """The runs' start as of now: the planned instant, or later if it passed."""
+        return max(self.starts_at, self.now())
+
+
+async def begin_prepared(
+    store: StoreBase, conn: AsyncConnection, prepared: PreparedCommit
+) -> tuple[datetime, dict[str, object]]:
+    """Open ``conn``'s transaction as ``prepared``'s: the server ends it if it idles
+    past the planned wait. Returns the claim's ``now`` (its start) and the lease
+    clock's reading as of that start."""
+    now = prepared.start()
+    # Leases are reaped, compared and taken as of the start the claim waits for: on
+    # the server's clock, its moment as far ahead of the server's now as the start is
+    # ahead of ours.
+    lead = max(0.0, (now - prepared.now()).total_seconds())
+    idle_ms = int((prepared.seconds + _PREPARED_IDLE_SLACK) * 1000)
+    at_start = (await conn.execute(_PREPARE, {"ms": str(idle_ms), "lead": lead})).one().at_start
+    return now, store.lease_params(now) if store.lease_clock else {"lease_now": at_start}
+
+
+async def commit_prepared(
+    store: StoreBase,
+    conn: AsyncConnection,
+    prepared: PreparedCommit,
+    fence_pid: int | None,
+    run_ids: Iterable[int],
+    was: datetime,
+    leased_at: object,
+) -> None:
+    """Wait for ``prepared``'s commit (its ``wait()``), then leave the claim in
+    ``conn`` ready to commit: raises PreparedClaimDropped (it is rolled back) when the
+    lock connection ``fence_pid`` lost the key meanwhile. A commit later than ``was``
+    (the start its rows say) restamps the started runs ``run_ids`` (their leases taken
+    as of ``leased_at``): they start at the commit, and hold a whole lease from then."""
+    await prepared.wait()
+    if fence_pid is not None:
+        params = {"fence_pid": fence_pid} | store.key.bind_params
+        if not (await conn.execute(_STILL_FENCED, params)).scalar_one():
+            raise PreparedClaimDropped
+    started = prepared.now()
+    if started <= was:
+        return
+    # The commit comes late (a busy loop, a slow preparation).
+    ids = [str(run_id) for run_id in run_ids]
+    if ids:
+        await conn.execute(
+            _RESTAMP_START,
+            {
+                "run_ids": ids,
+                "started": started,
+                "late_ms": int((started - was).total_seconds() * 1000),
+                "leased_at": leased_at,
+            }
+            | store.lease_params(started),
+        )

@@ -1,0 +1,181 @@
+"""The one reaper: running leases that ran out (their owner died or froze past them)
+turn their runs, and the job's running status, 'abandoned'. The leader's tick reaps the
+whole schedule (reap), a claim the jobs it starts (reap_jobs), a per-worker start its
+job's runs (reap_replica_runs): the same statements."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ..clock import LEASE_NOW_SQL
+from .base import StoreBase
+
+__all__ = ["ReapStore", "ReapedRun", "reap_jobs", "reap_replica_runs"]
+
+# The runs whose lease the reaping process renews itself (its LeaseKeeper's), as text[]
+# (see _UPSERT): their bodies run in that process, so a lease of theirs that ran out
+# only says the process froze past it, and its renewal is on its way.
+_RENEWING = "CAST(CAST(:renewing AS text[]) AS bigint[])"
+
+# A lease that ran out: its owner died (or froze past it). Its run, if still recorded
+# as running, and the job's running status become 'abandoned'; the lease is cleared.
+# Never a lease the reaping process renews itself.
+_REAP = text(
+    f"""
+    WITH expired AS (
+        SELECT id, running_run_id,
+            format('abandoned: the process that ran it (pid %s on %s) stopped renewing its '
+                   'running lease, which ran out at %s', running_pid, running_host,
+                   running_until) AS note
+        FROM scheduler_jobs
+        WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL}
+            AND (CAST(:job_ids AS text[]) IS NULL OR id = ANY(CAST(:job_ids AS text[])))
+            AND running_run_id <> ALL({_RENEWING})
+        FOR UPDATE SKIP LOCKED
+    ), abandoned_runs AS (
+        UPDATE scheduler_runs r
+        SET status = 'abandoned', finished_at = CAST(:now AS timestamptz), error = e.note
+        FROM expired e
+        WHERE r.id = e.running_run_id AND r.status = 'running'
+    )
+    UPDATE scheduler_jobs j
+    SET last_status = CASE WHEN j.last_status = 'running' THEN 'abandoned' ELSE j.last_status END,
+        last_finished_at = CASE WHEN j.last_status = 'running'
+            THEN CAST(:now AS timestamptz) ELSE j.last_finished_at END,
+        last_error = CASE WHEN j.last_status = 'running' THEN e.note ELSE j.last_error END,
+        running_run_id = NULL, running_since = NULL, running_until = NULL,
+        running_pid = NULL, running_host = NULL, updated_at = now()
+    FROM expired e
+    WHERE j.schedule = :schedule AND j.id = e.id
+    RETURNING j.id
+    """
+)
+
+# The per-worker runs whose own lease ran out: their worker died (or froze past it).
+# A run still recorded as running becomes 'abandoned', and so does the job's last
+# status while it still says 'running' (no outcome was recorded since the last start,
+# and no leader run of it holds the job's lease); every expired lease is cleared.
+# Statuses decide, never times: a finish is stamped on its worker's own clock, which
+# cannot be compared with a lease's end on the lease clock.
+_REAP_REPLICA_RUNS = text(
+    f"""
+    WITH expired AS (
+        SELECT id, job_id, status AS was, running_until AS lapsed_at,
+            format('abandoned: the worker that ran it (pid %s on %s) stopped renewing its '
+                   'running lease, which ran out at %s', pid, host, running_until) AS note
+        FROM scheduler_runs
+        WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL} AND scope = 'replica'
+            AND (CAST(:job_id AS text) IS NULL OR job_id = CAST(:job_id AS text))
+            AND id <> ALL({_RENEWING})
+        FOR UPDATE SKIP LOCKED
+    ), reaped AS (
+        UPDATE scheduler_runs r
+        SET status = CASE WHEN e.was = 'running' THEN 'abandoned' ELSE r.status END,
+            finished_at = CASE WHEN e.was = 'running'
+                THEN CAST(:now AS timestamptz) ELSE r.finished_at END,
+            error = CASE WHEN e.was = 'running' THEN e.note ELSE r.error END,
+            running_until = NULL
+        FROM expired e
+        WHERE r.id = e.id
+        RETURNING r.id, r.job_id, r.pid, r.host, e.was, e.lapsed_at, e.note
+    ), latest AS (
+        SELECT DISTINCT ON (job_id) job_id, lapsed_at, note FROM reaped WHERE was = 'running'
+        ORDER BY job_id, lapsed_at DESC
+    ), jobs AS (
+        UPDATE scheduler_jobs j
+        SET last_status = 'abandoned', last_finished_at = CAST(:now AS timestamptz),
+            last_error = l.note, updated_at = now()
+        FROM latest l
+        WHERE j.schedule = :schedule AND j.id = l.job_id
+            AND j.last_status = 'running'
+            AND NOT coalesce(j.running_until > {LEASE_NOW_SQL}, false)
+            AND NOT EXISTS (
+                SELECT 1 FROM scheduler_runs other
+                WHERE other.schedule = :schedule AND other.job_id = j.id
+                    AND other.scope = 'replica' AND other.running_until > {LEASE_NOW_SQL})
+    )
+    SELECT id AS run_id, job_id, pid, host FROM reaped WHERE was = 'running' ORDER BY id
+    """
+)
+
+
+@dataclass(frozen=True)
+class ReapedRun:
+    """A per-worker run reaped to 'abandoned': its worker (``pid`` on ``host``)
+    stopped renewing its running lease."""
+
+    job_id: str
+    run_id: int
+    pid: int
+    host: str
+
+
+def reap_params(
+    store: StoreBase,
+    now: datetime,
+    renewing: Collection[int],
+    job_id: str | None = None,
+    job_ids: list[str] | None = None,
+) -> dict[str, object]:
+    """The parameters of a reap as of ``now``: never the runs of ``renewing``."""
+    return {
+        "now": now,
+        "job_id": job_id,
+        "job_ids": job_ids,
+        "schedule": store.schedule,
+        "renewing": [str(run_id) for run_id in sorted(renewing)],
+    } | store.lease_params(now)
+
+
+async def reap_jobs(
+    store: StoreBase,
+    conn: AsyncConnection,
+    now: datetime,
+    renewing: Collection[int],
+    job_ids: list[str] | None = None,
+    lease_now: dict[str, object] | None = None,
+) -> list[str]:
+    """Reap the lapsed running leases on the job rows of ``job_ids`` (None: every job
+    of the schedule), in ``conn``'s transaction, but never those of the runs
+    ``renewing`` (this process renews them: their bodies run here); return the ids of
+    the jobs reaped. ``lease_now``: the lease clock's reading to reap as of (a
+    prepared claim's)."""
+    params = reap_params(store, now, renewing, job_ids=job_ids) | (lease_now or {})
+    return [row.id for row in await conn.execute(_REAP, params)]
+
+
+async def reap_replica_runs(
+    store: StoreBase,
+    conn: AsyncConnection,
+    now: datetime,
+    renewing: Collection[int],
+    job_id: str | None = None,
+) -> list[ReapedRun]:
+    """Reap the per-worker runs of ``job_id`` (None: of every job) whose own running
+    lease ran out, in ``conn``'s transaction, but never the runs ``renewing``; return
+    them."""
+    params = reap_params(store, now, renewing, job_id)
+    return [
+        ReapedRun(row.job_id, row.run_id, row.pid, row.host)
+        for row in await conn.execute(_REAP_REPLICA_RUNS, params)
+    ]
+
+
+class ReapStore(StoreBase):
+    """The leader tick's reap (part of JobStore)."""
+
+    async def reap(self, now: datetime, renewing: Collection[int] = ()) -> list[str]:
+        """Reap every running lease that ran out (on the lease clock), a leader run's on the job
+        row and a per-worker run's on its run row (see the module docstring); return the
+        ids of the jobs reaped, once per run. The leases of the runs ``renewing`` (those
+        this process renews itself, LeaseKeeper.renewing) are never reaped: their
+        bodies run here."""
+        async with self.engine.begin() as conn:
+            reaped = await reap_jobs(self, conn, now, renewing)
+            replicas = await reap_replica_runs(self, conn, now, renewing)
+            return reaped + [run.job_id for run in replicas]

@@ -171,6 +171,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
                 port=args.port,
                 workers=args.workers,
                 log_level=settings.LOG_LEVEL.lower(),
+                # X-Forwarded-For only from TRUSTED_PROXIES: uvicorn's own default
+                # believes any client on 127.0.0.1, so a local user could name any address.
+                proxy_headers=bool(settings.trusted_proxies),
+                forwarded_allow_ips=settings.trusted_proxies or None,
             )
         finally:
             if metrics_dir is not None:

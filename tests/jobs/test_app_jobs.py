@@ -20,7 +20,7 @@ from app.settings import Settings
 
 from .conftest import NOW
 
-API_TOKEN = "api-token-0123456789abcdef"
+API_TOKEN = "api-token-0123456789abcdef0123456789"
 
 
 async def test_retention_deletes_in_batches_and_keeps_recent_events(

@@ -209,9 +209,7 @@ async def login(
     key = _key(request)
     nonce = request.cookies.get(session.LOGIN_COOKIE)
     expected = session.login_csrf_for(key, nonce) if nonce else ""
-    if not nonce or not hmac.compare_digest(
-        csrf.encode("utf-8", "replace"), expected.encode()
-    ):
+    if not nonce or not hmac.compare_digest(csrf.encode("utf-8", "replace"), expected.encode()):
         return _login_form(
             request,
             key,
@@ -224,8 +222,7 @@ async def login(
             response = _login_form(
                 request,
                 key,
-                f"Too many wrong tokens from this address; wait {wait} s before the next"
-                " try.",
+                f"Too many wrong tokens from this address; wait {wait} s before the next try.",
                 status_code=429,
             )
             response.headers["Retry-After"] = str(wait)

@@ -98,4 +98,5 @@ async def count_wrong_token(
         await conn.execute(_FORGET, params)
     if row.counted:
         return 0
-    return max(1, math.ceil(row.remaining))
+    remaining: float = row.remaining
+    return max(1, math.ceil(remaining))

@@ -24,7 +24,6 @@ from app.settings import Settings
 from ..conftest import SkewedClock, StartScheduler, admin_sign_in
 from .conftest import (
     AUTH,
-    TOKEN,
     Serve,
     Worker,
     beat_after_promotion,

@@ -40,6 +40,7 @@ from .cli_admin import COMMANDS, UsageError, add_commands, int_between, main_asy
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
 from .localpg import LocalPostgresError
+from .printable import printable
 from .redact import redact
 from .settings import Settings, SettingsError, load_settings
 
@@ -201,13 +202,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             _serve(args, settings)
     except UnknownJobError as exc:
         # Most often the wrong schedule (its name is in the message): a usage error.
-        print(f"regent: error: {exc}", file=sys.stderr)
+        print(f"regent: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except AdminError as exc:
-        print(f"regent: error: {exc}", file=sys.stderr)
+        print(f"regent: error: {printable(str(exc))}", file=sys.stderr)
         return 1
     except (SettingsError, DatabaseError, LocalPostgresError, AppTargetError, UsageError) as exc:
-        print(f"regent: error: {exc}", file=sys.stderr)
+        print(f"regent: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0

@@ -101,6 +101,12 @@ class Settings(BaseSettings):
         description="bearer token of the example routes /api/stats and /api/credits/grants, "
         f"at least {ADMIN_TOKEN_MIN_LENGTH} characters; unset: they 404",
     )
+    API_DOCS_ENABLED: bool = Field(
+        default=False,
+        description="serve /docs and /redoc, whose scripts the browser loads from a CDN "
+        "(cdn.jsdelivr.net) without an integrity check; false: they answer 404 "
+        "(/openapi.json is served either way)",
+    )
     TRUSTED_PROXIES: str = Field(
         default="",
         description="comma-separated addresses (or networks) of the proxies in front of "

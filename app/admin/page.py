@@ -171,6 +171,17 @@ def _login_form(
     return response
 
 
+_STYLESHEET = (Path(__file__).parent / "templates" / "admin.css").read_text()
+
+
+@router.get("/admin.css")
+async def stylesheet(request: Request) -> Response:
+    """The page's style sheet (a file, not inline: the page's CSP allows no inline
+    style, see headers.py)."""
+    _key(request)
+    return Response(_STYLESHEET, media_type="text/css")
+
+
 @router.get("", response_class=HTMLResponse)
 async def admin_page(request: Request, flash: str | None = None) -> Response:
     """The page when signed in; the sign-in form otherwise."""

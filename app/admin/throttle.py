@@ -46,31 +46,35 @@ def _wait_sql(failures: str) -> str:
 
 _FORGET_AFTER = "make_interval(secs => CAST(:forget AS double precision))"
 
-# One row per client, locked by the upsert: a wrong token arriving inside the wait of
-# the row as the last one left it is refused and leaves the row as it was; any other
-# is counted (a forgotten count starting over at 1). ``counted`` tells which.
-_WRONG_TOKEN = text(
+# The row's client has had its free failures and the wait they earned has not passed.
+# The failures guard matters: a concurrent statement's now, read before it waited for
+# the row, may be earlier than the last failure, which is no wait while failures are free.
+_INSIDE_WAIT = (
+    "(f.failures >= CAST(:free AS integer) AND excluded.last_failure_at"
+    f" < f.last_failure_at + {_wait_sql('f.failures')})"
+)
+
+# One row per client, locked by the upsert (also when its WHERE leaves it as it was): a
+# wrong token inside the wait is refused and not counted, and returns no row; any other
+# is counted (a forgotten count starting over at 1) and returns it.
+_COUNT = text(
     f"""
-    WITH now AS (SELECT {LEASE_NOW_SQL} AS t)
     INSERT INTO admin_login_failures AS f (client, failures, last_failure_at)
-    SELECT :client, 1, t FROM now
+    VALUES (:client, 1, {LEASE_NOW_SQL})
     ON CONFLICT (client) DO UPDATE SET
         failures = CASE
-            WHEN f.last_failure_at < excluded.last_failure_at - {_FORGET_AFTER}
-                THEN 1
-            WHEN excluded.last_failure_at < f.last_failure_at + {_wait_sql("f.failures")}
-                THEN f.failures
+            WHEN f.last_failure_at < excluded.last_failure_at - {_FORGET_AFTER} THEN 1
             ELSE f.failures + 1 END,
-        last_failure_at = CASE
-            WHEN f.last_failure_at < excluded.last_failure_at - {_FORGET_AFTER}
-                THEN excluded.last_failure_at
-            WHEN excluded.last_failure_at < f.last_failure_at + {_wait_sql("f.failures")}
-                THEN f.last_failure_at
-            ELSE excluded.last_failure_at END
-    RETURNING
-        last_failure_at = (SELECT t FROM now) AS counted,
-        extract(epoch FROM last_failure_at + {_wait_sql("failures")} - (SELECT t FROM now))
-            ::float AS remaining
+        last_failure_at = excluded.last_failure_at
+    WHERE NOT {_INSIDE_WAIT}
+    RETURNING failures
+    """
+)
+_REMAINING = text(
+    f"""
+    SELECT extract(epoch FROM last_failure_at + {_wait_sql("failures")} - {LEASE_NOW_SQL})
+        ::float
+    FROM admin_login_failures WHERE client = :client
     """
 )
 _FORGET = text(
@@ -94,9 +98,7 @@ async def count_wrong_token(
         "max": MAX_DELAY.total_seconds(),
     }
     async with engine.begin() as conn:
-        row = (await conn.execute(_WRONG_TOKEN, params)).one()
+        counted = (await conn.execute(_COUNT, params)).first() is not None
+        remaining: float = 0 if counted else (await conn.execute(_REMAINING, params)).scalar_one()
         await conn.execute(_FORGET, params)
-    if row.counted:
-        return 0
-    remaining: float = row.remaining
-    return max(1, math.ceil(remaining))
+    return 0 if counted else max(1, math.ceil(remaining))

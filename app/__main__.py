@@ -40,6 +40,7 @@ from .cli_admin import COMMANDS, UsageError, add_commands, int_between, main_asy
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
 from .localpg import LocalPostgresError
+from .printable import printable
 from .redact import redact
 from .settings import Settings, SettingsError, load_settings
 
@@ -171,6 +172,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
                 port=args.port,
                 workers=args.workers,
                 log_level=settings.LOG_LEVEL.lower(),
+                # X-Forwarded-For only from TRUSTED_PROXIES: uvicorn's own default
+                # believes any client on 127.0.0.1, so a local user could name any address.
+                proxy_headers=bool(settings.trusted_proxies),
+                forwarded_allow_ips=settings.trusted_proxies or None,
             )
         finally:
             if metrics_dir is not None:
@@ -197,13 +202,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             _serve(args, settings)
     except UnknownJobError as exc:
         # Most often the wrong schedule (its name is in the message): a usage error.
-        print(f"regent: error: {exc}", file=sys.stderr)
+        print(f"regent: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except AdminError as exc:
-        print(f"regent: error: {exc}", file=sys.stderr)
+        print(f"regent: error: {printable(str(exc))}", file=sys.stderr)
         return 1
     except (SettingsError, DatabaseError, LocalPostgresError, AppTargetError, UsageError) as exc:
-        print(f"regent: error: {exc}", file=sys.stderr)
+        print(f"regent: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0

@@ -11,7 +11,9 @@ set). Every confirmation names the schedule.
 They talk to the database (DATABASE_URL, or the embedded server of a running
 `python -m app`) through the same queries as the admin API, and print plain tables that
 read like the admin page (see app/admin/display.py): one line per row, timestamps in UTC
-to the second, yes/no, durations with their unit.
+to the second, yes/no, durations with their unit. Every value from data is printed
+through app/printable.py, so a control character in a key or an error is shown as an
+escape, never sent to the terminal.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .admin import display, queries
 from .app_target import DEFAULT_APP, load_scheduler
 from .db import DatabaseUnreachableError, async_url, verify_schema_at_head
 from .embedded import default_data_dir, embedded_url
+from .printable import printable
 from .scheduler import Clock, InvalidScheduleNameError, SystemClock
 from .scheduler.clock import lease_now
 from .scheduler.keys import validate_schedule_name
@@ -136,11 +139,12 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return display.yes_no(value)
     if isinstance(value, dict | list):
-        return json.dumps(value, default=str)[:60]
+        return printable(json.dumps(value, default=str)[:60])
     if isinstance(value, str):
         # A table row is one line: a multi-line text shows the line that says most.
-        return display.error_summary(value) if "\n" in value or "\r" in value else value
-    return "" if value is None else str(value)
+        summary = display.error_summary(value) if "\n" in value or "\r" in value else value
+        return printable(summary)
+    return "" if value is None else printable(str(value))
 
 
 def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
@@ -158,7 +162,8 @@ def _json(value: Any) -> str:
             return item.isoformat()
         return str(item)
 
-    return json.dumps(value, default=encode, indent=2)
+    # ASCII JSON escapes every control character but DEL; that one is escaped here.
+    return json.dumps(value, default=encode, indent=2).replace("\x7f", "\\u007f")
 
 
 def _history(runs: Sequence[dict[str, Any]], full: bool) -> str:
@@ -175,8 +180,14 @@ def _history(runs: Sequence[dict[str, Any]], full: bool) -> str:
     table = _table(rows, columns)
     if not full:
         return table
-    errors = [f"run {run['id']}:\n{run['error'].rstrip()}" for run in runs if run["error"]]
+    errors = [f"run {run['id']}:\n{_block(run['error'])}" for run in runs if run["error"]]
     return "\n\n".join([table, *errors])
+
+
+def _block(text: str) -> str:
+    """A stored text whole, each of its lines escaped and indented: its line breaks
+    are kept, and no line of it starts where the command's own lines do."""
+    return "\n".join(f"    {printable(line)}" for line in text.rstrip().split("\n"))
 
 
 def schedule_of(args: argparse.Namespace, settings: Settings) -> str:
@@ -206,13 +217,13 @@ async def _jobs(
             engine, args.job_id, lease_now=lease_now(clock), schedule=schedule
         )
         return (
-            f"queued {args.job_id} (schedule {schedule}): the leader fires it now, through "
-            "its slot claim"
+            f"queued {printable(args.job_id)} (schedule {schedule}): the leader fires it now, "
+            "through its slot claim"
         )
     if args.jobs_command in ("pause", "resume"):
         paused = args.jobs_command == "pause"
         await queries.set_paused(engine, args.job_id, paused, schedule=schedule)
-        return f"{'paused' if paused else 'resumed'} {args.job_id} (schedule {schedule})"
+        return f"{'paused' if paused else 'resumed'} {printable(args.job_id)} (schedule {schedule})"
     if args.jobs_command == "history":
         runs = await queries.job_runs(engine, args.job_id, limit=args.limit, schedule=schedule)
         return _json(runs) if args.json else _history(runs, args.full)
@@ -246,7 +257,8 @@ async def _outbox(
 ) -> str:
     if args.outbox_command == "reset":
         await queries.reset_outbox_message(engine, args.name, args.message_id, lease_now(clock))
-        return f"outbox {args.name!r} message {args.message_id} is pending again, due now"
+        name = printable(args.name)
+        return f"outbox '{name}' message {args.message_id} is pending again, due now"
     if args.outbox_command == "list":
         summary = await queries.outbox_summary(engine, lease_now(clock))
         if args.json:

@@ -1,25 +1,43 @@
 """Log set-up for the process. The library modules only log; this module configures.
 
-Every line carries the process id, because several workers share one output.
+Every line carries the process id, because several workers share one output. One event
+is one line: its message, which may quote data (an outbox key, a receiver's error
+body), is printed through app/printable.py, so a CR or LF in it cannot start a forged
+line and an escape sequence cannot reach the terminal; a traceback follows on lines of
+its own, indented and escaped the same way.
 """
 
 from __future__ import annotations
 
 import logging
 
+from .printable import printable
 from .redact import redact
 
 __all__ = ["configure_logging"]
 
 _FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
+_INDENT = "    "
 
 
-class _RedactingFormatter(logging.Formatter):
-    """Formats as usual, then redacts URL credentials from the whole line (and its
-    traceback): a secret in an exception message is not printed either."""
+class _LineFormatter(logging.Formatter):
+    """One line per event, escaped (printable) and with URL credentials redacted (a
+    secret in an exception message is not printed either); the traceback, if any, on
+    indented lines below it."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
+        record.message = record.getMessage()
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        lines = [printable(redact(self.formatMessage(record)))]
+        details = []
+        if record.exc_info:
+            details.append(self.formatException(record.exc_info))
+        if record.stack_info:
+            details.append(self.formatStack(record.stack_info))
+        for detail in details:
+            lines += [_INDENT + printable(line) for line in redact(detail).splitlines()]
+        return "\n".join(lines)
 
 
 def configure_logging(level: str) -> None:
@@ -27,7 +45,7 @@ def configure_logging(level: str) -> None:
     root = logging.getLogger()
     if not any(getattr(handler, "_regent", False) for handler in root.handlers):
         handler = logging.StreamHandler()
-        handler.setFormatter(_RedactingFormatter(_FORMAT))
+        handler.setFormatter(_LineFormatter(_FORMAT))
         handler._regent = True  # type: ignore[attr-defined]
         root.addHandler(handler)
     logging.getLogger("app").setLevel(level)

@@ -33,7 +33,7 @@ from .admin import (
     index_router,
     page_router,
 )
-from .admin.nostore import NoStoreAdmin
+from .admin.headers import AdminHeaders
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
 from .http_errors import validation_error_response
 from .logging import configure_logging
@@ -208,7 +208,15 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
             if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
                 multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
 
-    app = FastAPI(title="Regent", lifespan=lifespan)
+    # Swagger UI and ReDoc load their scripts from a CDN, without integrity: off unless
+    # asked for (API_DOCS_ENABLED); /openapi.json is served either way.
+    docs = resolved.API_DOCS_ENABLED
+    app = FastAPI(
+        title="Regent",
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+    )
     app.state.settings = resolved
     app.state.scheduler = scheduler
     app.state.clock = SystemClock()
@@ -222,7 +230,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         instrument(scheduler)
     app.add_exception_handler(AdminError, admin_error_response)
     app.add_exception_handler(RequestValidationError, validation_error_response)
-    app.add_middleware(NoStoreAdmin)
+    app.add_middleware(AdminHeaders)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

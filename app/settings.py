@@ -6,6 +6,7 @@ handed down; nothing reads ``os.environ`` for configuration anywhere else.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -27,7 +28,7 @@ _POSTGRES_SCHEMES = ("postgres", "postgresql")
 _URL_PARAMETERS = ("sslmode", "target_session_attrs")
 
 
-ADMIN_TOKEN_MIN_LENGTH = 16
+ADMIN_TOKEN_MIN_LENGTH = 32
 _WEEK = 7 * 24 * 3600
 
 
@@ -100,6 +101,18 @@ class Settings(BaseSettings):
         description="bearer token of the example routes /api/stats and /api/credits/grants, "
         f"at least {ADMIN_TOKEN_MIN_LENGTH} characters; unset: they 404",
     )
+    API_DOCS_ENABLED: bool = Field(
+        default=False,
+        description="serve /docs and /redoc, whose scripts the browser loads from a CDN "
+        "(cdn.jsdelivr.net) without an integrity check; false: they answer 404 "
+        "(/openapi.json is served either way)",
+    )
+    TRUSTED_PROXIES: str = Field(
+        default="",
+        description="comma-separated addresses (or networks) of the proxies in front of "
+        "the app, whose X-Forwarded-For and X-Forwarded-Proto `python -m app` believes; "
+        "empty (the default): none, each request's client is its peer address",
+    )
     DATABASE_CONNECT_TIMEOUT_SECONDS: float = _finite(default=10, gt=0, le=600)
     LEASE_SECONDS: int = Field(
         default=30,
@@ -144,9 +157,22 @@ class Settings(BaseSettings):
             )
         if len(token) < ADMIN_TOKEN_MIN_LENGTH:
             raise ValueError(
-                f"is {len(token)} characters; it must be at least {ADMIN_TOKEN_MIN_LENGTH} "
-                "(e.g. `openssl rand -hex 32`)"
+                f"is {len(token)} characters; it must be at least {ADMIN_TOKEN_MIN_LENGTH}, "
+                "a random value: make one with `openssl rand -hex 32`"
             )
+        return value
+
+    @field_validator("TRUSTED_PROXIES")
+    @classmethod
+    def _proxy_addresses(cls, value: str) -> str:
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{item!r} is not an IP address or network; list the addresses of the "
+                    "proxies in front of the app, comma-separated (e.g. 10.0.0.5,10.0.1.0/24)"
+                ) from None
         return value
 
     @field_validator("CREDIT_GRANTS_URL")
@@ -229,6 +255,11 @@ class Settings(BaseSettings):
     def credit_grants_url(self) -> str | None:
         """CREDIT_GRANTS_URL with its credentials, for the transport that posts to it."""
         return _revealed(self.CREDIT_GRANTS_URL)
+
+    @property
+    def trusted_proxies(self) -> list[str]:
+        """TRUSTED_PROXIES as a list; empty when no proxy is believed."""
+        return [part.strip() for part in self.TRUSTED_PROXIES.split(",") if part.strip()]
 
     @property
     def is_production(self) -> bool:

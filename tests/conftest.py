@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -275,3 +276,13 @@ def serve_user_app() -> Iterator[ServeUserApp]:
             process.kill()
             process.wait()
         subprocess.run(["rm", "-rf", str(tmp_path)], check=False)
+
+
+_HIDDEN = re.compile(r'<input type="hidden" name="([^"]+)" value="([^"]*)">')
+
+
+async def admin_sign_in(client: httpx.AsyncClient, token: str) -> httpx.Response:
+    """Post ``token`` through the admin's sign-in form as a browser does: read the form
+    (which sets its cookie), post its hidden fields with the token; the answer."""
+    form = (await client.get("/admin")).text
+    return await client.post("/admin/login", data=dict(_HIDDEN.findall(form)) | {"token": token})

@@ -1,6 +1,7 @@
-"""The admin dependency: a bearer token compared in constant time.
+"""The bearer-token guard of the admin API and the example API, compared in constant
+time and throttled per client (throttle.py).
 
-With no ADMIN_TOKEN configured the admin routes answer 404: there is never a default
+With no token configured the guarded routes answer 404: there is never a default
 credential. A token too short to be a key (settings refuse one; a Settings built past
 validation could still carry it) counts as none. The token is never logged.
 """
@@ -11,45 +12,97 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
+from pydantic import SecretStr
 
+from app.db import Database
+from app.scheduler import Clock
+from app.scheduler.clock import lease_now
 from app.settings import ADMIN_TOKEN_MIN_LENGTH, Settings
 
-__all__ = ["AdminDep", "admin_key", "require_admin", "token_matches"]
+from . import throttle
+
+__all__ = [
+    "AdminDep",
+    "admin_key",
+    "client_address",
+    "key_of",
+    "refuse_wrong_token",
+    "require_admin",
+    "require_bearer",
+    "token_matches",
+]
+
+
+def key_of(token: SecretStr | None) -> bytes | None:
+    """A configured token as the key it is compared with; None when it is unset or too
+    short to be a key."""
+    if token is None:
+        return None
+    value = token.get_secret_value()
+    if len(value.strip()) < ADMIN_TOKEN_MIN_LENGTH:
+        return None
+    return value.encode()
 
 
 def admin_key(settings: Settings) -> bytes | None:
     """The admin token as the key the admin signs with; None when the admin is off."""
-    if settings.ADMIN_TOKEN is None:
-        return None
-    token = settings.ADMIN_TOKEN.get_secret_value()
-    if len(token.strip()) < ADMIN_TOKEN_MIN_LENGTH:
-        return None
-    return token.encode()
+    return key_of(settings.ADMIN_TOKEN)
 
 
 def token_matches(key: bytes, offered: str | None) -> bool:
-    """True when ``offered`` is the admin token ``key`` (constant-time compare)."""
+    """True when ``offered`` is the token ``key`` (constant-time compare)."""
     if not offered:
         return False
     return hmac.compare_digest(offered.encode("utf-8", "surrogatepass"), key)
 
 
-def require_admin(request: Request) -> None:
-    """Let the request through with ``Authorization: Bearer <ADMIN_TOKEN>``; 401
-    otherwise; 404 when no token is configured. (The page uses its cookie; the API
-    never does, so no cross-site form can drive it.)"""
-    key = admin_key(request.app.state.settings)
+def client_address(request: Request) -> str:
+    """The address the throttle counts a request against: the peer's, or the one a
+    proxy named in TRUSTED_PROXIES forwarded (uvicorn's proxy headers, configured by
+    `python -m app`)."""
+    return request.client.host if request.client else "unknown"
+
+
+async def refuse_wrong_token(request: Request) -> int:
+    """Count a wrong token from this request's client (throttle.py); 0 to answer 401,
+    else the seconds to put in a 429's Retry-After."""
+    database: Database = request.app.state.database
+    clock: Clock = request.app.state.clock
+    return await throttle.count_wrong_token(
+        database.engine, client_address(request), lease_now(clock)
+    )
+
+
+async def require_bearer(request: Request, key: bytes | None, setting: str) -> None:
+    """Let the request through with ``Authorization: Bearer <token>`` for ``key`` (the
+    token of ``setting``); 404 when ``key`` is None (the routes are off); 401 for a
+    missing or wrong token; 429 with Retry-After for a wrong one from a client that
+    must wait (the right token always passes)."""
     if key is None:
         raise HTTPException(404, "Not Found")
-    header = request.headers.get("authorization", "")
-    scheme, _, offered = header.partition(" ")
+    header = request.headers.get("authorization")
+    scheme, _, offered = (header or "").partition(" ")
     if scheme.lower() == "bearer" and token_matches(key, offered.strip()):
         return
+    # A request offering no credential guesses nothing: only offered ones are counted.
+    wait = await refuse_wrong_token(request) if header else 0
+    if wait:
+        raise HTTPException(
+            429,
+            f"too many wrong tokens from this address; wait {wait} s before the next try",
+            headers={"Retry-After": str(wait)},
+        )
     raise HTTPException(
         401,
-        "admin routes need Authorization: Bearer <ADMIN_TOKEN>",
+        f"this route needs Authorization: Bearer <{setting}>",
         headers={"WWW-Authenticate": "Bearer"},
     )
+
+
+async def require_admin(request: Request) -> None:
+    """The admin API's guard: require_bearer with ADMIN_TOKEN. (The page uses its
+    cookie; the API never does, so no cross-site form can drive it.)"""
+    await require_bearer(request, admin_key(request.app.state.settings), "ADMIN_TOKEN")
 
 
 AdminDep = Annotated[None, Depends(require_admin)]

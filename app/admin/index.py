@@ -18,7 +18,10 @@ ROUTES = {
     "/health/scheduler": "200 with a leader and every job fresh; 503 listing stale jobs",
     "/metrics": "Prometheus metrics of every worker",
 }
-ADMIN_OFF = "off: ADMIN_TOKEN is unset; set it (16+ characters) to serve the admin page at /admin"
+ADMIN_OFF = (
+    "off: ADMIN_TOKEN is unset; set it (32+ characters: `openssl rand -hex 32`) to serve "
+    "the admin page at /admin"
+)
 
 
 @router.get("/")

@@ -8,7 +8,8 @@ way the CLI prints them (see display.py).
 Sign-in posts the token once; the page then keeps an HttpOnly, SameSite=Strict session
 cookie that carries its issue time and is signed with the token (never the token
 itself); sign-out revokes it everywhere (see session.py). Every POST carries a CSRF
-field derived from the session. Repeated wrong tokens from one client are slowed (see
+field derived from the session, and the sign-in one derived from the form's own cookie.
+Repeated wrong tokens from one client are slowed, the right one never (see
 throttle.py). Without ADMIN_TOKEN every route here answers 404.
 """
 
@@ -27,9 +28,9 @@ from fastapi.templating import Jinja2Templates
 from app.db import Database
 from app.storable import INT64_MAX
 
-from . import display, queries, session, throttle
+from . import display, queries, session
 from .api import lease_now_of, schedule_name
-from .auth import admin_key, token_matches
+from .auth import admin_key, refuse_wrong_token, token_matches
 from .errors import AdminError, NotFound
 from .params import JobId, MessageId, OutboxName
 
@@ -144,10 +145,35 @@ async def _job_page(
     return templates.TemplateResponse(request, "job.html", context)
 
 
-def _login_form(request: Request, error: str | None, status_code: int = 200) -> Response:
-    return templates.TemplateResponse(
-        request, "login.html", {"error": error}, status_code=status_code
+def _login_form(
+    request: Request, key: bytes, error: str | None, status_code: int = 200
+) -> Response:
+    sent = request.cookies.get(session.LOGIN_COOKIE)
+    nonce = session.login_nonce(sent)
+    context = {"error": error, "csrf": session.login_csrf_for(key, nonce)}
+    response = templates.TemplateResponse(request, "login.html", context, status_code=status_code)
+    if nonce == sent:
+        return response
+    response.set_cookie(
+        session.LOGIN_COOKIE,
+        nonce,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/admin",
     )
+    return response
+
+
+_STYLESHEET = (Path(__file__).parent / "templates" / "admin.css").read_text()
+
+
+@router.get("/admin.css")
+async def stylesheet(request: Request) -> Response:
+    """The page's style sheet (a file, not inline: the page's CSP allows no inline
+    style, see headers.py)."""
+    _key(request)
+    return Response(_STYLESHEET, media_type="text/css")
 
 
 @router.get("", response_class=HTMLResponse)
@@ -156,7 +182,7 @@ async def admin_page(request: Request, flash: str | None = None) -> Response:
     key = _key(request)
     cookie = await _session(request, key)
     if cookie is None:
-        return _login_form(request, None)
+        return _login_form(request, key, None)
     return await _page(request, session.csrf_for(key, cookie), _flash(flash))
 
 
@@ -173,30 +199,42 @@ async def job_page(
     key = _key(request)
     cookie = await _session(request, key)
     if cookie is None:
-        return _login_form(request, None)
+        return _login_form(request, key, None)
     csrf = session.csrf_for(key, cookie)
     return await _job_page(request, csrf, job_id, before, limit, _flash(flash))
 
 
 @router.post("/login")
-async def login(request: Request, token: Annotated[str, Form()]) -> Response:
-    """Check the token; set a new session cookie and go to the page, or say no (401);
-    429 with Retry-After while this client must wait after repeated failures."""
+async def login(
+    request: Request, token: Annotated[str, Form()], csrf: Annotated[str, Form()] = ""
+) -> Response:
+    """Check the form's CSRF value (403 without it: a form posted from another site),
+    then the token: set a new session cookie and go to the page, or say no (401; 429
+    with Retry-After while this client must wait after repeated wrong tokens)."""
     key = _key(request)
+    nonce = request.cookies.get(session.LOGIN_COOKIE)
+    expected = session.login_csrf_for(key, nonce) if nonce else ""
+    if not nonce or not hmac.compare_digest(csrf.encode("utf-8", "replace"), expected.encode()):
+        return _login_form(
+            request,
+            key,
+            "The form's CSRF value is missing or wrong; reload the page and sign in again.",
+            status_code=403,
+        )
+    if not token_matches(key, token):
+        wait = await refuse_wrong_token(request)
+        if wait:
+            response = _login_form(
+                request,
+                key,
+                f"Too many wrong tokens from this address; wait {wait} s before the next try.",
+                status_code=429,
+            )
+            response.headers["Retry-After"] = str(wait)
+            return response
+        return _login_form(request, key, "That is not the admin token.", status_code=401)
     engine = _engine(request)
     lease_now = lease_now_of(request)
-    client = request.client.host if request.client else "unknown"
-    wait = await throttle.wait_before_attempt(engine, client, lease_now)
-    if wait:
-        response = _login_form(
-            request, f"Too many wrong tokens; try again in {wait} s.", status_code=429
-        )
-        response.headers["Retry-After"] = str(wait)
-        return response
-    if not token_matches(key, token):
-        await throttle.record_failure(engine, client, lease_now)
-        return _login_form(request, "That is not the admin token.", status_code=401)
-    await throttle.clear_failures(engine, client)
     response = RedirectResponse("/admin", status_code=303)
     response.set_cookie(
         session.COOKIE,

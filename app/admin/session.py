@@ -1,6 +1,12 @@
 """Admin page sessions: a signed cookie carrying its issue time, revoked by a "not
 before" kept in the database.
 
+The sign-in form is guarded the same way before there is a session: the form's page
+sets a random ``regent_login`` cookie (HttpOnly, SameSite=Strict) and carries a CSRF
+value derived from it, and a sign-in without both is refused before its token is read:
+a form posted from another site carries neither, so it can neither sign the admin in as
+someone else nor spend the admin's address's wrong tokens (throttle.py).
+
 The cookie is ``<issued, microseconds since the epoch>.<HMAC of that, keyed by the
 admin token>``; it never contains the token. It is current while it is younger than
 SESSION_MAX_AGE and issued after ``admin_sessions.not_before``. Sign-out moves
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
+import secrets
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
@@ -27,17 +35,22 @@ from app.scheduler.clock import LEASE_NOW_SQL
 
 __all__ = [
     "COOKIE",
+    "LOGIN_COOKIE",
     "SESSION_MAX_AGE",
     "csrf_for",
     "is_current",
     "issue",
     "issued_at",
+    "login_csrf_for",
+    "login_nonce",
     "revoke",
 ]
 
 COOKIE = "regent_admin"
+LOGIN_COOKIE = "regent_login"
 SESSION_MAX_AGE = timedelta(hours=12)
 
+_URL_SAFE = re.compile(r"[A-Za-z0-9_-]+")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LONGEST_COOKIE = 100
 
@@ -101,3 +114,16 @@ async def revoke(engine: AsyncEngine, lease_now: datetime | None = None) -> None
 def csrf_for(key: bytes, cookie: str) -> str:
     """The CSRF value of the page served to the session ``cookie``."""
     return _sign(key, "csrf", cookie)
+
+
+def login_nonce(cookie: str | None) -> str:
+    """The sign-in form's cookie value: the one the browser sent when it is one we make
+    (a long URL-safe random), else a new one."""
+    if cookie and 32 <= len(cookie) <= 64 and _URL_SAFE.fullmatch(cookie):
+        return cookie
+    return secrets.token_urlsafe(32)
+
+
+def login_csrf_for(key: bytes, nonce: str) -> str:
+    """The CSRF value of the sign-in form served with the cookie ``nonce``."""
+    return _sign(key, "login", nonce)

@@ -3,7 +3,10 @@
 ``POST /api/credits/grants`` commits the grant and its outbox row in one transaction,
 answers 202, and tries delivery after the response through the outbox's inline attempt;
 the drain, every minute, is the durability half. A reused ``reference`` returns the
-existing grant and adds nothing. ``build()`` in ``app.jobs`` mounts the route behind
+existing grant and adds nothing when it asks for the same grant, and 409 when it names
+another workspace or amount (as payment APIs answer a reused idempotency key). The
+reference is the outbox key, sent in the receiver's Idempotency-Key header, so one the
+header cannot carry is a 422 (HEADER_KEY_RULE). ``build()`` in ``app.jobs`` mounts the route behind
 ``Authorization: Bearer <API_TOKEN>`` (see api_token.py): it moves money.
 """
 
@@ -12,12 +15,18 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, BackgroundTasks, HTTPException, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 from sqlalchemy import text
 
 from app.after_response import run_after_response
 from app.db import Database
-from app.outbox import HttpTransport, Message, Outbox, RetryableDeliveryError
+from app.outbox import (
+    HttpTransport,
+    Message,
+    Outbox,
+    RetryableDeliveryError,
+    header_safe_key,
+)
 from app.scheduler import Scheduler
 from app.settings import Settings
 from app.storable import Int32Id, PositiveInt64, StorableText
@@ -32,7 +41,7 @@ _INSERT = text(
     RETURNING id
     """
 )
-_EXISTING = text("SELECT id FROM credit_grants WHERE reference = :reference")
+_EXISTING = text("SELECT id, workspace_id, amount FROM credit_grants WHERE reference = :reference")
 _WORKSPACE = text("SELECT 1 FROM workspaces WHERE id = :workspace_id")
 
 
@@ -41,7 +50,9 @@ class GrantIn(BaseModel):
 
     workspace_id: Int32Id
     amount: Annotated[PositiveInt64, Field(description="credits to grant; above zero")]
-    reference: Annotated[StorableText, Field(min_length=1, max_length=200)]
+    reference: Annotated[
+        StorableText, Field(min_length=1, max_length=200), AfterValidator(header_safe_key)
+    ]
 
 
 class GrantOut(BaseModel):
@@ -70,7 +81,8 @@ def build(settings: Settings, scheduler: Scheduler) -> tuple[Outbox, APIRouter]:
         grant: GrantIn, request: Request, response: Response, background: BackgroundTasks
     ) -> GrantOut:
         """Grant credits: 202 when created, 200 with the existing grant for a reused
-        reference, 404 for an unknown workspace_id, 422 for a bad body."""
+        reference asking for the same grant, 409 for one asking for another, 404 for an
+        unknown workspace_id, 422 for a bad body."""
         database: Database = request.app.state.database
         async with database.sessions() as session:
             async with session.begin():
@@ -78,9 +90,19 @@ def build(settings: Settings, scheduler: Scheduler) -> tuple[Outbox, APIRouter]:
                     raise HTTPException(404, f"workspace_id {grant.workspace_id} does not exist")
                 grant_id = (await session.execute(_INSERT, grant.model_dump())).scalar()
                 if grant_id is None:
+                    existing = (await session.execute(_EXISTING, grant.model_dump())).one()
+                    if (existing.workspace_id, existing.amount) != (
+                        grant.workspace_id,
+                        grant.amount,
+                    ):
+                        raise HTTPException(
+                            409,
+                            f"reference {grant.reference!r} was used for a grant of "
+                            f"{existing.amount} to workspace_id {existing.workspace_id}; "
+                            "a reference names one grant: use a new one for another grant",
+                        )
                     response.status_code = 200
-                    existing = await session.execute(_EXISTING, grant.model_dump())
-                    return GrantOut(id=existing.scalar_one(), created=False)
+                    return GrantOut(id=existing.id, created=False)
                 enqueued = await outbox.enqueue(
                     session, grant.model_dump() | {"grant_id": grant_id}, key=grant.reference
                 )

@@ -4,7 +4,8 @@ A row is written in the same transaction as the change that promises it
 (``await outbox.enqueue(session, payload, key=...)``); the drain, a scheduler job,
 delivers it with backoff (5, 15, 60, 300, 900, 3600 s), marks a refused or exhausted
 row ``stuck``, and never deletes anything. The receiver gets ``<outbox>:<key>`` as an
-idempotency key on every attempt. An enqueue's commit wakes the leader's drain through
+idempotency key on every attempt; a key the deliverer cannot send (HttpTransport: not
+printable ASCII) is refused at enqueue. An enqueue's commit wakes the leader's drain through
 NOTIFY, so delivery does not wait for the next tick.
 """
 
@@ -16,15 +17,17 @@ from .errors import (
     OutboxNameTakenError,
     PayloadError,
     PermanentDeliveryError,
+    UndeliverableKeyError,
     UnknownMessageError,
     UnregisteredDrainError,
 )
-from .http import HttpTransport, RetryableDeliveryError
+from .http import HEADER_KEY_RULE, HttpTransport, RetryableDeliveryError, header_safe_key
 from .message import DrainReport, Enqueued, Message
 from .outbox import Deliver, Outbox, reset_message
 
 __all__ = [
     "DEFAULT_BACKOFF",
+    "HEADER_KEY_RULE",
     "Deliver",
     "DrainReport",
     "Enqueued",
@@ -38,8 +41,10 @@ __all__ = [
     "PayloadError",
     "PermanentDeliveryError",
     "RetryableDeliveryError",
+    "UndeliverableKeyError",
     "UnknownMessageError",
     "UnregisteredDrainError",
+    "header_safe_key",
     "reset_message",
     "retry_delay",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from app.printable import printable
+
 __all__ = [
     "MessageDeliveredError",
     "MessageInFlightError",
@@ -11,6 +13,7 @@ __all__ = [
     "OutboxNameTakenError",
     "PayloadError",
     "PermanentDeliveryError",
+    "UndeliverableKeyError",
     "UnknownMessageError",
     "UnregisteredDrainError",
 ]
@@ -27,6 +30,21 @@ class PermanentDeliveryError(OutboxError):
 
 class PayloadError(OutboxError):
     """Raised at enqueue when the payload cannot be stored as JSON; names the field."""
+
+
+class UndeliverableKeyError(OutboxError):
+    """Raised at enqueue for a key the outbox's deliverer cannot send (HttpTransport: a
+    key an HTTP header cannot carry): such a row could never be delivered. ``outbox``,
+    ``key`` and ``rule`` (what the deliverer accepts) name the problem."""
+
+    def __init__(self, outbox: str, key: str, rule: str) -> None:
+        self.outbox = outbox
+        self.key = key
+        self.rule = rule
+        super().__init__(
+            f"outbox {outbox!r}: key '{printable(key)}' cannot be delivered: {rule}; "
+            "encode it before enqueueing (e.g. urllib.parse.quote(key, safe=''))"
+        )
 
 
 class UnregisteredDrainError(OutboxError):

@@ -11,10 +11,14 @@ The error of a failed attempt names the URL with its credentials redacted (useri
 logs it.
 
 Every attempt carries ``Idempotency-Key: <outbox>:<key>``, so a receiver that got a
-delivery whose answer was lost recognises the retry.
+delivery whose answer was lost recognises the retry. A header carries printable ASCII
+only, so the outbox refuses at enqueue any other key (``key_problem``, HEADER_KEY_RULE):
+such a row could never be sent.
 """
 
 from __future__ import annotations
+
+import re
 
 import httpx
 
@@ -23,9 +27,25 @@ from app.redact import redact
 from .errors import PermanentDeliveryError
 from .message import Message
 
-__all__ = ["HttpTransport", "RetryableDeliveryError"]
+__all__ = ["HEADER_KEY_RULE", "HttpTransport", "RetryableDeliveryError", "header_safe_key"]
 
 _RETRYABLE_4XX = frozenset({408, 429})
+
+HEADER_KEY_RULE = (
+    "a key sent in the Idempotency-Key header must be printable ASCII (letters, digits, "
+    "punctuation, and spaces between them): no accents, no control characters, no space "
+    "at either end"
+)
+# Visible ASCII, with spaces only inside: a receiver trims a header value's ends.
+_HEADER_SAFE = re.compile(r"[!-~](?:[ -~]*[!-~])?")
+
+
+def header_safe_key(key: str) -> str:
+    """``key`` when an HTTP header can carry it; ValueError saying the rule otherwise
+    (for a model field: the message names no value)."""
+    if _HEADER_SAFE.fullmatch(key) is None:
+        raise ValueError(f"{HEADER_KEY_RULE}; encode it first (e.g. percent-encoding)")
+    return key
 
 
 class RetryableDeliveryError(Exception):
@@ -41,6 +61,11 @@ class HttpTransport:
         self.url = url
         self.timeout = timeout
         self._client = client or httpx.AsyncClient(timeout=timeout)
+
+    def key_problem(self, key: str) -> str | None:
+        """Why ``key`` cannot be delivered (HEADER_KEY_RULE); None when it can. The
+        outbox asks at enqueue."""
+        return None if _HEADER_SAFE.fullmatch(key) else HEADER_KEY_RULE
 
     async def __call__(self, message: Message) -> None:
         """Deliver or raise: PermanentDeliveryError for a refusal, anything else to retry."""

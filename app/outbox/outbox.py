@@ -34,6 +34,7 @@ from .errors import (
     MessageInFlightError,
     OutboxError,
     OutboxNameTakenError,
+    UndeliverableKeyError,
     UnknownMessageError,
 )
 from .message import DrainReport, Enqueued, Message
@@ -54,6 +55,9 @@ class Outbox:
 
     ``deliver(message)`` is an async callable: it returns on success, raises
     PermanentDeliveryError to make the row stuck, and raises anything else to retry.
+    A deliver with a ``key_problem(key) -> str | None`` method (HttpTransport: the key
+    goes into a header) is asked at enqueue, which refuses a key it names a problem
+    with (UndeliverableKeyError): that row could never be delivered.
     Pass ``scheduler=`` (or call ``register``) to put its drain job, every minute by
     default, and its NOTIFY wake-up service on that scheduler.
     """
@@ -172,7 +176,8 @@ class Outbox:
 
         A key the outbox already has adds nothing and returns that row
         (``created=False``). The drain is woken by NOTIFY once the caller commits.
-        Raises PayloadError naming a field that is not JSON.
+        Raises PayloadError naming a field that is not JSON, UndeliverableKeyError
+        for a key the deliverer cannot send.
         """
         params = self._insert_params(payload, key)
         row_id = (await session.execute(sql.INSERT, params)).scalar()
@@ -247,6 +252,10 @@ class Outbox:
     def _insert_params(self, payload: Any, key: str) -> dict[str, Any]:
         if not isinstance(key, str) or not key:
             raise OutboxError(f"outbox {self.name!r}: key must be a non-empty string")
+        key_problem = getattr(self.deliver, "key_problem", None)
+        problem = key_problem(key) if callable(key_problem) else None
+        if problem is not None:
+            raise UndeliverableKeyError(self.name, key, problem)
         return {
             "outbox": self.name,
             "key": key,

@@ -20,7 +20,9 @@ from app.main import create_app
 from app.scheduler import Clock, Role, Scheduler
 from app.settings import Settings
 
-TOKEN = "truth-admin-token"
+from ..conftest import admin_sign_in
+
+TOKEN = "truth-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 Serve = Callable[..., AbstractAsyncContextManager[httpx.AsyncClient]]
@@ -125,11 +127,11 @@ async def page_csrf(client: httpx.AsyncClient) -> str:
 
 async def signed_in(client: httpx.AsyncClient) -> str:
     """Sign in to the admin page with TOKEN; the page's CSRF field."""
-    await client.post("/admin/login", data={"token": TOKEN})
+    await admin_sign_in(client, TOKEN)
     return await page_csrf(client)
 
 
-ADMIN_TOKEN = "worker-admin-token"
+ADMIN_TOKEN = "worker-admin-token-0123456789abcdef"
 
 WorkerAdmin = Callable[[Scheduler, Clock], AbstractAsyncContextManager[httpx.AsyncClient]]
 

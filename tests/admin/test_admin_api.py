@@ -16,7 +16,7 @@ from app.main import create_app
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, every
 from app.settings import Settings
 
-TOKEN = "s3cret-admin-token"
+TOKEN = "s3cret-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

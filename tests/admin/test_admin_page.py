@@ -20,7 +20,9 @@ from app.main import create_app
 from app.scheduler import JobContext, Scheduler, cron, every
 from app.settings import Settings
 
-TOKEN = "page-admin-token"
+from ..conftest import admin_sign_in
+
+TOKEN = "page-admin-token-0123456789abcdef"
 CHROMIUM = Path("/usr/bin/chromium")
 
 
@@ -42,7 +44,7 @@ async def page_client(admin_settings: Settings) -> AsyncIterator[httpx.AsyncClie
 
 async def _signed_in(client: httpx.AsyncClient) -> str:
     """Sign in; the CSRF field of the page."""
-    await client.post("/admin/login", data={"token": TOKEN})
+    await admin_sign_in(client, TOKEN)
     page = await client.get("/admin")
     match = re.search(r'name="csrf" value="([^"]+)"', page.text)
     assert match is not None, page.text
@@ -235,7 +237,7 @@ async def test_page_is_404_without_a_configured_token(settings: Settings) -> Non
 
 
 async def test_wrong_token_is_refused_and_sets_no_cookie(page_client: httpx.AsyncClient) -> None:
-    response = await page_client.post("/admin/login", data={"token": "guess"})
+    response = await admin_sign_in(page_client, "guess")
     assert response.status_code == 401
     assert "set-cookie" not in response.headers
 
@@ -243,7 +245,7 @@ async def test_wrong_token_is_refused_and_sets_no_cookie(page_client: httpx.Asyn
 async def test_sign_in_sets_a_strict_http_only_cookie_without_the_token(
     page_client: httpx.AsyncClient,
 ) -> None:
-    response = await page_client.post("/admin/login", data={"token": TOKEN})
+    response = await admin_sign_in(page_client, TOKEN)
     assert response.status_code == 303
     cookie = response.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie
@@ -251,7 +253,7 @@ async def test_sign_in_sets_a_strict_http_only_cookie_without_the_token(
 
 
 async def test_a_post_without_the_csrf_field_is_refused(page_client: httpx.AsyncClient) -> None:
-    await page_client.post("/admin/login", data={"token": TOKEN})
+    await admin_sign_in(page_client, TOKEN)
     response = await page_client.post("/admin/outboxes/grants/messages/1/reset", data={"csrf": "x"})
     assert response.status_code == 403
     assert "CSRF" in response.text
@@ -271,7 +273,7 @@ async def test_reset_of_a_row_a_drain_holds_shows_why_on_the_page(
                 )
             )
         ).scalar_one()
-    await page_client.post("/admin/login", data={"token": TOKEN})
+    await admin_sign_in(page_client, TOKEN)
     page = (await page_client.get("/admin")).text
     csrf = re.search(r'name="csrf" value="([^"]+)"', page)
     assert csrf is not None, page
@@ -284,7 +286,7 @@ async def test_reset_of_a_row_a_drain_holds_shows_why_on_the_page(
 
 
 async def test_the_api_ignores_the_page_cookie(page_client: httpx.AsyncClient) -> None:
-    await page_client.post("/admin/login", data={"token": TOKEN})
+    await admin_sign_in(page_client, TOKEN)
     assert (await page_client.get("/admin/api/jobs")).status_code == 401
 
 

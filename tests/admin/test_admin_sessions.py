@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from ..conftest import admin_sign_in
 from .conftest import AUTH, TOKEN, Worker
 
 
@@ -18,12 +19,12 @@ async def test_every_admin_answer_says_no_store(worker: Worker) -> None:
     async with worker() as client:
         answers = [
             await client.get("/admin"),
-            await client.post("/admin/login", data={"token": "wrong"}),
+            await admin_sign_in(client, "wrong"),
             await client.get("/admin/api/jobs"),
             await client.get("/admin/api/jobs", headers=AUTH),
             await client.get("/admin/api/jobs/nope/runs", headers=AUTH),
             await client.get("/admin/api/jobs/bad%20id/runs", headers=AUTH),
-            await client.post("/admin/login", data={"token": TOKEN}),
+            await admin_sign_in(client, TOKEN),
             await client.get("/admin"),
             await client.get("/admin/no-such-page"),
         ]
@@ -33,7 +34,7 @@ async def test_every_admin_answer_says_no_store(worker: Worker) -> None:
 
 async def test_a_cookie_kept_past_sign_out_opens_nothing(worker: Worker) -> None:
     async with worker() as client:
-        await client.post("/admin/login", data={"token": TOKEN})
+        await admin_sign_in(client, TOKEN)
         kept = client.cookies.get("regent_admin")
         page = await client.get("/admin")
         csrf = _csrf(page.text)
@@ -49,7 +50,7 @@ async def test_a_cookie_kept_past_sign_out_opens_nothing(worker: Worker) -> None
 
 async def test_sign_out_in_one_worker_revokes_the_session_in_another(worker: Worker) -> None:
     async with worker() as first, worker() as second:
-        await first.post("/admin/login", data={"token": TOKEN})
+        await admin_sign_in(first, TOKEN)
         cookie = first.cookies.get("regent_admin") or ""
         second.cookies.set("regent_admin", cookie, path="/admin")
         assert 'id="jobs"' in (await second.get("/admin")).text
@@ -60,23 +61,17 @@ async def test_sign_out_in_one_worker_revokes_the_session_in_another(worker: Wor
 
 async def test_signing_in_again_after_sign_out_works(worker: Worker) -> None:
     async with worker() as client:
-        await client.post("/admin/login", data={"token": TOKEN})
+        await admin_sign_in(client, TOKEN)
         csrf = _csrf((await client.get("/admin")).text)
         await client.post("/admin/logout", data={"csrf": csrf})
-        assert (await client.post("/admin/login", data={"token": TOKEN})).status_code == 303
+        assert (await admin_sign_in(client, TOKEN)).status_code == 303
         assert 'id="jobs"' in (await client.get("/admin")).text
 
 
 async def test_repeated_sign_in_failures_from_one_client_are_slowed(worker: Worker) -> None:
     async with worker("198.51.100.9") as attacker, worker("192.0.2.44") as operator:
-        answers = [
-            (await attacker.post("/admin/login", data={"token": f"guess-{n}"})).status_code
-            for n in range(8)
-        ]
-        with_the_right_token = await attacker.post("/admin/login", data={"token": TOKEN})
-        elsewhere = await operator.post("/admin/login", data={"token": TOKEN})
-    assert answers[:5] == [401] * 5
-    assert answers[5:] == [429] * 3
-    assert with_the_right_token.status_code == 429
-    assert int(with_the_right_token.headers["retry-after"]) >= 1
-    assert elsewhere.status_code == 303
+        answers = [(await admin_sign_in(attacker, f"guess-{n}")) for n in range(8)]
+        elsewhere = await admin_sign_in(operator, "a-typo")
+    assert [answer.status_code for answer in answers] == [401] * 5 + [429] * 3
+    assert int(answers[-1].headers["retry-after"]) >= 1
+    assert elsewhere.status_code == 401

@@ -166,7 +166,8 @@ def test_history_keeps_one_line_per_run_and_marks_manual_runs(with_runs: str) ->
 def test_history_full_prints_each_error_whole(with_runs: str) -> None:
     result = _app(with_runs, "jobs", "history", "nightly", "--full")
     assert result.returncode == 0, result.stderr
-    assert TRACEBACK.strip() in result.stdout
+    indented = "\n".join(f"    {line}" for line in TRACEBACK.strip().split("\n"))
+    assert indented in result.stdout
 
 
 def test_jobs_pause_and_resume(seeded: str) -> None:

@@ -17,7 +17,9 @@ from app.main import create_app
 from app.scheduler import JobContext, Role, Scheduler, every
 from app.settings import Settings
 
-TOKEN = "never-admin-token-0123"
+from ..conftest import admin_sign_in
+
+TOKEN = "never-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -57,7 +59,7 @@ async def test_the_jobs_api_answers_for_a_job_that_never_runs_again(
 async def test_the_admin_page_shows_never_for_a_job_that_never_runs_again(
     never: httpx.AsyncClient,
 ) -> None:
-    await never.post("/admin/login", data={"token": TOKEN})
+    await admin_sign_in(never, TOKEN)
     page = await never.get("/admin")
     assert page.status_code == 200, page.text
     assert "never" in page.text

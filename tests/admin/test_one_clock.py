@@ -23,10 +23,9 @@ from app.main import create_app
 from app.scheduler import Clock, JobContext, Scheduler, SystemClock, every
 from app.settings import Settings
 
-from ..conftest import SkewedClock, StartScheduler
+from ..conftest import SkewedClock, StartScheduler, admin_sign_in
 from .conftest import (
     AUTH,
-    TOKEN,
     Serve,
     Worker,
     beat_after_promotion,
@@ -234,8 +233,8 @@ async def test_a_client_slowed_on_a_host_two_minutes_off_waits_its_delay_on_anot
     async with worker(clock=skewed_clock) as skewed, worker(clock=SystemClock()) as true_host:
         # One wrong token past the free ones: the client must wait BASE_DELAY.
         for guess in range(FREE_FAILURES + 1):
-            await skewed.post("/admin/login", data={"token": f"guess-{guess}"})
-        answer = await true_host.post("/admin/login", data={"token": TOKEN})
+            await admin_sign_in(skewed, f"guess-{guess}")
+        answer = await admin_sign_in(true_host, "another-guess")
     assert answer.status_code == 429, answer.text
     assert 0 < int(answer.headers["retry-after"]) <= BASE_DELAY.total_seconds()
 

@@ -18,7 +18,9 @@ from app.main import create_app
 from app.scheduler import Role
 from app.settings import Settings
 
-TOKEN = "hostile-admin-token-0123456789"
+from ..conftest import admin_sign_in
+
+TOKEN = "hostile-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -66,7 +68,7 @@ async def hostile(hostile_settings: Settings, seeded: None) -> AsyncIterator[Hos
         await jobs.scheduler.supervisor.wait_until_firing()
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            signed_in = await client.post("/admin/login", data={"token": TOKEN})
+            signed_in = await admin_sign_in(client, TOKEN)
             assert signed_in.status_code == 303
             page = await client.get("/admin")
             csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)

@@ -21,6 +21,7 @@ from app.main import create_app
 from app.redact import redact
 from app.settings import Settings
 
+from ..conftest import admin_sign_in
 from .conftest import AUTH, TOKEN
 
 PASSWORD = "hunter2-pass"
@@ -100,7 +101,7 @@ async def test_a_credential_in_the_receiver_url_leaks_nowhere(
                         break
                     await asyncio.sleep(0.05)
             api = await client.get("/admin/api/outboxes/credit_grants/messages", headers=AUTH)
-            await client.post("/admin/login", data={"token": TOKEN})
+            await admin_sign_in(client, TOKEN)
             page = await client.get("/admin")
     cli = await asyncio.to_thread(
         subprocess.run,

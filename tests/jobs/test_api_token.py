@@ -16,8 +16,8 @@ from app.jobs import build
 from app.main import create_app
 from app.settings import Settings, SettingsError, load_settings
 
-API_TOKEN = "api-token-0123456789abcdef"
-ADMIN_TOKEN = "admin-token-0123456789abcdef"
+API_TOKEN = "api-token-0123456789abcdef0123456789"
+ADMIN_TOKEN = "admin-token-0123456789abcdef0123456789"
 
 OpenClient = Callable[[Settings], AbstractAsyncContextManager[httpx.AsyncClient]]
 

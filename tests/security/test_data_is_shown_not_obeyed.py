@@ -1,0 +1,149 @@
+"""What data carries is shown, never obeyed: keys, errors, job ids and names reach the
+operator's terminal and the application log with their control characters escaped, one
+row or one event per line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import httpx
+import psycopg
+import pytest
+
+from app.db import Database, asyncpg_dsn
+from app.logging import configure_logging
+from app.outbox import HttpTransport, Outbox
+from app.printable import printable
+
+# Retitle the terminal, clear it, forge a line, reverse the text that follows.
+HOSTILE = "k\x1b]0;owned\x07\x1b[2J\r\n2026-12-04 09:00:00 INFO all jobs ok\u202eevil"
+RAW = ("\x1b", "\x07", "\r", "\u202e")
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("\x1b[2J", "\\x1b[2J"),
+        ("bell\x07", "bell\\x07"),
+        ("a\rb", "a\\rb"),
+        ("a\nb", "a\\nb"),
+        ("a\tb", "a\\tb"),
+        ("\x7f\x85", "\\x7f\\x85"),
+        ("abc\u202edef", "abc\\u202edef"),
+        ("line\u2028sep", "line\\u2028sep"),
+        ("rechnung-müller-42 €", "rechnung-müller-42 €"),
+        ("C:\\path", "C:\\path"),
+    ],
+)
+def test_printable_escapes_control_characters_and_keeps_the_rest(text: str, shown: str) -> None:
+    assert printable(text) == shown
+
+
+def _app(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def hostile_rows(database_url: str) -> str:
+    """A stuck and a pending row whose key and last error are HOSTILE, and a job whose
+    name is and whose run failed with it."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for status in ("stuck", "pending"):
+            conn.execute(
+                "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
+                " next_attempt_at, created_at, updated_at, last_error) VALUES"
+                " ('grants', %s, '{}', %s, 3, now(), now(), now(), %s)",
+                (f"{status}-{HOSTILE}", status, HOSTILE),
+            )
+        conn.execute(
+            "INSERT INTO scheduler_jobs (id, name, trigger, next_run_at)"
+            " VALUES ('nightly', %s, 'every 60s', now())",
+            (HOSTILE,),
+        )
+        conn.execute(
+            "INSERT INTO scheduler_runs (job_id, scope, slot, manual, started_at,"
+            " finished_at, status, lateness_ms, duration_ms, pid, host, error) VALUES"
+            " ('nightly', 'leader', now(), false, now(), now(), 'error', 0, 0, 1, %s, %s)",
+            (HOSTILE, f"RuntimeError: {HOSTILE}"),
+        )
+    return database_url
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("outbox", "stuck"),
+        ("outbox", "pending"),
+        ("jobs",),
+        ("jobs", "history", "nightly"),
+    ],
+    ids=" ".join,
+)
+def test_the_cli_shows_data_escaped_one_row_per_line(
+    hostile_rows: str, command: tuple[str, ...]
+) -> None:
+    result = _app(hostile_rows, *command)
+    assert result.returncode == 0, result.stderr
+    assert not [c for c in RAW if c in result.stdout], result.stdout
+    lines = result.stdout.rstrip("\n").split("\n")
+    assert [line for line in lines if "\\x1b]0;owned" in line], result.stdout
+    assert not [line for line in lines if line.startswith("2026-12-04")], result.stdout
+
+
+def test_a_full_history_shows_errors_escaped(hostile_rows: str) -> None:
+    result = _app(hostile_rows, "jobs", "history", "nightly", "--full")
+    assert result.returncode == 0, result.stderr
+    assert not [c for c in RAW if c in result.stdout], result.stdout
+    # Its line breaks are kept, indented under "run 1:": no line of data starts a line.
+    assert "    RuntimeError: k\\x1b]0;owned\\x07\\x1b[2J\\r\n" in result.stdout
+    assert "    2026-12-04 09:00:00 INFO all jobs ok\\u202eevil" in result.stdout
+    assert not [line for line in result.stdout.split("\n") if line.startswith("2026-12-04")]
+
+
+@pytest.mark.parametrize(
+    "command", [("outbox", "stuck", "--json"), ("jobs", "--json")], ids=" ".join
+)
+def test_the_cli_json_carries_data_escaped(hostile_rows: str, command: tuple[str, ...]) -> None:
+    result = _app(hostile_rows, *command)
+    assert result.returncode == 0, result.stderr
+    assert not [c for c in RAW if c in result.stdout], result.stdout
+
+
+def test_a_cli_error_naming_data_is_one_escaped_line(hostile_rows: str) -> None:
+    result = _app(hostile_rows, "jobs", "run", f"x{HOSTILE}")
+    assert result.returncode != 0
+    assert not [c for c in RAW if c in result.stderr], result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+
+
+async def test_a_receivers_error_body_stays_on_its_log_line(
+    database: Database, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, text=f"bad grant\r\n{HOSTILE}")
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+    outbox = Outbox("grants", HttpTransport("http://receiver.test/grants", client=client))
+    outbox.bind(database.engine, listen_dsn=asyncpg_dsn(database_url))
+    async with database.sessions() as session, session.begin():
+        await outbox.enqueue(session, {"amount": 5}, key="grant-1")
+    configure_logging("INFO")
+    [handler] = [h for h in logging.getLogger().handlers if getattr(h, "_regent", False)]
+    with caplog.at_level(logging.INFO, logger="app.outbox"):
+        report = await outbox.drain_once()
+    await client.aclose()
+    assert report.stuck == 1
+    [stuck] = [r for r in caplog.records if r.getMessage().startswith("outbox.stuck")]
+    line = handler.format(stuck)
+    assert "\n" not in line and not [c for c in RAW if c in line], line
+    assert "bad grant\\r\\nk\\x1b]0;owned" in line

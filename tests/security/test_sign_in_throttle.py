@@ -1,0 +1,195 @@
+"""Sign-in that holds and cannot be turned against the admin: one throttle for the
+page and both bearer APIs, counted atomically across workers, a form that needs its
+CSRF value, and the right token never refused for what others sent."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.admin.throttle import FREE_FAILURES
+from app.localpg import free_port
+from app.settings import SettingsError, load_settings
+
+from ..conftest import admin_sign_in as sign_in
+from .conftest import ADMIN, ADMIN_TOKEN, API, Open
+
+WRONG = {"Authorization": "Bearer wrong-token-0123456789abcdef0123456789"}
+
+
+async def test_wrong_bearer_tokens_on_the_admin_api_are_throttled(open_app: Open) -> None:
+    async with open_app() as client:
+        answers = [await client.get("/admin/api/jobs", headers=WRONG) for _ in range(25)]
+    codes = [answer.status_code for answer in answers]
+    assert codes[:FREE_FAILURES] == [401] * FREE_FAILURES
+    assert set(codes[FREE_FAILURES:]) == {429}, codes
+    assert int(answers[-1].headers["retry-after"]) >= 1
+
+
+async def test_wrong_bearer_tokens_on_the_example_api_are_throttled(
+    open_app: Open, workspace: int
+) -> None:
+    async with open_app() as client:
+        codes = [
+            (
+                await client.get("/api/stats", params={"workspace_id": workspace}, headers=WRONG)
+            ).status_code
+            for _ in range(FREE_FAILURES + 3)
+        ]
+    assert codes == [401] * FREE_FAILURES + [429] * 3
+
+
+async def test_the_page_and_both_apis_count_into_one_throttle(
+    open_app: Open, workspace: int
+) -> None:
+    async with open_app() as client:
+        await sign_in(client, "wrong-token-on-the-page-0123456789abcdef")
+        await sign_in(client, "wrong-token-on-the-page-0123456789abcdef")
+        await client.get("/admin/api/jobs", headers=WRONG)
+        await client.get("/admin/api/jobs", headers=WRONG)
+        await client.get("/api/stats", params={"workspace_id": workspace}, headers=WRONG)
+        assert (await client.get("/admin/api/jobs", headers=WRONG)).status_code == 429
+
+
+async def test_twenty_wrong_sign_ins_at_once_across_workers_are_counted_one_by_one(
+    open_app: Open,
+) -> None:
+    async with open_app() as first, open_app() as second:
+        clients = [first, second] * 10
+        answers = await asyncio.gather(
+            *(
+                sign_in(client, f"guess-{n}-0123456789abcdef0123456789")
+                for n, client in enumerate(clients)
+            )
+        )
+    codes = sorted(answer.status_code for answer in answers)
+    assert codes == [401] * FREE_FAILURES + [429] * (20 - FREE_FAILURES)
+
+
+async def test_the_right_token_signs_in_after_others_sent_wrong_ones_from_its_address(
+    open_app: Open,
+) -> None:
+    async with open_app("127.0.0.1") as other_user, open_app("127.0.0.1") as admin:
+        for n in range(FREE_FAILURES + 3):
+            await sign_in(other_user, f"guess-{n}-0123456789abcdef0123456789")
+        for _ in range(FREE_FAILURES + 3):
+            await other_user.get("/admin/api/jobs", headers=WRONG)
+        page = await sign_in(admin, ADMIN_TOKEN)
+        api = await admin.get("/admin/api/jobs", headers=ADMIN)
+    assert page.status_code == 303, page.text
+    assert api.status_code == 200, api.text
+
+
+async def test_the_right_api_token_answers_after_wrong_ones_from_its_address(
+    open_app: Open, workspace: int
+) -> None:
+    async with open_app() as client:
+        for _ in range(FREE_FAILURES + 3):
+            await client.get("/api/stats", params={"workspace_id": workspace}, headers=WRONG)
+        grant = {"workspace_id": workspace, "amount": 5, "reference": "after-wrong-ones"}
+        answer = await client.post("/api/credits/grants", json=grant, headers=API)
+    assert answer.status_code == 202, answer.text
+
+
+async def test_a_sign_in_without_the_forms_csrf_value_is_refused(open_app: Open) -> None:
+    async with open_app() as client:
+        answer = await client.post("/admin/login", data={"token": ADMIN_TOKEN})
+    assert answer.status_code == 403, answer.text
+    assert "regent_admin" not in answer.cookies
+
+
+async def test_cross_site_sign_ins_with_wrong_tokens_count_for_nothing(open_app: Open) -> None:
+    async with open_app() as client:
+        # A form another site posts from the admin's browser has no CSRF value.
+        for n in range(FREE_FAILURES + 3):
+            await client.post("/admin/login", data={"token": f"guess-{n}-0123456789abcdef"})
+        answer = await sign_in(client, "typo-of-the-admin-0123456789abcdef0123")
+    assert answer.status_code == 401, answer.text
+
+
+@pytest.mark.parametrize("name", ["ADMIN_TOKEN", "API_TOKEN"])
+def test_a_token_shorter_than_32_characters_is_refused_with_the_command_that_makes_one(
+    name: str,
+) -> None:
+    with pytest.raises(SettingsError) as refused:
+        load_settings(_env_file=None, **{name: "x" * 31})
+    assert name in str(refused.value)
+    assert "at least 32" in str(refused.value)
+    assert "openssl rand -hex 32" in str(refused.value)
+
+
+def _serve(database_url: str, log: Path, **env: str) -> Iterator[int]:
+    """`python -m app serve` on the test database, one worker; yields its port."""
+    port = free_port()
+    environment = (
+        os.environ
+        | {
+            "DATABASE_URL": database_url,
+            "ADMIN_TOKEN": ADMIN_TOKEN,
+            "BOOKING_REMINDERS_ENABLED": "false",
+            "SUBSCRIPTIONS_ENABLED": "false",
+            "UPDATES_CONSUMER_ENABLED": "false",
+        }
+        | env
+    )
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--port", str(port), "--workers", "1"],
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log.read_text()[-800:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "python -m app did not answer"
+            time.sleep(0.1)
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _forwarded_guesses(port: int) -> list[int]:
+    """Wrong tokens from 127.0.0.1, each naming another address in X-Forwarded-For."""
+    return [
+        httpx.get(
+            f"http://127.0.0.1:{port}/admin/api/jobs",
+            headers=WRONG | {"X-Forwarded-For": f"198.51.100.{n}"},
+        ).status_code
+        for n in range(FREE_FAILURES + 2)
+    ]
+
+
+def test_python_m_app_believes_no_x_forwarded_for_by_default(
+    database_url: str, tmp_path: Path
+) -> None:
+    for port in _serve(database_url, tmp_path / "stderr.txt"):
+        codes = _forwarded_guesses(port)
+    assert codes == [401] * FREE_FAILURES + [429] * 2
+
+
+def test_python_m_app_believes_x_forwarded_for_from_a_proxy_named_in_trusted_proxies(
+    database_url: str, tmp_path: Path
+) -> None:
+    for port in _serve(database_url, tmp_path / "stderr.txt", TRUSTED_PROXIES="127.0.0.1"):
+        codes = _forwarded_guesses(port)
+    assert codes == [401] * (FREE_FAILURES + 2)

@@ -55,9 +55,7 @@ async def _in_flight_when_a_call_ends_during_the_read(url: str) -> list[str]:
             connection = await asyncpg.connect(asyncpg_dsn(url))
             holder.append(connection)
             await connection.execute("BEGIN")
-            await connection.execute(
-                "SELECT 1 FROM outbox_messages WHERE key = 'k1' FOR UPDATE"
-            )
+            await connection.execute("SELECT 1 FROM outbox_messages WHERE key = 'k1' FOR UPDATE")
             world.advance(5.0)
             await eventually(lambda: _ended(world, "k1"), what="k1's call ended")
             return rows

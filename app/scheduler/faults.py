@@ -2,8 +2,9 @@
 
 Three answers, each decided here and nowhere else:
 
-- *unreachable*: the server cannot be reached, is going away or is full. A passing
-  outage: retried with the DATABASE backoff, whatever ENVIRONMENT says.
+- *unreachable*: the server cannot be reached, is going away, has ended the
+  connection or is full. A passing outage: retried with the DATABASE backoff, whatever
+  ENVIRONMENT says.
 - *a busy row*: a claim left out a row another transaction holds
   (JobRowBusyError: a claim never waits on one), or a statement met such a row (a lock
   or statement timeout cut it off, a deadlock, a serialization failure). Passing too:
@@ -36,7 +37,9 @@ __all__ = [
     "is_busy_row",
 ]
 
-# The server cannot be reached, is going away or is full.
+# The server cannot be reached, is going away or is full. A statement begun on a
+# connection the server ended between statements (a terminated backend, a restart)
+# raises InternalClientError: asyncpg has read the server's FATAL but not yet the close.
 UNREACHABLE = (
     OSError,
     TimeoutError,
@@ -44,17 +47,12 @@ UNREACHABLE = (
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,
-)
-
-# What a statement on the lock connection raises when the connection dies under it;
-# asyncpg raises InternalClientError when it is terminated mid-statement.
-LOCK_CONNECTION_ERRORS = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,
     asyncpg.exceptions.InternalClientError,
 )
+
+# What a statement on the lock connection raises when the connection dies under it:
+# any server error counts too (the statement went unanswered).
+LOCK_CONNECTION_ERRORS = (*UNREACHABLE, asyncpg.PostgresError)
 
 # lock_not_available, query_canceled (a statement_timeout), deadlock_detected,
 # serialization_failure.

@@ -190,8 +190,10 @@ class Receiver:
     healed: bool = False
     # Calls under way that are not parked on the fake clock or hanging: real-time work.
     busy: collections.Counter[str] = field(default_factory=collections.Counter)
-    # The last call of each key that ended, whose outcome its pass has to write.
+    # The last call of each key that ended, whose outcome its pass has to write, and
+    # how many calls have ended so far (a reader of the rows' claims compares it).
     ended: dict[str, Ended] = field(default_factory=dict)
+    ends: int = 0
     _looking: asyncio.Lock = field(default_factory=asyncio.Lock)
     _connection: asyncpg.Connection | None = None
 
@@ -217,6 +219,7 @@ class Receiver:
             earlier.append(delivery)
         finally:
             self.ended[key] = Ended(message.id, claimed.token, _DRAIN_RUN.get())
+            self.ends += 1
 
     async def _answer(self, key: str) -> None:
         """Behave as the key's behaviour says; parked (not busy) while waiting on time."""
@@ -256,7 +259,9 @@ class Receiver:
         holds each row (``held``, by row id): calls under way and not parked on the
         clock, and ended calls whose outcome their live pass has not written yet (the
         row is still held by the claim the call was made under). Time must not move
-        meanwhile: to the drain, a clock moved now is a process frozen mid-write."""
+        meanwhile: to the drain, a clock moved now is a process frozen mid-write.
+        ``held`` must be read after the last call ended (``ends`` unchanged across the
+        read): read before a row was claimed, it hides that row's unwritten outcome."""
         doing = [f"the receiver is answering {key}" for key, n in self.busy.items() if n]
         for key, call in self.ended.items():
             alive = call.run is not None and not call.run.ended

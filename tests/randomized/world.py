@@ -538,15 +538,20 @@ class World:
             await asyncio.sleep(0.02)
 
     async def _in_flight(self) -> list[str]:
-        """The outbox work going on in real time (see Receiver.in_flight)."""
-        held: dict[int, Any] = {}
-        if self.receiver.ended:
-            with contextlib.suppress(Exception):
-                rows = await self._fetch(
-                    "SELECT id, claimed_by FROM outbox_messages WHERE outbox = :o"
-                )
-                held = {row.id: row.claimed_by for row in rows}
-        return self.receiver.in_flight(held)
+        """The outbox work going on in real time (see Receiver.in_flight). The claims
+        are read again when a call ended during the read: a read that began before that
+        call's row was claimed would hide its outcome, still to be written."""
+        while True:
+            ends = self.receiver.ends
+            held: dict[int, Any] = {}
+            if self.receiver.ended:
+                with contextlib.suppress(Exception):
+                    rows = await self._fetch(
+                        "SELECT id, claimed_by FROM outbox_messages WHERE outbox = :o"
+                    )
+                    held = {row.id: row.claimed_by for row in rows}
+            if self.receiver.ends == ends:
+                return self.receiver.in_flight(held)
 
     async def _unsettled(self) -> list[str]:
         running = self.running_nodes()

@@ -126,8 +126,9 @@ class Settings(BaseSettings):
     REGENT_RUNTIME_DIR: Path | None = Field(
         default=None,
         description="directory of the host's leader lock file, shared by the workers of "
-        "one host; unset: $XDG_RUNTIME_DIR/regent, /run/user/<uid>/regent or the "
-        "temporary directory",
+        "one host (of this user, not writable by others, else a worker queues without it); "
+        "unset: $XDG_RUNTIME_DIR/regent, /run/user/<uid>/regent, /run/regent as root, or "
+        "<tmp>/regent-<uid>",
     )
 
     @field_validator("ADMIN_TOKEN", "API_TOKEN")

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from .admin import AdminError, UnknownJobError
@@ -88,8 +89,17 @@ def _database_url(settings: Settings) -> Iterator[tuple[str, bool]]:
         return
     data_dir = settings.REGENT_DATA_DIR or default_data_dir()
     print(f"regent: embedded PostgreSQL, data directory {data_dir}", file=sys.stderr)
-    with embedded_postgres(data_dir, settings.REGENT_PG_PORT) as server:
+    with embedded_postgres(data_dir, settings.REGENT_PG_PORT, tcp=settings.REGENT_PG_TCP) as server:
         print(f"regent: PostgreSQL is at {redact(server.url)}", file=sys.stderr)
+        if server.tcp:
+            tcp_url = server.tcp_url_for(server.database).replace(
+                f":{make_url(server.url).password}@", ":<password>@"
+            )
+            print(
+                f"regent: PostgreSQL also listens on 127.0.0.1:{server.port} (REGENT_PG_TCP) "
+                f"for other tools: {tcp_url}, the password in {server.password_path}",
+                file=sys.stderr,
+            )
         yield server.url, True
 
 

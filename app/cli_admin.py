@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from .admin import display, queries
 from .app_target import DEFAULT_APP, load_scheduler
 from .db import DatabaseUnreachableError, async_url, verify_schema_at_head
-from .embedded import default_data_dir, embedded_url
+from .embedded import default_data_dir, embedded_url, socket_path
 from .printable import printable
 from .scheduler import Clock, InvalidScheduleNameError, SystemClock
 from .scheduler.clock import lease_now
@@ -343,9 +343,11 @@ async def run_command(
         except DatabaseUnreachableError as exc:
             if settings.DATABASE_URL is not None:
                 raise
+            data_dir = settings.REGENT_DATA_DIR or default_data_dir()
             raise DatabaseUnreachableError(
-                f"no embedded PostgreSQL answers on 127.0.0.1:{settings.REGENT_PG_PORT} "
-                f"(REGENT_PG_PORT): {exc}. Start `python -m app` first, set REGENT_PG_PORT "
+                "no embedded PostgreSQL answers on "
+                f"{socket_path(data_dir, settings.REGENT_PG_PORT)} (REGENT_DATA_DIR, "
+                f"REGENT_PG_PORT): {exc}. Start `python -m app` first, set REGENT_PG_PORT "
                 "to the port it was started with, or set DATABASE_URL"
             ) from None
         return await COMMANDS[args.command](engine, args, settings, clock)

@@ -123,9 +123,13 @@ def _current_revision(connection: Connection) -> str | None:
 
 
 def describe_target(url: str) -> str:
-    """``host:port/database`` of a URL, with no credentials: safe to log."""
+    """``host:port/database`` of a URL (host a socket's directory for a socket), with
+    no credentials: safe to log."""
     parsed = make_url(url)
-    return f"{parsed.host or 'localhost'}:{parsed.port or 5432}/{parsed.database or ''}"
+    # A Unix socket's directory comes in the query (``?host=/path``).
+    host = parsed.host or parsed.query.get("host") or "localhost"
+    port = parsed.port or parsed.query.get("port") or 5432
+    return f"{host}:{port}/{parsed.database or ''}"
 
 
 def _connection_error(exc: BaseException, target: str) -> DatabaseError | None:

@@ -1,7 +1,10 @@
 """The embedded default: a local PostgreSQL for `python -m app` without DATABASE_URL.
 
 Its data directory survives restarts. One `python -m app` at a time may use it: a
-second one is refused by a lock file before it could start a second postmaster.
+second one is refused by a lock file before it could start a second postmaster. The
+directory is its owner's: others may pass through it (the server's account, as root,
+must reach pgdata/) but list and read nothing; the server's socket is in pgdata/ (see
+app/localpg.py).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 from .localpg import LocalPostgres, LocalPostgresError, local_url
 
-__all__ = ["default_data_dir", "embedded_postgres", "embedded_url"]
+__all__ = ["default_data_dir", "embedded_postgres", "embedded_url", "socket_path"]
 
 _PGDATA = "pgdata"
 _DATABASE = "regent"
@@ -33,7 +36,7 @@ def default_data_dir() -> Path:
 
 def embedded_url(data_dir: Path, port: int) -> str:
     """URL of the app database on the embedded server of ``data_dir`` (one a running
-    `python -m app` started), with its password.
+    `python -m app` started), through its socket, with its password.
 
     Raises LocalPostgresError when the password file cannot be read, naming the
     settings that point at the embedded server.
@@ -47,9 +50,15 @@ def embedded_url(data_dir: Path, port: int) -> str:
         ) from None
 
 
+def socket_path(data_dir: Path, port: int) -> Path:
+    """Where the embedded server of ``data_dir`` listens for ``port``."""
+    return data_dir / _PGDATA / f".s.PGSQL.{port}"
+
+
 @contextlib.contextmanager
-def embedded_postgres(data_dir: Path, port: int) -> Iterator[LocalPostgres]:
-    """Run the embedded server in ``data_dir`` for the duration of the block.
+def embedded_postgres(data_dir: Path, port: int, *, tcp: bool = False) -> Iterator[LocalPostgres]:
+    """Run the embedded server in ``data_dir`` for the duration of the block, on its
+    socket only, or on 127.0.0.1:``port`` too when ``tcp``.
 
     Raises LocalPostgresError when another `python -m app` holds the directory, the
     port is taken, the directory belongs to someone else, or no binaries exist.
@@ -57,8 +66,10 @@ def embedded_postgres(data_dir: Path, port: int) -> Iterator[LocalPostgres]:
     lock_path = data_dir / "regent.lock"
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
-        data_dir.chmod(0o755)
-        lock_file = open(lock_path, "a+")  # noqa: SIM115 (closed by the with below)
+        data_dir.chmod(0o711)
+        descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.fchmod(descriptor, 0o600)
+        lock_file = os.fdopen(descriptor, "r+")
     except OSError as exc:
         raise LocalPostgresError(
             f"cannot use data directory {data_dir} ({exc.strerror}); set REGENT_DATA_DIR "
@@ -78,7 +89,7 @@ def embedded_postgres(data_dir: Path, port: int) -> Iterator[LocalPostgres]:
         lock_file.truncate()
         lock_file.write(str(os.getpid()))
         lock_file.flush()
-        server = LocalPostgres(data_dir / _PGDATA, port=port, database=_DATABASE)
+        server = LocalPostgres(data_dir / _PGDATA, port=port, database=_DATABASE, tcp=tcp)
         server.start()
         try:
             yield server

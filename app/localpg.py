@@ -3,15 +3,29 @@ throwaway server of the test suite.
 
 The server is started directly (not through pg_ctl) so that it stays our child: it gets
 a parent-death signal, and a SIGKILL of this process still takes it down. As root it
-runs as an unprivileged user, because initdb and postgres refuse root. It listens on
-127.0.0.1 only, with no Unix socket, so no lock file outside its data directory.
+runs as the ``postgres`` account, because initdb and postgres refuse root; with no such
+account a root start is refused (never ``nobody``: every process of that user could
+read the database's files).
 
-Any local user can reach 127.0.0.1, so the server takes a password (scram-sha-256), never
-``trust``: initdb sets a random one, kept in ``regent.password`` (mode 0600) in the data
-directory, and every URL this module hands out carries it. A data directory an older
-version made with ``trust`` is moved to a password before its server starts: the role
-gets one in single-user mode and pg_hba.conf is rewritten, so the server never listens
-with ``trust`` again.
+The server is its owner's alone. It listens on a Unix socket in its data directory
+(mode 0700: only the server's account, and root, may enter it), and on no TCP port
+unless asked (``tcp=True``, REGENT_PG_TCP): another local user can neither reach it nor
+stand in for it on a port while it is down, and be sent a password. Two roles:
+
+- ``regent``, the bootstrap superuser, has no password. It logs in only through the
+  socket, only as the server's account or the user who started it (``peer``, mapped in
+  pg_ident.conf). This module uses it to create the application's role and database.
+- ``regent_app``, the application's role: no superuser, no CREATEDB, CREATEROLE or
+  REPLICATION; it owns the app's database and what is in it, so it cannot run programs
+  as the server's account (``COPY ... TO PROGRAM``). Its password (scram-sha-256) is
+  kept in ``regent.password`` (mode 0600) in the data directory; every URL this module
+  hands out carries it.
+
+pg_hba.conf and pg_ident.conf are written at every start, so a data directory an older
+version made (``trust``, or the app logging in as the superuser) is moved to this
+before its server listens; on start the superuser's objects in the app's database are
+handed to the app's role, and the app's role gets a new password. Every file the server
+writes (the log beside the data directory too) is mode 0600.
 """
 
 from __future__ import annotations
@@ -30,20 +44,75 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from .parent_death import set_parent_death_signal
 from .redact import redact
 
-__all__ = ["LocalPostgres", "LocalPostgresError", "find_bindir", "free_port", "local_url"]
+__all__ = [
+    "APP_ROLE",
+    "LocalPostgres",
+    "LocalPostgresError",
+    "find_bindir",
+    "free_port",
+    "local_url",
+]
 
 logger = logging.getLogger("app.localpg")
 
-_UNPRIVILEGED_USERS = ("postgres", "nobody")
-_DB_USER = "regent"
+# The account a root start runs the server as.
+_SERVER_ACCOUNT = "postgres"
+# The bootstrap superuser (an older version's app role too): peer login only.
+_SUPERUSER = "regent"
+APP_ROLE = "regent_app"
 PASSWORD_FILE = "regent.password"
-_AUTH_METHOD = "scram-sha-256"
+# The socket's path (data directory + /.s.PGSQL.<port>) must fit sun_path (108 bytes).
+_MAX_SOCKET_PATH = 107
+# An older version's app role was the bootstrap superuser (always oid 10), and its tables
+# were the superuser's: hand them to the app's role, which must own what it migrates.
+_HAND_OVER = f"""
+DO $$
+DECLARE
+    item record;
+BEGIN
+    FOR item IN
+        SELECT format('ALTER SCHEMA %I OWNER TO {APP_ROLE}', nspname) AS statement
+          FROM pg_namespace
+         WHERE nspowner = 10 AND nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'
+        UNION ALL
+        SELECT format('ALTER %s %s OWNER TO {APP_ROLE}',
+                      CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
+                                     WHEN 'm' THEN 'MATERIALIZED VIEW'
+                                     WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END,
+                      c.oid::regclass)
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relowner = 10 AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
+           AND n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'
+           -- A serial or identity sequence moves with its table.
+           AND NOT EXISTS (SELECT FROM pg_depend d
+                            WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
+                              AND d.refclassid = 'pg_class'::regclass
+                              AND d.deptype IN ('a', 'i'))
+        UNION ALL
+        SELECT format('ALTER ROUTINE %s OWNER TO {APP_ROLE}', p.oid::regprocedure)
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE p.proowner = 10 AND n.nspname NOT LIKE 'pg\\_%'
+           AND n.nspname <> 'information_schema'
+        UNION ALL
+        SELECT format('ALTER TYPE %s OWNER TO {APP_ROLE}', t.oid::regtype)
+          FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+         WHERE t.typowner = 10 AND t.typtype IN ('e', 'd', 'r')
+           AND n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'
+    LOOP
+        EXECUTE item.statement;
+    END LOOP;
+END
+$$
+"""
 
 
 class LocalPostgresError(Exception):
@@ -102,22 +171,28 @@ def free_port() -> int:
 
 
 def local_url(data_dir: Path, port: int, database: str) -> str:
-    """libpq URL of ``database`` on the server of ``data_dir`` at 127.0.0.1:``port``,
-    with the password kept in the data directory.
+    """libpq URL of ``database`` on the server of ``data_dir`` for the app's role,
+    through the server's socket in ``data_dir`` (port ``port`` names it), with the
+    password kept in the data directory.
 
     Raises LocalPostgresError when the password cannot be read (no server was ever
     started there, or it belongs to another user).
     """
+    password = _read_password(data_dir)
+    socket_dir = quote(str(data_dir.absolute()), safe="")
+    return f"postgresql://{APP_ROLE}:{password}@/{database}?host={socket_dir}&port={port}"
+
+
+def _read_password(data_dir: Path) -> str:
     path = data_dir / PASSWORD_FILE
     try:
-        password = path.read_text().strip()
+        # token_urlsafe: nothing in it needs escaping in a URL.
+        return path.read_text().strip()
     except OSError as exc:
         raise LocalPostgresError(
             f"cannot read the embedded PostgreSQL password {path} ({exc.strerror}); start "
             "`python -m app` once as this user (it creates it), or set DATABASE_URL"
         ) from None
-    # token_urlsafe: nothing in it needs escaping in a URL.
-    return f"postgresql://{_DB_USER}:{password}@127.0.0.1:{port}/{database}"
 
 
 def _port_in_use(port: int) -> bool:
@@ -131,16 +206,19 @@ def _port_in_use(port: int) -> bool:
 
 
 def _server_account() -> pwd.struct_passwd | None:
-    """The account the server runs as: None for ourselves, an unprivileged one as root."""
+    """The account the server runs as: None for ourselves, ``postgres`` as root."""
     if os.geteuid() != 0:
         return None
-    for name in _UNPRIVILEGED_USERS:
-        with contextlib.suppress(KeyError):
-            return pwd.getpwnam(name)
-    raise LocalPostgresError(
-        "running as root, and PostgreSQL refuses root, but there is no 'postgres' or "
-        "'nobody' user to run it as; create one (useradd postgres) or run as a normal user"
-    )
+    try:
+        return pwd.getpwnam(_SERVER_ACCOUNT)
+    except KeyError:
+        raise LocalPostgresError(
+            "running as root, and PostgreSQL refuses root, but there is no 'postgres' "
+            "user to run it as (never 'nobody': every process of that user could read "
+            "the database); create it with `useradd --system --user-group --no-create-home "
+            "--shell /usr/sbin/nologin postgres`, or run as a normal user, or set "
+            "DATABASE_URL"
+        ) from None
 
 
 def _child_setup(account: pwd.struct_passwd | None, death_signal: int) -> Callable[[], None]:
@@ -156,7 +234,8 @@ def _child_setup(account: pwd.struct_passwd | None, death_signal: int) -> Callab
 
 
 class LocalPostgres:
-    """One PostgreSQL server in ``data_dir``, listening on 127.0.0.1:``port``.
+    """One PostgreSQL server in ``data_dir``, listening on its socket there (named by
+    ``port``), and on 127.0.0.1:``port`` too when ``tcp``.
 
     ``start()`` runs initdb when the directory is empty, starts the server as a child
     and waits until it accepts connections. ``stop()`` shuts it down cleanly,
@@ -171,9 +250,11 @@ class LocalPostgres:
         fsync: bool = True,
         database: str = "regent",
         bindir: Path | None = None,
+        tcp: bool = False,
     ) -> None:
-        self.data_dir = data_dir
+        self.data_dir = data_dir.absolute()
         self.port = port
+        self.tcp = tcp
         self.fsync = fsync
         self.database = database
         self.bindir = bindir or find_bindir()
@@ -187,13 +268,32 @@ class LocalPostgres:
         return self.url_for(self.database)
 
     def url_for(self, database: str) -> str:
-        """libpq URL of another database on this server (with its password: never
-        print it unredacted)."""
+        """libpq URL of another database on this server for the app's role, through the
+        socket (with its password: never print it unredacted)."""
         return local_url(self.data_dir, self.port, database)
+
+    def tcp_url_for(self, database: str) -> str:
+        """libpq URL of ``database`` for the app's role on 127.0.0.1:``port`` (a server
+        started with ``tcp``), for tools that cannot use the socket. It asks libpq to
+        refuse any authentication weaker than SCRAM, so whatever else answers on the
+        port is sent no password."""
+        password = _read_password(self.data_dir)
+        return (
+            f"postgresql://{APP_ROLE}:{password}@127.0.0.1:{self.port}/{database}"
+            "?require_auth=scram-sha-256"
+        )
+
+    def superuser_conninfo(self, database: str) -> str:
+        """libpq connection string of ``database`` for the superuser, through the
+        socket; it works only in the server's account or the process that started it
+        (peer authentication, no password)."""
+        return make_conninfo(
+            host=str(self.data_dir), port=self.port, user=_SUPERUSER, dbname=database
+        )
 
     @property
     def password_path(self) -> Path:
-        """The file (mode 0600) that holds the password of the server's role."""
+        """The file (mode 0600) that holds the password of the app's role."""
         return self.data_dir / PASSWORD_FILE
 
     @property
@@ -202,25 +302,35 @@ class LocalPostgres:
         return self._process.pid if self._process and self._process.poll() is None else None
 
     def start(self, timeout: float = 60) -> None:
-        """Start the server and create the app database; return when it accepts connections.
+        """Start the server, create the app's role and database; return when it accepts
+        connections.
 
-        Raises LocalPostgresError when the data directory belongs to another user, the
-        port is taken, or the server exits during start-up (with the tail of its log).
+        Raises LocalPostgresError when the data directory belongs to another user or its
+        path is too long for a socket, the port is taken (``tcp``), or the server exits
+        during start-up (with the tail of its log).
         """
         if self.pid is not None:
             return
+        socket_path = self.data_dir / f".s.PGSQL.{self.port}"
+        if len(str(socket_path).encode()) > _MAX_SOCKET_PATH:
+            raise LocalPostgresError(
+                f"the data directory's path {self.data_dir} is too long for the server's "
+                f"socket {socket_path.name} in it (at most {_MAX_SOCKET_PATH} bytes in all); "
+                "choose a shorter REGENT_DATA_DIR"
+            )
         self._prepare_data_dir()
-        if _port_in_use(self.port):
+        if self.tcp and _port_in_use(self.port):
             raise LocalPostgresError(
                 f"port {self.port} on 127.0.0.1 is already in use (another PostgreSQL?); "
                 "stop that server or choose another port with REGENT_PG_PORT"
             )
         self._clear_stale_pid_file()
-        self._require_password()
+        self._write_access_rules()
         options = {
-            "listen_addresses": "127.0.0.1",
+            "listen_addresses": "127.0.0.1" if self.tcp else "",
             "port": str(self.port),
-            "unix_socket_directories": "",
+            "unix_socket_directories": str(self.data_dir),
+            "unix_socket_permissions": "0700",
             "fsync": "on" if self.fsync else "off",
             "synchronous_commit": "on" if self.fsync else "off",
             "full_page_writes": "on" if self.fsync else "off",
@@ -229,7 +339,7 @@ class LocalPostgres:
         args = [str(self.bindir / "postgres"), "-D", str(self.data_dir)]
         for name, value in options.items():
             args += ["-c", f"{name}={value}"]
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        log = self._open_log()
         try:
             self._process = subprocess.Popen(
                 args,
@@ -240,9 +350,9 @@ class LocalPostgres:
                 preexec_fn=_child_setup(self.account, signal.SIGQUIT),
             )
         finally:
-            log.close()
+            os.close(log)
         self._wait_ready(timeout)
-        self._ensure_database()
+        self._ensure_app_role_and_database()
 
     def stop(self, timeout: float = 30) -> None:
         """Fast shutdown (SIGINT); immediate shutdown (SIGQUIT) if it takes over ``timeout``."""
@@ -287,13 +397,14 @@ class LocalPostgres:
         data_dir.mkdir(parents=True, mode=0o700)
         if self.account is not None:
             os.chown(data_dir, self.account.pw_uid, self.account.pw_gid)
-        # The password file is copied with the data directory: the replica's role is
-        # the primary's, and primary_conninfo (-R) carries the password.
+        # Run as the server's account, as the superuser through the socket (peer): the
+        # replica, the same account, streams the same way (primary_conninfo, -R). The
+        # password file is copied with the data directory: the app's role is the same.
         result = subprocess.run(
             [
                 str(self.bindir / "pg_basebackup"),
                 f"--pgdata={data_dir}",
-                f"--dbname={self.url_for('postgres')}",
+                f"--dbname={self.superuser_conninfo('postgres')}",
                 "--write-recovery-conf",
                 "--checkpoint=fast",
             ],
@@ -305,7 +416,9 @@ class LocalPostgres:
         if result.returncode != 0:
             # Its errors may quote the connection string, password included.
             raise LocalPostgresError(f"pg_basebackup failed: {redact(result.stderr.strip())}")
-        return LocalPostgres(data_dir, port=port, fsync=self.fsync, bindir=self.bindir)
+        return LocalPostgres(
+            data_dir, port=port, fsync=self.fsync, bindir=self.bindir, tcp=self.tcp
+        )
 
     def _prepare_data_dir(self) -> None:
         fresh = not self.data_dir.exists()
@@ -327,34 +440,27 @@ class LocalPostgres:
         return self.data_dir.stat().st_uid == os.geteuid() and not any(self.data_dir.iterdir())
 
     def _initdb(self) -> None:
-        password = secrets.token_urlsafe(32)
-        # initdb reads the password from a file its account can read (it refuses root).
-        pwfile = self.data_dir.parent / f".{self.data_dir.name}.pwfile"
-        self._write_private(pwfile, password)
+        # No password: the superuser logs in by peer only (pg_hba.conf, rewritten at
+        # every start); the app's role and its password come once the server runs.
         args = [
             str(self.bindir / "initdb"),
             f"--pgdata={self.data_dir}",
-            f"--username={_DB_USER}",
-            f"--auth={_AUTH_METHOD}",
-            f"--pwfile={pwfile}",
+            f"--username={_SUPERUSER}",
+            "--auth-local=peer",
+            "--auth-host=reject",
             "--encoding=UTF8",
             "--locale=C",
         ]
         if not self.fsync:
             args.append("--no-sync")
-        try:
-            result = subprocess.run(
-                args,
-                capture_output=True,
-                text=True,
-                preexec_fn=_child_setup(self.account, signal.SIGKILL),
-                check=False,
-            )
-        finally:
-            pwfile.unlink(missing_ok=True)
-        if result.returncode == 0:
-            self._write_private(self.password_path, password)
-        else:
+        result = subprocess.run(
+            args,
+            capture_output=True,
+            text=True,
+            preexec_fn=_child_setup(self.account, signal.SIGKILL),
+            check=False,
+        )
+        if result.returncode != 0:
             raise LocalPostgresError(
                 f"initdb failed for {self.data_dir} (is every parent directory readable by "
                 f"{_user_name(self.account.pw_uid if self.account else os.geteuid())}?): "
@@ -370,53 +476,36 @@ class LocalPostgres:
         if self.account is not None:
             os.chown(path, self.account.pw_uid, self.account.pw_gid)
 
-    def _require_password(self) -> None:
-        """Move a data directory made with ``trust`` (or that lost its password file)
-        to a password, before the server listens: set the role's password in
-        single-user mode, then rewrite pg_hba.conf. Safe to repeat after a crash at
-        any step: the file is written first and reused."""
-        hba = self.data_dir / "pg_hba.conf"
-        lines = hba.read_text().splitlines()
-        trusting = [i for i, line in enumerate(lines) if _trusts(line)]
-        if not trusting and self.password_path.exists():
-            return
-        if not self.password_path.exists():
-            self._write_private(self.password_path, secrets.token_urlsafe(32))
-        password = self.password_path.read_text().strip()
-        result = subprocess.run(
-            [str(self.bindir / "postgres"), "--single", "-D", str(self.data_dir), "postgres"],
-            # On stdin, not in argv, where any local user could read it.
-            input=f"ALTER ROLE \"{_DB_USER}\" PASSWORD '{password}'\n",
-            capture_output=True,
-            text=True,
-            preexec_fn=_child_setup(self.account, signal.SIGKILL),
-            check=False,
+    def _open_log(self) -> int:
+        """The server's log, opened for appending: mode 0600 (an older version's too),
+        owned by the server's account."""
+        log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        os.fchmod(log, 0o600)
+        if self.account is not None:
+            os.fchown(log, self.account.pw_uid, self.account.pw_gid)
+        return log
+
+    def _write_access_rules(self) -> None:
+        """Who may log in, written before every start: the superuser by peer through
+        the socket, mapped from the server's account and the user starting it; every
+        other role (the app's) by its SCRAM password; nobody as the superuser over TCP."""
+        server_user = _user_name(self.account.pw_uid if self.account else os.geteuid())
+        starter = _user_name(os.geteuid())
+        self._write_private(
+            self.data_dir / "pg_hba.conf",
+            "# Written by Regent at every start (app/localpg.py): edits here do not last.\n"
+            f"local all {_SUPERUSER} peer map=owner\n"
+            f"local replication {_SUPERUSER} peer map=owner\n"
+            f"host all {_SUPERUSER} 127.0.0.1/32 reject\n"
+            "local all all scram-sha-256\n"
+            "host all all 127.0.0.1/32 scram-sha-256",
         )
-        output = f"{result.stdout}\n{result.stderr}"
-        if result.returncode != 0 or "ERROR:" in output:
-            reason = next(
-                (
-                    line.strip()
-                    for line in output.splitlines()
-                    if "ERROR:" in line or "FATAL:" in line
-                ),
-                f"exit status {result.returncode}",
-            )
-            raise LocalPostgresError(
-                f"could not set a password on the PostgreSQL in {self.data_dir} (made with "
-                f"trust authentication): {reason}; see its log, or move the directory aside "
-                "and start again"
-            )
-        for i in trusting:
-            lines[i] = re.sub(r"\btrust\b", _AUTH_METHOD, lines[i])
-        # Written in place: the file keeps its owner (the server's account).
-        hba.write_text("\n".join(lines) + "\n")
-        logger.warning(
-            "localpg.password_set: the PostgreSQL in %s (trust authentication, or no "
-            "password file) now takes only the password in %s",
-            self.data_dir,
-            self.password_path,
-            extra={"action": "localpg.password_set", "data_dir": str(self.data_dir)},
+        self._write_private(
+            self.data_dir / "pg_ident.conf",
+            "# Written by Regent at every start (app/localpg.py): edits here do not last.\n"
+            + "".join(
+                f"owner {user} {_SUPERUSER}\n" for user in dict.fromkeys([server_user, starter])
+            ),
         )
 
     def _clear_stale_pid_file(self) -> None:
@@ -441,7 +530,7 @@ class LocalPostgres:
                     + self._log_tail()
                 )
             try:
-                with psycopg.connect(self.url_for("postgres"), connect_timeout=2):
+                with psycopg.connect(self.superuser_conninfo("postgres"), connect_timeout=2):
                     return
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
@@ -452,13 +541,38 @@ class LocalPostgres:
                     ) from None
                 time.sleep(0.05)
 
-    def _ensure_database(self) -> None:
-        with psycopg.connect(self.url_for("postgres"), autocommit=True) as conn:
+    def _ensure_app_role_and_database(self) -> None:
+        """Give the app its role (no superuser) and database, owning what is in it. The
+        password is new when the role is (never an older version's superuser's)."""
+        with psycopg.connect(self.superuser_conninfo("postgres"), autocommit=True) as conn:
+            if conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,):
+                return  # A replica: its primary's roles and databases arrive by WAL.
+            role = sql.Identifier(APP_ROLE)
+            if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (APP_ROLE,)).fetchone():
+                if not self.password_path.exists():
+                    self._write_private(self.password_path, secrets.token_urlsafe(32))
+            else:
+                self._write_private(self.password_path, secrets.token_urlsafe(32))
+                conn.execute(sql.SQL("CREATE ROLE {}").format(role))
+            conn.execute(
+                sql.SQL(
+                    "ALTER ROLE {} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE "
+                    "NOREPLICATION NOBYPASSRLS PASSWORD {}"
+                ).format(role, sql.Literal(self.password_path.read_text().strip()))
+            )
+            conn.execute(
+                sql.SQL("ALTER ROLE {} WITH PASSWORD NULL").format(sql.Identifier(_SUPERUSER))
+            )
+            database = sql.Identifier(self.database)
             exists = conn.execute(
                 "SELECT 1 FROM pg_database WHERE datname = %s", (self.database,)
             ).fetchone()
             if exists is None:
-                conn.execute(f'CREATE DATABASE "{self.database}"')
+                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(database, role))
+            else:
+                conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(database, role))
+        with psycopg.connect(self.superuser_conninfo(self.database), autocommit=True) as conn:
+            conn.execute(_HAND_OVER.encode())
 
     def _log_tail(self, lines: int = 15) -> str:
         try:
@@ -466,13 +580,6 @@ class LocalPostgres:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
-
-
-def _trusts(line: str) -> bool:
-    """True for a pg_hba.conf line whose method is ``trust``."""
-    # TYPE DATABASE USER [ADDRESS [MASK]] METHOD [OPTIONS]: the method comes after the
-    # third field, and no other field there can be the bare word trust.
-    return "trust" in line.split("#", 1)[0].split()[3:]
 
 
 def _user_name(uid: int) -> str:

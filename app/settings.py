@@ -23,9 +23,10 @@ from .secret_url import SecretUrl
 __all__ = ["ADMIN_TOKEN_MIN_LENGTH", "Settings", "SettingsError", "load_settings"]
 
 _POSTGRES_SCHEMES = ("postgres", "postgresql")
-# Query parameters both drivers understand (db.py maps sslmode to asyncpg's ssl); any
-# other would reach asyncpg.connect() as an unknown keyword and fail at the first query.
-_URL_PARAMETERS = ("sslmode", "target_session_attrs")
+# Query parameters both drivers understand (db.py maps sslmode to asyncpg's ssl; host
+# and port name a Unix socket, as the embedded server's URL does); any other would
+# reach asyncpg.connect() as an unknown keyword and fail at the first query.
+_URL_PARAMETERS = ("sslmode", "target_session_attrs", "host", "port")
 
 
 ADMIN_TOKEN_MIN_LENGTH = 32
@@ -67,7 +68,16 @@ class Settings(BaseSettings):
         description="module:attribute of the ASGI app `python -m app` serves",
     )
     REGENT_PG_PORT: int = Field(
-        default=54320, ge=1, le=65535, description="port of the embedded PostgreSQL"
+        default=54320,
+        ge=1,
+        le=65535,
+        description="port of the embedded PostgreSQL: names its socket in the data "
+        "directory, and its TCP port when REGENT_PG_TCP is true",
+    )
+    REGENT_PG_TCP: bool = Field(
+        default=False,
+        description="the embedded PostgreSQL listens on 127.0.0.1:REGENT_PG_PORT too, for "
+        "tools that cannot use its socket (Regent itself always uses the socket)",
     )
     OUTBOX_MAX_ATTEMPTS: int = Field(
         default=24, ge=1, le=1000, description="attempts after which an outbox row becomes stuck"
@@ -139,8 +149,9 @@ class Settings(BaseSettings):
     REGENT_RUNTIME_DIR: Path | None = Field(
         default=None,
         description="directory of the host's leader lock file, shared by the workers of "
-        "one host; unset: $XDG_RUNTIME_DIR/regent, /run/user/<uid>/regent or the "
-        "temporary directory",
+        "one host (of this user, not writable by others, else a worker queues without it); "
+        "unset: $XDG_RUNTIME_DIR/regent, /run/user/<uid>/regent, /run/regent as root, or "
+        "<tmp>/regent-<uid>",
     )
 
     @field_validator("ADMIN_TOKEN", "API_TOKEN")

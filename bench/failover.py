@@ -53,7 +53,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.db import migrate
-from app.localpg import LocalPostgres, free_port
+from app.localpg import APP_ROLE, LocalPostgres, free_port
 from app.scheduler.keys import LEADER_KEY_LOCKS
 from tests.procs.cluster import LEASE_SECONDS, PROBE_TABLE_SQL, Cluster
 
@@ -161,8 +161,9 @@ def _measure(
     name = f"bench_{uuid.uuid4().hex[:8]}"
     log_dir = root / name
     log_dir.mkdir()
-    with psycopg.connect(server.url_for("postgres"), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+    # Databases are the superuser's to create; the app's role owns this one.
+    with psycopg.connect(server.superuser_conninfo("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" OWNER "{APP_ROLE}"'.encode())
     url = server.url_for(name)
     migrate(url)
     with psycopg.connect(url, autocommit=True) as conn:
@@ -213,7 +214,7 @@ def _measure(
         )
     finally:
         cluster.stop()
-        with psycopg.connect(server.url_for("postgres"), autocommit=True) as conn:
+        with psycopg.connect(server.superuser_conninfo("postgres"), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
 
 

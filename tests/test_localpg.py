@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 from app.embedded import embedded_postgres
 from app.localpg import LocalPostgres, LocalPostgresError, find_bindir, free_port
@@ -80,7 +81,7 @@ def test_taken_port_is_named_with_the_fix(scratch: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(LocalPostgresError, match=f"port {port}.*REGENT_PG_PORT"):
-            LocalPostgres(scratch / "data", port=port).start()
+            LocalPostgres(scratch / "data", port=port, tcp=True).start()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the directory away")
@@ -119,15 +120,17 @@ def test_stop_leaves_no_server_process(scratch: Path) -> None:
 
 
 def _passwordless(server: LocalPostgres) -> str:
-    return f"postgresql://regent@127.0.0.1:{server.port}/postgres"
+    url = server.url_for("postgres")
+    return url.replace(f":{make_url(url).password}@", "@")
 
 
 def _hba_methods(data_dir: Path) -> set[str]:
     lines = (data_dir / "pg_hba.conf").read_text().splitlines()
-    return {line.split()[-1] for line in lines if line.strip() and not line.startswith("#")}
+    rules = [line.split() for line in lines if line.strip() and not line.startswith("#")]
+    return {rule[3] if rule[0] == "local" else rule[4] for rule in rules}
 
 
-def test_a_new_server_takes_only_its_password_kept_0600_in_the_data_directory(
+def test_the_apps_role_takes_only_its_password_kept_0600_in_the_data_directory(
     scratch: Path,
 ) -> None:
     server = LocalPostgres(scratch / "data", port=free_port(), fsync=False)
@@ -137,7 +140,7 @@ def test_a_new_server_takes_only_its_password_kept_0600_in_the_data_directory(
         assert password_file.stat().st_mode & 0o777 == 0o600
         password = password_file.read_text().strip()
         assert len(password) >= 32 and password in server.url
-        assert _hba_methods(scratch / "data") == {"scram-sha-256"}
+        assert _hba_methods(scratch / "data") == {"peer", "reject", "scram-sha-256"}
         with pytest.raises(psycopg.OperationalError, match="password"):
             psycopg.connect(_passwordless(server), connect_timeout=5).close()
         with psycopg.connect(server.url) as conn:
@@ -146,34 +149,38 @@ def test_a_new_server_takes_only_its_password_kept_0600_in_the_data_directory(
         server.stop()
 
 
-def test_a_data_directory_made_with_trust_is_moved_to_a_password_on_start(
+def test_a_data_directory_an_older_version_made_is_given_to_the_apps_role_on_start(
     scratch: Path,
 ) -> None:
     data = scratch / "data"
     server = LocalPostgres(data, port=free_port(), fsync=False)
     server.start()
-    # What an older version left: a role without a password, trust for every client.
-    with psycopg.connect(server.url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE kept (id int)")
-        conn.execute("INSERT INTO kept VALUES (1)")
-        conn.execute("ALTER ROLE regent PASSWORD NULL")
+    # What an older version left: the app logged in as the superuser, which owned the
+    # app's database and tables, and every client was trusted.
+    with psycopg.connect(server.superuser_conninfo("regent"), autocommit=True) as conn:
+        conn.execute("CREATE TABLE kept (id serial, note text)")
+        conn.execute("INSERT INTO kept (note) VALUES ('one')")
+        conn.execute("ALTER DATABASE regent OWNER TO regent")
+        conn.execute("DROP ROLE regent_app")
     server.stop()
-    (data / "regent.password").unlink(missing_ok=True)
-    (data / "pg_hba.conf").write_text(
-        "local all all trust\n"
-        "host all all 127.0.0.1/32 trust\n"
-        "host all all ::1/128 trust\n"
-        "local replication all trust\n"
-        "host replication all 127.0.0.1/32 trust\n"
-    )
+    old_password = (data / "regent.password").read_text()
+    (data / "pg_hba.conf").write_text("local all all trust\nhost all all 127.0.0.1/32 trust\n")
     upgraded = LocalPostgres(data, port=free_port(), fsync=False)
     upgraded.start()
     try:
         assert (data / "regent.password").stat().st_mode & 0o777 == 0o600
-        assert _hba_methods(data) == {"scram-sha-256"}
+        assert (data / "regent.password").read_text() != old_password
+        assert "trust" not in _hba_methods(data)
         with pytest.raises(psycopg.OperationalError, match="password"):
             psycopg.connect(_passwordless(upgraded), connect_timeout=5).close()
-        with psycopg.connect(upgraded.url) as conn:
-            assert conn.execute("SELECT id FROM kept").fetchall() == [(1,)]
+        with psycopg.connect(upgraded.url, autocommit=True) as conn:
+            conn.execute("INSERT INTO kept (note) VALUES ('two')")
+            conn.execute("ALTER TABLE kept ADD COLUMN added int")
+            assert conn.execute("SELECT id, note FROM kept ORDER BY id").fetchall() == [
+                (1, "one"),
+                (2, "two"),
+            ]
+            super_user = "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+            assert conn.execute(super_user).fetchone() == (False,)
     finally:
         upgraded.stop()

@@ -35,7 +35,9 @@ States::
   too (two lock connections there, one on every other host). When the holder dies the
   kernel drops the flock and another worker of the host joins the queue within a poll;
   when it hangs, the others pass it once its lock connection has been gone from the
-  server for a lease (HOST_LOCK_ENABLED=false: every worker queues).
+  server for a lease (HOST_LOCK_ENABLED=false: every worker queues). A directory
+  that another user made or can write is no refusal: that worker queues without the
+  flock (``scheduler.host_lock_unusable``).
 - **Leader** waits ``HANDOVER_GRACE_SECONDS`` (so an old leader that is about to
   notice its loss has stopped), begins its term, upserts its jobs' rows, then runs one
   job timer for all of its jobs (timetable.py: a heap of when each job acts next; each

@@ -57,6 +57,8 @@ __all__ = [
     "default_runtime_dir",
 ]
 
+# Root's runtime directory when it has no /run/user/0: only root may make entries in it.
+_RUN = Path("/run")
 # How often a worker that does not hold the host's flock tries for it.
 HOST_POLL_SECONDS = 0.05
 # The holder's record at the start of the file: two fixed-width fields, so that one
@@ -82,8 +84,9 @@ HolderProbe = Callable[[Holder], Awaitable[tuple[bool, datetime] | None]]
 
 class HostLockError(SchedulerError):
     """The runtime directory cannot hold the host's lock file: it cannot be created or
-    opened, or it belongs to another user (who could hold the flock forever).
-    ``directory`` is the path."""
+    opened, it belongs to another user (who could hold the flock forever), or other users
+    can write it (and replace the file). The supervisor then queues without the host
+    lock. ``directory`` is the path."""
 
     def __init__(self, directory: Path, problem: str) -> None:
         super().__init__(
@@ -96,14 +99,21 @@ class HostLockError(SchedulerError):
 
 def default_runtime_dir() -> Path:
     """Where the host's lock file lives when REGENT_RUNTIME_DIR is not set: the user's
-    runtime directory ($XDG_RUNTIME_DIR, else /run/user/<uid>) when it exists, else
-    regent-<uid> in the temporary directory."""
+    runtime directory ($XDG_RUNTIME_DIR, else /run/user/<uid>) when it exists; as root
+    /run/regent; else regent-<uid> in the temporary directory.
+
+    Only the last can be made first by another user (the temporary directory is
+    everyone's): then the worker finds it unusable and queues without the host lock
+    (HostLockError, ``scheduler.host_lock_unusable``), never refused.
+    """
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and Path(xdg).is_dir():
         return Path(xdg) / "regent"
     run_user = Path("/run/user") / str(os.getuid())
     if run_user.is_dir():
         return run_user / "regent"
+    if os.getuid() == 0 and _RUN.is_dir():
+        return _RUN / "regent"
     return Path(tempfile.gettempdir()) / f"regent-{os.getuid()}"
 
 
@@ -212,12 +222,18 @@ class HostLock:
         directory = self.path.parent
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            info = directory.stat()
+            # lstat: a link another user planted would lead to a directory of theirs.
+            info = directory.lstat()
             if not stat.S_ISDIR(info.st_mode):
                 raise HostLockError(directory, "is not a directory")
             if info.st_uid != os.getuid():
                 raise HostLockError(directory, f"belongs to user id {info.st_uid}, not to this one")
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                # Others could replace the lock file, and two workers hold "the" flock.
+                raise HostLockError(
+                    directory, f"can be written by other users (mode {info.st_mode & 0o777:o})"
+                )
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise HostLockError(directory, f"cannot hold the lock file: {exc}") from exc
 

@@ -230,7 +230,7 @@ class Supervisor:
         except UNREACHABLE as exc:
             await self._back_off("scheduler.lock_unreachable", exc)
             return
-        except (UnsafeLockConnectionError, HostLockError, ScheduleNameCollisionError) as exc:
+        except (UnsafeLockConnectionError, ScheduleNameCollisionError) as exc:
             # A set-up error, not a passing fault: stop, loudly; the API keeps serving.
             logger.error(
                 "scheduler.refused: %s (pid=%s)",
@@ -300,30 +300,21 @@ class Supervisor:
         # Registered before the host lock: two names whose keys collide share its file,
         # so the second would otherwise wait on the file and never be refused.
         await self.store.register_schedule()
-        if self._host_lock is not None and not self._host_lock.try_acquire():
-            await self._set_role(Role.STANDBY)
-            logger.info(
-                "scheduler.host_standby: another worker of this host queues for the leader "
-                "key; waiting for %s (pid=%s)",
-                self._host_lock.path,
-                os.getpid(),
-                extra={"action": "scheduler.host_standby", "pid": os.getpid()},
-            )
-            if not await self._host_lock.acquire(
-                self.clock,
-                lease_seconds=self.config.lease_seconds,
-                check_seconds=self.config.leader_tick_seconds,
-                probe=self._probe_host_lock_holder,
-            ):
+        if self._host_lock is not None:
+            try:
+                await self._take_host_lock(self._host_lock)
+            except HostLockError as exc:
+                # The flock only spares the server lock connections: a directory another
+                # user made or can write costs this worker its host lock, never its turn.
                 logger.warning(
-                    "scheduler.host_lock_passed: the worker holding %s (pid=%s) has had no "
-                    "lock connection on the server for a lease (it hangs); queueing for the "
-                    "leader key without the host lock (pid=%s)",
-                    self._host_lock.path,
-                    self._host_lock.holder().pid,
+                    "scheduler.host_lock_unusable: %s; queueing for the leader key in "
+                    "PostgreSQL without the host lock (pid=%s)",
+                    exc,
                     os.getpid(),
-                    extra={"action": "scheduler.host_lock_passed", "pid": os.getpid()},
+                    extra={"action": "scheduler.host_lock_unusable", "pid": os.getpid()},
                 )
+                self._host_lock.release()
+                self._host_lock = None
         try:
             lock = await LockConnection.connect(
                 self.config.lock_dsn,
@@ -363,6 +354,34 @@ class Supervisor:
             # lock connection hands the key to this host too (host_lock.py).
             self._host_lock.release()
         return lock
+
+    async def _take_host_lock(self, host_lock: HostLock) -> None:
+        """Take the host's flock, as a STANDBY while another worker holds it; return
+        without it when its holder hangs (host_lock.py). Raises HostLockError."""
+        if not host_lock.try_acquire():
+            await self._set_role(Role.STANDBY)
+            logger.info(
+                "scheduler.host_standby: another worker of this host queues for the leader "
+                "key; waiting for %s (pid=%s)",
+                host_lock.path,
+                os.getpid(),
+                extra={"action": "scheduler.host_standby", "pid": os.getpid()},
+            )
+            if not await host_lock.acquire(
+                self.clock,
+                lease_seconds=self.config.lease_seconds,
+                check_seconds=self.config.leader_tick_seconds,
+                probe=self._probe_host_lock_holder,
+            ):
+                logger.warning(
+                    "scheduler.host_lock_passed: the worker holding %s (pid=%s) has had no "
+                    "lock connection on the server for a lease (it hangs); queueing for the "
+                    "leader key without the host lock (pid=%s)",
+                    host_lock.path,
+                    host_lock.holder().pid,
+                    os.getpid(),
+                    extra={"action": "scheduler.host_lock_passed", "pid": os.getpid()},
+                )
 
     async def _probe_host_lock_holder(self, holder: Holder) -> tuple[bool, datetime] | None:
         """Whether the host lock's holder still has its lock connection on the server,

@@ -7,12 +7,14 @@ a test starts from an empty schema at head in a few milliseconds.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 import uuid
 from pathlib import Path
 
 import psycopg
+from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from app.db import migrate
@@ -20,13 +22,17 @@ from app.localpg import LocalPostgres, free_port
 
 __all__ = ["TestServer", "start_test_server"]
 
+_TEST_ROLE = "regent_test"
+
 
 class TestServer:
     """One PostgreSQL server for a whole test session.
 
     Without ``external_url`` it initdb's and starts a local server in a temporary
-    directory (as root, as an unprivileged user: initdb refuses root) and deletes it at
-    close(). With one, it creates and drops only its own databases there.
+    directory (as root, as the ``postgres`` account: initdb refuses root) and deletes it
+    at close(). Tests log in over TCP as a superuser of their own (``regent_test``, its
+    password kept in memory only): fault tests need a superuser's powers and a TCP
+    address. With ``external_url`` it creates and drops only its own databases there.
     """
 
     __test__ = False
@@ -40,8 +46,15 @@ class TestServer:
             self._tmp = Path(tempfile.mkdtemp(prefix="regent-test-"))
             # As root the server runs as another user, who must reach the directory.
             self._tmp.chmod(0o755)
-            self.local = LocalPostgres(self._tmp / "data", port=free_port(), fsync=False)
+            self.local = LocalPostgres(self._tmp / "data", port=free_port(), fsync=False, tcp=True)
             self.local.start()
+            self._password = secrets.token_urlsafe(32)
+            with psycopg.connect(self.local.superuser_conninfo("postgres")) as conn:
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN SUPERUSER PASSWORD {}").format(
+                        sql.Identifier(_TEST_ROLE), sql.Literal(self._password)
+                    )
+                )
         self.template = f"regent_tpl_{self.run_id}"
         try:
             self._execute(f'CREATE DATABASE "{self.template}"')
@@ -58,7 +71,9 @@ class TestServer:
     def url_for(self, database: str) -> str:
         """libpq URL of ``database`` on this server."""
         if self.local is not None:
-            return self.local.url_for(database)
+            return (
+                f"postgresql://{_TEST_ROLE}:{self._password}@127.0.0.1:{self.local.port}/{database}"
+            )
         assert self.external_url is not None
         return make_url(self.external_url).set(database=database).render_as_string(False)
 

@@ -79,7 +79,7 @@ def pooler(server: TestServer, database_url: str) -> Iterator[str]:
     port = free_port()
     upstream = make_url(database_url)
     # pgbouncer logs in to the server with the password it finds here.
-    (tmp_path / "users.txt").write_text(f'"regent" "{upstream.password}"\n')
+    (tmp_path / "users.txt").write_text(f'"{upstream.username}" "{upstream.password}"\n')
     (tmp_path / "pgbouncer.ini").write_text(
         "[databases]\n"
         f"* = host=127.0.0.1 port={upstream.port}\n"

@@ -232,7 +232,8 @@ async def test_a_pause_committed_and_seen_before_the_slot_starts_no_prepared_bod
     await asyncio.wait_for(pausing, 10)
 
     async def leader_saw_the_pause() -> bool:
-        row = supervisor._rows.get("minutely")
+        leading = supervisor.leading
+        row = None if leading is None else leading.rows.get("minutely")
         return row is not None and row.paused
 
     # The pause is committed, and the leader has read it (its NOTIFY reload), before the slot.
@@ -241,7 +242,7 @@ async def test_a_pause_committed_and_seen_before_the_slot_starts_no_prepared_bod
     clock.set(SLOT + timedelta(seconds=1))
 
     async def no_body_left() -> bool:
-        return not supervisor._bodies
+        return supervisor.leading is None or not supervisor.leading.bodies
 
     await eventually(no_body_left, what="the slot's body to end")
     assert started == [], "a body started after its job's pause was committed and seen"

@@ -54,21 +54,16 @@ from .election import LockConnection, UnsafeLockConnectionError
 from .errors import ScheduleNameCollisionError
 from .faults import UNREACHABLE
 from .host_lock import HostLock, HostLockError
-from .registration import refresh_statistics, register_leader_rows
+from .leadership import Leadership
 from .registry import JobSpec, Registry
 from .replicas import run_replica_jobs
 from .retry import DATABASE, log_retry
 from .roles import RoleState
-from .rows import LeaderRows
 from .runner import Runner
-from .services import run_service_after
-from .setbacks import Setbacks
 from .standby import LeaderJobsWatch
 from .store import JobStore
-from .tenure import LeadershipEnd, LockCheckError, Tenure, acquire_key
-from .tick import LeaderTick
+from .tenure import LeadershipEnd, LockCheckError, acquire_key
 from .waits import first
-from .wake import JobTimer
 
 __all__ = ["LeadershipEnd", "Supervisor"]
 
@@ -100,9 +95,8 @@ class Supervisor:
         self._roles = RoleState()
         # The lock connection of the leadership under way; None between leaderships.
         self.lock: LockConnection | None = None
-        # The job timer of the leadership under way (its rows and bodies); None before
-        # the first, and from the end of each.
-        self.leading: JobTimer | None = None
+        # The leadership under way; None between leaderships.
+        self.leading: Leadership | None = None
         self._stopping = asyncio.Event()
         self._acquiring: asyncio.Task[LockConnection] | None = None
         self._failures = 0
@@ -267,8 +261,17 @@ class Supervisor:
     ) -> BaseException | None:
         """Lead until the lock is lost, stop() or ``until``. Returns the error that
         ended a leadership before it fired (its caller backs off), else None."""
-        tenure = Tenure(
-            lock, store=self.store, config=self.config, clock=self.clock, stopping=self._stopping
+        self.leading = leadership = Leadership(
+            lock,
+            registry=self.registry,
+            runner=self.runner,
+            store=self.store,
+            broken=self._broken,
+            committing=self._committing,
+            clock=self.clock,
+            config=self.config,
+            stopping=self._stopping,
+            firing=self._firing,
         )
         self.lock = lock
         await self._set_role(Role.LEADER if lock is not None else Role.UNGUARDED)
@@ -278,103 +281,16 @@ class Supervisor:
             lock.backend_pid if lock else None,
             extra={"action": "scheduler.promoted", "pid": os.getpid()},
         )
-        loops: list[asyncio.Task[None]] = []
-        timer: JobTimer | None = None
         end = LeadershipEnd.STOPPED
         fired, failure = False, None
         try:
-            grace_ends = self.clock.now() + timedelta(seconds=self.config.handover_grace_seconds)
-            if not await tenure.handover(grace_ends):
-                end = LeadershipEnd.LOST_DURING_HANDOVER
+            ended = await leadership.begin()
+            if ended is not None:
+                end = ended
                 return None
-            if self._stopping.is_set():
-                return None
-            now = self.clock.now()
-            leader_jobs = self.leader_jobs
-            job_ids = [spec.id for spec in leader_jobs]
-            if lock is not None and not await tenure.begin_term(
-                now, job_ids, list(self.registry.services)
-            ):
-                end = (
-                    LeadershipEnd.STOPPED
-                    if self._stopping.is_set()
-                    else LeadershipEnd.LOST_BEFORE_TERM
-                )
-                return None
-            registered = await register_leader_rows(
-                leader_jobs, store=self.store, broken=self._broken, zone=self.config.zone, now=now
-            )
-            rows = LeaderRows(
-                registered.rows,
-                registered.horizon,
-                specs=self.registry.jobs,
-                clock=self.clock,
-                claim_ahead=timedelta(seconds=self.config.claim_ahead_seconds),
-                tick_seconds=self.config.leader_tick_seconds,
-            )
-            tick = LeaderTick(
-                tenure,
-                rows,
-                job_ids=job_ids,
-                runner=self.runner,
-                store=self.store,
-                broken=self._broken,
-                clock=self.clock,
-                config=self.config,
-            )
-            if lock is not None:
-                await lock.on_wake(tick.reload.set)
-            setbacks = Setbacks(
-                rows,
-                store=self.store,
-                broken=self._broken,
-                tick_seconds=self.config.leader_tick_seconds,
-            )
-            self.leading = timer = JobTimer(
-                leader_jobs,
-                rows,
-                tenure=tenure,
-                setbacks=setbacks,
-                runner=self.runner,
-                store=self.store,
-                broken=self._broken,
-                committing=self._committing,
-                clock=self.clock,
-                config=self.config,
-            )
-            timing = asyncio.create_task(timer.run(), name="leader-jobs-timer")
-            loops = [timing]
-            if lock is not None:
-                # Services (long-poll consumers) run on one process at most: never
-                # unguarded, where another worker may lead.
-                loops += [
-                    asyncio.create_task(
-                        run_service_after(
-                            spec,
-                            grace_ends,
-                            lock,
-                            runner=self.runner,
-                            clock=self.clock,
-                            tick_seconds=self.config.leader_tick_seconds,
-                            firing=self._firing,
-                        ),
-                        name=f"service:{spec.id}",
-                    )
-                    for spec in self.registry.services.values()
-                ]
-            if registered.grew:
-                # Beside the timer and the tick, neither of which it may hold up.
-                loops.append(
-                    asyncio.create_task(refresh_statistics(self.store), name="leader-jobs-analyze")
-                )
             self._firing.set()
             fired = True
-            ticking = asyncio.ensure_future(tick.run(until, timing))
-            # A tick's statements may wait on the database (a row lock, the pool): a lost
-            # lock connection ends the leadership without waiting for them, since the
-            # next leader starts its services once its grace is over.
-            lost = await first(ticking, tenure.lost.wait()) == 1
-            end = LeadershipEnd.CONNECTION_LOST if lost else ticking.result()
+            end = await leadership.lead(until)
         except Exception as exc:
             # The database went away while registering (a job's own fault only marks
             # that job broken): without the job rows we cannot lead.
@@ -382,25 +298,12 @@ class Supervisor:
             end = LeadershipEnd.FAILED
             failure = None if fired else exc
         finally:
-            await self._step_down(tenure, loops, timer, end)
+            await self._step_down(leadership, end)
         return failure
 
-    async def _step_down(
-        self,
-        tenure: Tenure,
-        loops: list[asyncio.Task[None]],
-        timer: JobTimer | None,
-        end: LeadershipEnd,
-    ) -> None:
+    async def _step_down(self, leadership: Leadership, end: LeadershipEnd) -> None:
         self._firing.clear()
-        for task in loops:
-            task.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
-        if timer is not None and timer.bodies:
-            if end.graceful:
-                await tenure.shutdown_grace(timer.bodies)
-            await timer.cancel_bodies()
-        await tenure.end()
+        await leadership.step_down(end)
         self.lock = None
         self.leading = None
         logger.info(

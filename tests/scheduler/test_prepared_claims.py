@@ -232,8 +232,8 @@ async def test_a_pause_committed_and_seen_before_the_slot_starts_no_prepared_bod
     await asyncio.wait_for(pausing, 10)
 
     async def leader_saw_the_pause() -> bool:
-        leading = supervisor.leading
-        row = None if leading is None else leading.rows.get("minutely")
+        timer = None if supervisor.leading is None else supervisor.leading.timer
+        row = None if timer is None else timer.rows.get("minutely")
         return row is not None and row.paused
 
     # The pause is committed, and the leader has read it (its NOTIFY reload), before the slot.

@@ -1,9 +1,9 @@
-"""The per-worker task: standby <-> leader. The role state machine is here; the parts
-of one leadership are each in their own module: tenure.py (the key: queueing for it,
-the handover, the term, the shutdown grace), registration.py, rows.py (the leader's
-copy of its rows and its timetable), tick.py, wake.py (the job timer and its claims),
-setbacks.py (a job step that failed), services.py; standby.py watches the live
-leader's jobs.
+"""The per-worker task: standby <-> leader. The role state machine is here; one
+leadership, from promotion to step-down, is leadership.py, and its parts each have
+their own module: tenure.py (the key: queueing for it, the handover, the term, the
+shutdown grace), registration.py, rows.py (the leader's copy of its rows and its
+timetable), tick.py, wake.py (the job timer and its claims), setbacks.py (a job step
+that failed), services.py; standby.py watches the live leader's jobs.
 
     start --> STANDBY --(key granted)--> LEADER --(lost | stop)--> STANDBY / STOPPED
                  |                          ^

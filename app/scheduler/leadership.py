@@ -174,7 +174,7 @@ class Leadership:
                     spec,
                     grace_ends,
                     lock,
-                    runner=self.runner,
+                    copies=self.runner.services,
                     clock=self.clock,
                     tick_seconds=self.config.leader_tick_seconds,
                     firing=self.firing,

@@ -11,7 +11,7 @@ from datetime import datetime
 from .clock import Clock
 from .election import LockConnection
 from .registry import ServiceSpec
-from .runner import Runner
+from .service_copies import ServiceCopies
 from .store import HeldLease
 from .waits import first
 
@@ -25,7 +25,7 @@ async def run_service_after(
     grace_ends: datetime,
     lock: LockConnection,
     *,
-    runner: Runner,
+    copies: ServiceCopies,
     clock: Clock,
     tick_seconds: float,
     firing: asyncio.Event,
@@ -37,16 +37,16 @@ async def run_service_after(
     loss, which the grace gives it time to do. A copy that outlives its leadership
     (a thread of it still runs) holds its lease until it ended, or, its process
     dead, until the lease ran out. A crashed service is restarted only while
-    ``firing`` is set (see Runner.run_service)."""
+    ``firing`` is set (see ServiceCopies.run)."""
     wait = (grace_ends - clock.now()).total_seconds()
     if wait > 0:
         await clock.sleep(wait)
-    lease = await _take_service_lease(spec, lock, runner=runner, clock=clock, tick=tick_seconds)
-    await runner.run_service(spec, firing, lease)
+    lease = await _take_service_lease(spec, lock, copies=copies, clock=clock, tick=tick_seconds)
+    await copies.run(spec, firing, lease)
 
 
 async def _take_service_lease(
-    spec: ServiceSpec, lock: LockConnection, *, runner: Runner, clock: Clock, tick: float
+    spec: ServiceSpec, lock: LockConnection, *, copies: ServiceCopies, clock: Clock, tick: float
 ) -> HeldLease:
     """Take the service's running lease for this leadership's copy, waiting while
     another copy holds it: tried again when a release's NOTIFY comes, else every
@@ -56,7 +56,7 @@ async def _take_service_lease(
     waiting = False
     while True:
         released.clear()
-        took = await runner.take_service_lease(spec, lock.backend_pid)
+        took = await copies.take_lease(spec, lock.backend_pid)
         if took.run_id is not None:
             return HeldLease(spec.id, took.run_id, "service")
         if took.pid is not None and not waiting:

@@ -18,12 +18,13 @@ from datetime import datetime, timedelta
 
 from .ahead import CommitCost, collector_held_off
 from .broken import BrokenJobs
+from .claiming import Claim, Due
 from .clock import Clock
 from .config import SchedulerConfig
 from .faults import database_answers
 from .registry import JobSpec
 from .rows import LeaderRows, fire_time
-from .runner import Claim, Due, Runner
+from .runner import Runner
 from .setbacks import Setbacks
 from .store import JobRow, JobStore, PreparedClaimDropped, PreparedCommit
 from .tenure import Tenure

@@ -169,10 +169,14 @@ class Recorder:
     async def finish(
         self, run: Run, status: str, error: str | None, *, body_ended: bool = True
     ) -> None:
+        """Record the run's outcome (the write lands even when the caller is cancelled
+        meanwhile) and count it; ``body_ended`` False keeps its lease held (its
+        threads run on)."""
         await self._record(run, status, error, body_ended=body_ended)
         self.observe(run.spec, status, time.perf_counter() - run.started, run.lateness)
 
     def observe(self, spec: JobSpec, status: str, duration: float, lateness: timedelta) -> None:
+        """Tell the observers that a run of ``spec`` ended with ``status``."""
         self.observers.run_finished(
             RunFinished(spec.id, status, duration, max(0.0, lateness.total_seconds()))
         )

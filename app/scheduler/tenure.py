@@ -85,8 +85,8 @@ async def acquire_key(
         )
 
         async def probe(holder: Holder) -> tuple[bool, datetime] | None:
-            # Whether the host lock's holder still has its lock connection on the
-            # server, on the lease clock (HostLock.acquire counts a hang from it).
+            """Whether the host lock's holder still has its lock connection on the
+            server, on the lease clock (HostLock.acquire counts a hang from it)."""
             return await lock_connection_listed(
                 store.engine,
                 holder,

@@ -10,7 +10,6 @@ it, so no state of one leadership reaches the next."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Set
 from datetime import datetime, timedelta
 
 from .ahead import CommitCost
@@ -66,11 +65,6 @@ class Leadership:
         self.timer: JobTimer | None = None
         self._tick: LeaderTick | None = None
         self._loops: list[asyncio.Task[None]] = []
-
-    @property
-    def bodies(self) -> Set[asyncio.Task[None]]:
-        """The bodies this leadership's job timer started that still run."""
-        return frozenset() if self.timer is None else self.timer.bodies
 
     async def begin(self) -> LeadershipEnd | None:
         """The handover grace, the term, the registration of the job rows, then start

@@ -242,7 +242,8 @@ async def test_a_pause_committed_and_seen_before_the_slot_starts_no_prepared_bod
     clock.set(SLOT + timedelta(seconds=1))
 
     async def no_body_left() -> bool:
-        return supervisor.leading is None or not supervisor.leading.bodies
+        timer = None if supervisor.leading is None else supervisor.leading.timer
+        return timer is None or not timer.bodies
 
     await eventually(no_body_left, what="the slot's body to end")
     assert started == [], "a body started after its job's pause was committed and seen"

@@ -33,13 +33,15 @@ __all__ = ["Leadership"]
 
 
 class Leadership:
-    """One leadership of ``lock`` (None: unguarded, for one period, no services).
+    """One leadership of ``lock`` (None: unguarded, for one period, no services) over
+    ``leader_jobs`` and the registry's services.
     ``stopping`` and ``firing`` are the worker's, only read here."""
 
     def __init__(
         self,
         lock: LockConnection | None,
         *,
+        leader_jobs: list[JobSpec],
         registry: Registry,
         runner: Runner,
         store: JobStore,
@@ -51,6 +53,7 @@ class Leadership:
         firing: asyncio.Event,
     ) -> None:
         self.lock = lock
+        self.leader_jobs = leader_jobs
         self.registry = registry
         self.runner = runner
         self.store = store
@@ -78,7 +81,7 @@ class Leadership:
         if self.stopping.is_set():
             return LeadershipEnd.STOPPED
         now = self.clock.now()
-        leader_jobs = [spec for spec in self.registry.jobs.values() if spec.leader_only]
+        leader_jobs = self.leader_jobs
         job_ids = [spec.id for spec in leader_jobs]
         if lock is not None and not await tenure.begin_term(
             now, job_ids, list(self.registry.services)

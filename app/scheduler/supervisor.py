@@ -263,6 +263,7 @@ class Supervisor:
         ended a leadership before it fired (its caller backs off), else None."""
         self.leading = leadership = Leadership(
             lock,
+            leader_jobs=self.leader_jobs,
             registry=self.registry,
             runner=self.runner,
             store=self.store,

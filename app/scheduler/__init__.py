@@ -40,8 +40,8 @@ States::
   flock (``scheduler.host_lock_unusable``).
 - **Leader** waits ``HANDOVER_GRACE_SECONDS`` (so an old leader that is about to
   notice its loss has stopped), begins its term, upserts its jobs' rows, then runs one
-  job timer for all of its jobs (timetable.py: a heap of when each job acts next; each
-  wake claims everything due in one statement) and one task per service (a copy
+  job timer for all of its jobs (wake.py; timetable.py: a heap of when each job acts
+  next; each wake claims everything due in one statement) and one task per service (a copy
   starts only once no other copy holds the service's running lease; see below). The
   grace ends early once the recorded previous leader's backend has left pg_stat_activity
   (killed, terminated, lease run out): that leader can no longer claim (the fence

@@ -16,7 +16,7 @@ from .clock import Clock
 from .errors import LeadershipLostError, SchedulerError
 from .keys import DEFAULT_SCHEDULE
 
-__all__ = ["JobContext", "ServiceContext"]
+__all__ = ["JobContext", "ServiceContext", "context_log"]
 
 # FOR KEY SHARE: a promotion's term bump, which locks the row FOR UPDATE first, waits
 # until this transaction ends; the leader's heartbeat, a plain UPDATE, does not (a tick
@@ -148,3 +148,9 @@ class ServiceContext:
     clock: Clock
     log: logging.LoggerAdapter[logging.Logger]
     sessions: async_sessionmaker[AsyncSession]
+
+
+def context_log(name: str, job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:
+    """The logger a job's or a service's context logs through: ``name``, with the job
+    id and the pid in every record."""
+    return logging.LoggerAdapter(logging.getLogger(name), {"job_id": job_id, "pid": pid})

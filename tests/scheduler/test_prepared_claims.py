@@ -232,7 +232,8 @@ async def test_a_pause_committed_and_seen_before_the_slot_starts_no_prepared_bod
     await asyncio.wait_for(pausing, 10)
 
     async def leader_saw_the_pause() -> bool:
-        row = supervisor._rows.get("minutely")
+        timer = None if supervisor.leading is None else supervisor.leading.timer
+        row = None if timer is None else timer.rows.get("minutely")
         return row is not None and row.paused
 
     # The pause is committed, and the leader has read it (its NOTIFY reload), before the slot.
@@ -241,7 +242,8 @@ async def test_a_pause_committed_and_seen_before_the_slot_starts_no_prepared_bod
     clock.set(SLOT + timedelta(seconds=1))
 
     async def no_body_left() -> bool:
-        return not supervisor._bodies
+        timer = None if supervisor.leading is None else supervisor.leading.timer
+        return timer is None or not timer.bodies
 
     await eventually(no_body_left, what="the slot's body to end")
     assert started == [], "a body started after its job's pause was committed and seen"

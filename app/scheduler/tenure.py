@@ -1,0 +1,314 @@
+"""One leadership's hold on the leader key: queueing for it (the host lock first, when
+there is one), the handover grace, the term, checking it is still held, the shutdown
+grace, and giving it back. How a leadership ended is a LeadershipEnd."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+from collections.abc import Awaitable, Callable, Set
+from datetime import datetime
+
+import asyncpg
+
+from .clock import Clock, lease_now
+from .config import SchedulerConfig
+from .election import (
+    LockConnection,
+    UnsafeLockConnectionError,
+    engine_identity,
+    lock_connection_listed,
+)
+from .errors import ScheduleNameCollisionError
+from .faults import UNREACHABLE
+from .host_lock import Holder, HostLock, HostLockError
+from .store import JobStore
+from .waits import first
+
+__all__ = ["LeadershipEnd", "LockCheckError", "Tenure", "acquire_key"]
+
+logger = logging.getLogger("app.scheduler")
+
+# During the handover grace, how often a new leader asks whether the previous leader's
+# backend has left the server.
+_GONE_POLL_SECONDS = 0.05
+
+
+class LeadershipEnd(enum.Enum):
+    """Why a leadership ended, logged as ``scheduler.demoted``'s reason. Only an end
+    that still owns the schedule is ``graceful``: its running bodies get the shutdown
+    grace; after a loss another leader may already run, so they are cancelled at once."""
+
+    STOPPED = "stopped"
+    UNGUARDED_PERIOD_OVER = "unguarded period over"
+    LOST_DURING_HANDOVER = "lock lost during handover"
+    LOST_BEFORE_TERM = "lock lost before its term"
+    CONNECTION_LOST = "lock connection lost"
+    NO_LONGER_HELD = "lock no longer held"
+    FAILED = "an error while leading"
+
+    @property
+    def graceful(self) -> bool:
+        """True when the leader still owns the schedule as it steps down."""
+        return self in (LeadershipEnd.STOPPED, LeadershipEnd.UNGUARDED_PERIOD_OVER)
+
+
+class LockCheckError(Exception):
+    """The server answered, but the lock statement failed (e.g. a pooling proxy)."""
+
+
+async def acquire_key(
+    store: JobStore,
+    config: SchedulerConfig,
+    clock: Clock,
+    host_lock: HostLock | None,
+    standby: Callable[[], Awaitable[None]],
+) -> LockConnection:
+    """Register the schedule's name, take the host lock (when there is one), then queue
+    for the leader key on a new lock connection and return it once granted. ``standby``
+    is awaited when this worker has to wait (for the host lock or for the key). Raises
+    LockCheckError when the server refused the lock connection or its statements."""
+    # Registered before the host lock: two names whose keys collide share its file,
+    # so the second would otherwise wait on the file and never be refused.
+    await store.register_schedule()
+    if host_lock is not None:
+        try:
+            await _take_host_lock(store, config, clock, host_lock, standby)
+        except HostLockError as exc:
+            # The flock only spares the server lock connections: a directory another
+            # user made or can write costs this worker its host lock, never its turn.
+            logger.warning(
+                "scheduler.host_lock_unusable: %s; queueing for the leader key in "
+                "PostgreSQL without the host lock (pid=%s)",
+                exc,
+                os.getpid(),
+                extra={"action": "scheduler.host_lock_unusable", "pid": os.getpid()},
+            )
+            host_lock.release()
+            host_lock = None
+    try:
+        lock = await LockConnection.connect(
+            config.lock_dsn,
+            lease_seconds=config.lease_seconds,
+            timeout=config.connect_timeout_seconds,
+            schedule=store.schedule,
+        )
+    except (*UNREACHABLE, UnsafeLockConnectionError):
+        raise
+    except asyncpg.PostgresError as exc:
+        # The server answered and refused: a wrong database name or password.
+        raise LockCheckError(f"{exc.__class__.__name__}: {exc}") from exc
+    if host_lock is not None:
+        host_lock.queues_on(lock.backend_pid)
+    try:
+        await lock.check_same_database(await engine_identity(store.engine))
+        if not await lock.try_acquire():
+            await standby()
+            logger.info(
+                "scheduler.standby: waiting for the leader key (pid=%s)",
+                os.getpid(),
+                extra={"action": "scheduler.standby", "pid": os.getpid()},
+            )
+            await lock.wait_acquire()
+    except (*UNREACHABLE, UnsafeLockConnectionError, ScheduleNameCollisionError):
+        lock.close()
+        raise
+    except asyncpg.PostgresError as exc:
+        lock.close()
+        raise LockCheckError(f"{exc.__class__.__name__}: {exc}") from exc
+    except BaseException:
+        lock.close()
+        raise
+    if host_lock is not None:
+        # The flock is the right to queue, not to lead: another worker of this host
+        # now queues behind us, so that when we hang the server's end of our idle
+        # lock connection hands the key to this host too (host_lock.py).
+        host_lock.release()
+    return lock
+
+
+async def _take_host_lock(
+    store: JobStore,
+    config: SchedulerConfig,
+    clock: Clock,
+    host_lock: HostLock,
+    standby: Callable[[], Awaitable[None]],
+) -> None:
+    """Take the host's flock, as a standby while another worker holds it; return
+    without it when its holder hangs (host_lock.py). Raises HostLockError when the
+    lock's directory is not safe to use."""
+    if not host_lock.try_acquire():
+        await standby()
+        logger.info(
+            "scheduler.host_standby: another worker of this host queues for the leader "
+            "key; waiting for %s (pid=%s)",
+            host_lock.path,
+            os.getpid(),
+            extra={"action": "scheduler.host_standby", "pid": os.getpid()},
+        )
+
+        async def probe(holder: Holder) -> tuple[bool, datetime] | None:
+            """Whether the host lock's holder still has its lock connection on the
+            server, on the lease clock (HostLock.acquire counts a hang from it)."""
+            return await lock_connection_listed(
+                store.engine,
+                holder,
+                lease_now=lease_now(clock),
+                timeout=config.leader_tick_seconds,
+            )
+
+        if not await host_lock.acquire(
+            clock,
+            lease_seconds=config.lease_seconds,
+            check_seconds=config.leader_tick_seconds,
+            probe=probe,
+        ):
+            logger.warning(
+                "scheduler.host_lock_passed: the worker holding %s (pid=%s) has had no "
+                "lock connection on the server for a lease (it hangs); queueing for the "
+                "leader key without the host lock (pid=%s)",
+                host_lock.path,
+                host_lock.holder().pid,
+                os.getpid(),
+                extra={"action": "scheduler.host_lock_passed", "pid": os.getpid()},
+            )
+
+
+class Tenure:
+    """One leadership's hold on the key (``lock``; None when unguarded). It owns
+    ``lost``, set the moment the lock connection dies; ``stopping`` is the worker's,
+    only read here."""
+
+    def __init__(
+        self,
+        lock: LockConnection | None,
+        *,
+        store: JobStore,
+        config: SchedulerConfig,
+        clock: Clock,
+        stopping: asyncio.Event,
+    ) -> None:
+        self.lock = lock
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.stopping = stopping
+        self.lost = asyncio.Event()
+        if lock is not None:
+            lock.on_lost(self._mark_lost)
+
+    @property
+    def fence(self) -> int | None:
+        """The lock connection's backend pid that every claim of this leadership is
+        fenced on; None when unguarded."""
+        return self.lock.backend_pid if self.lock is not None else None
+
+    async def holds_lock(self) -> bool:
+        """True unless the lock connection no longer owns the key (always when
+        unguarded); the check keeps the idle connection inside its lease."""
+        return self.lock is None or await self.lock.holds_lock(self.config.leader_tick_seconds)
+
+    async def handover(self, deadline: datetime) -> bool:
+        """The handover grace: wait until the previous leader's backend is gone, for at
+        most until ``deadline`` (HANDOVER_GRACE_SECONDS on the clock; less after
+        stop()). False once the lock is lost. Services wait for the deadline whatever
+        (services.run_service_after).
+
+        The grace lets an old leader that is about to notice its loss stop before we
+        fire. A leader whose backend left the server (kill -9, terminated, its lease
+        ran out) cannot fire any more: the claims' fence looks for its backend in
+        pg_locks and ctx.fence refuses its term once ours begins. So the grace ends the
+        moment the recorded backend is gone, asked every _GONE_POLL_SECONDS (a backend
+        drops its locks a moment before it leaves pg_stat_activity); while it is still
+        listed (a graceful handover) the grace runs to its end, ownership checked every
+        leader tick (the checks keep the idle lock connection inside its lease).
+        """
+        lock = self.lock
+        checked = self.clock.now()
+        tick = self.config.leader_tick_seconds
+        while (left := (deadline - self.clock.now()).total_seconds()) > 0:
+            if lock is not None:
+                if await lock.previous_leader_gone(tick):
+                    logger.info(
+                        "scheduler.handover_skipped: the previous leader's backend is gone; "
+                        "ending the handover grace (pid=%s)",
+                        os.getpid(),
+                        extra={"action": "scheduler.handover_skipped", "pid": os.getpid()},
+                    )
+                    break
+                if (self.clock.now() - checked).total_seconds() >= tick:
+                    checked = self.clock.now()
+                    if not await lock.holds_lock(tick):
+                        return False
+            woken = await first(
+                self.clock.sleep(min(left, _GONE_POLL_SECONDS if lock is not None else tick)),
+                self.lost.wait(),
+                self.stopping.wait(),
+            )
+            if woken == 2:
+                break
+            if woken == 1:
+                return False
+        return lock is None or (not self.lost.is_set() and await lock.holds_lock(tick))
+
+    async def begin_term(self, now: datetime, job_ids: list[str], service_ids: list[str]) -> bool:
+        """Record this leadership and move the term, before any claim of it. The bump
+        waits for the job transactions a fence holds; False when stopped meanwhile or
+        when the key is gone."""
+        assert self.lock is not None, "an unguarded leadership has no term"
+        recording = asyncio.ensure_future(
+            self.lock.record_leadership(
+                pid=self.store.pid,
+                host=self.store.host,
+                since=now,
+                job_ids=job_ids,
+                service_ids=service_ids,
+                heartbeat_at=now if self.store.lease_clock is not None else None,
+            )
+        )
+        if await first(recording, self.stopping.wait(), self.lost.wait()) != 0:
+            return False
+        return recording.result() is not None
+
+    async def shutdown_grace(self, bodies: Set[asyncio.Task[None]]) -> None:
+        """Let running ``bodies`` (a set their owner empties as they end) finish for up
+        to the shutdown grace while this worker still owns the key, checking that every
+        leader tick (which keeps the lock connection inside its lease); return early
+        once it is lost."""
+        # The whole grace in real time, as the process manager that stops us counts it.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.shutdown_grace_seconds):
+                await self._tick_while_bodies_run(bodies)
+
+    async def _tick_while_bodies_run(self, bodies: Set[asyncio.Task[None]]) -> None:
+        while bodies:
+            woken = await first(
+                asyncio.wait(bodies),
+                self.clock.sleep(self.config.leader_tick_seconds),
+                self.lost.wait(),
+            )
+            if woken == 2:
+                return
+            if woken == 1 and not await self.holds_lock():
+                return
+
+    async def end(self) -> None:
+        """Give the key back: release it, or close a connection already lost."""
+        if self.lock is None:
+            return
+        if self.lost.is_set():
+            self.lock.close()
+        else:
+            await self.lock.release()
+
+    def _mark_lost(self) -> None:
+        if not self.lost.is_set():
+            logger.warning(
+                "scheduler.lock_lost: the lock connection died (pid=%s)",
+                os.getpid(),
+                extra={"action": "scheduler.lock_lost", "pid": os.getpid()},
+            )
+        self.lost.set()

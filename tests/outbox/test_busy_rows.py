@@ -1,8 +1,9 @@
 """A busy row delays nothing else, in the outbox too: a row that another transaction
 holds while a drain delivers it (an operator's psql session left open on
-``SELECT ... FOR UPDATE``, a stuck script), with PostgreSQL's defaults (no
-lock_timeout), holds up the outcomes of no other row of the pass, and so makes no
-other row be delivered twice."""
+``SELECT ... FOR UPDATE``, a stuck script), whatever timeouts the database sets (none,
+PostgreSQL's default, or a DBA's short lock_timeout or statement_timeout), holds up
+the outcomes of no other row of the pass; held past the delivery lease (PostgreSQL's
+default, no timeout), it makes no other row be delivered twice."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ async def test_a_row_held_elsewhere_while_it_is_delivered_delays_no_other_rows_o
     make_outbox: MakeOutbox,
     database: Database,
     receiver: FakeReceiver,
+    database_timeout: str,
     holder: AsyncConnection,
 ) -> None:
     async def deliver(message: Message) -> None:
@@ -65,7 +67,7 @@ async def test_a_row_held_elsewhere_while_it_is_delivered_delays_no_other_rows_o
             await asyncio.sleep(0.05)
     finally:
         await holder.rollback()
-        await asyncio.wait_for(drain, 10)
+        await asyncio.wait_for(asyncio.gather(drain, return_exceptions=True), 10)
 
 
 async def test_a_row_held_elsewhere_while_it_is_delivered_makes_no_other_row_delivered_twice(
@@ -97,7 +99,7 @@ async def test_a_row_held_elsewhere_while_it_is_delivered_makes_no_other_row_del
         await asyncio.wait_for(make_outbox(deliver=receiver).drain_once(), 10)
     finally:
         await holder.rollback()
-        await asyncio.wait_for(first, 10)
+        await asyncio.wait_for(asyncio.gather(first, return_exceptions=True), 10)
     assert (receiver.delivered["k1"], receiver.delivered["k2"]) == (1, 1), dict(
         receiver.delivered
     )

@@ -232,9 +232,7 @@ class Outbox:
         half, and a row another drain holds is left to it."""
         try:
             async with DrainPass.open(self.engine, self._policy(), self.clock) as drain:
-                token, messages = await drain.claim(sql.CLAIM_ONE, {"id": message_id})
-                for message in messages:
-                    await drain.deliver(token, message)
+                await drain.attempt(message_id)
         except Exception:
             logger.warning(
                 "outbox.inline_failed: %s row %s left to the drain",

@@ -16,10 +16,6 @@ from app.db import Database, asyncpg_dsn
 from app.outbox import DrainReport, Message, Outbox
 from app.scheduler import Clock, FakeClock, SystemClock
 
-from ..scheduler.conftest import database_timeout
-
-__all__ = ["database_timeout"]
-
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 

@@ -10,9 +10,11 @@ due rows, and only when a slot is free, so its first row starts at once; the res
 start as slots free up. The lease a claim sets is the delivery timeout plus a 30 s
 margin, on the lease clock (the database server's: see app/scheduler/clock.py), so
 that no drain's own clock decides whether another's claim still holds. A row starts
-only within the first half of that margin (``_START_WINDOW`` after its claim, measured
-on this process's clock: an elapsed time, which an offset between hosts' clocks does
-not change); ``asyncio.timeout`` cuts its delivery off at delivery_timeout, so every
+only within the first half of that margin (``_START_WINDOW_SECONDS`` after its claim,
+on this process's monotonic clock: an elapsed time, which neither an offset between
+hosts' clocks nor a step of this host's wall clock changes), checked as each delivery
+begins, a drain's or an inline attempt's; ``asyncio.timeout`` cuts its delivery off at
+delivery_timeout, so every
 delivery ends at least 15 s before its lease runs out, and no other drain can claim a
 row while it is being delivered. A row that could not start in time (slow
 deliveries ahead of it, or a delivery task that began late) is given back, due now,
@@ -32,6 +34,14 @@ Every outcome is written conditional on the row's claim token, and the statement
 returns the rows it matched. A row it did not match is no longer this pass's (its
 lease ran out while the process stalled, and another drain took it): its outcome is
 not counted and is logged as ``outbox.claim_lost``.
+
+Like a claim, an outcome write never waits on a row another transaction holds (an
+operator's psql session left open on ``SELECT ... FOR UPDATE``): it writes the rows
+no one else holds, so a held row holds up no other row's outcome. The held row's
+outcome (``outbox.row_busy``) is retried with the pass's later writes, then alone at
+the pass's end, waiting at most ROW_LOCK_PATIENCE a try (app/scheduler/rowlocks.py),
+until it is written or its claim's lease has run out (``outbox.row_held``: counted
+lost; the row is delivered again once free, under the same key).
 """
 
 from __future__ import annotations

@@ -109,3 +109,36 @@ async def test_a_row_held_elsewhere_while_it_is_delivered_makes_no_other_row_del
         await holder.rollback()
         await asyncio.wait_for(asyncio.gather(first, return_exceptions=True), 10)
     assert (receiver.delivered["k1"], receiver.delivered["k2"]) == (1, 1), dict(receiver.delivered)
+
+
+async def test_a_held_rows_outcome_is_written_once_the_row_is_free(
+    make_outbox: MakeOutbox,
+    database: Database,
+    receiver: FakeReceiver,
+    holder: AsyncConnection,
+) -> None:
+    async def deliver(message: Message) -> None:
+        if message.key == "k0":
+            await holder.execute(
+                text("SELECT 1 FROM outbox_messages WHERE id = :id FOR UPDATE"),
+                {"id": message.id},
+            )
+        await receiver(message)
+
+    outbox = make_outbox(deliver=deliver, batch_size=3, concurrency=1)
+    await enqueue(database, outbox, "k0", "k1", "k2")
+    drain = asyncio.create_task(outbox.drain_once())
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while (statuses := await _statuses(database))["k2"] == "pending":
+            assert loop.time() < deadline, statuses
+            await asyncio.sleep(0.05)
+    finally:
+        await holder.rollback()
+    report = await asyncio.wait_for(drain, 10)
+    assert (report.delivered, report.lost, await _statuses(database)) == (
+        3,
+        0,
+        {"k0": "delivered", "k1": "delivered", "k2": "delivered"},
+    ), dict(receiver.delivered)

@@ -38,6 +38,7 @@ Statement = tuple[Executable, dict[str, object]]
 # so a thread's write and the loop's are the same statements in the same order.
 Steps = Generator[Statement, Sequence[Any], _T]
 
+
 class StoreBase:
     """What every part of a JobStore is bound to: the app's engine (read committed),
     this process (``pid`` on ``host``), the schedule and its key, and the lease clock

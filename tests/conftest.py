@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import httpx
 import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database, asyncpg_dsn
@@ -135,6 +137,37 @@ def skewed_clock(request: pytest.FixtureRequest) -> SkewedClock:
     lease 6 s)."""
     skew: timedelta = request.param
     return SkewedClock(skew)
+
+
+async def set_on_the_database(
+    engine: AsyncEngine, database_url: str, setting: str, value: str
+) -> None:
+    """A database default every new session inherits (the pool is emptied for it)."""
+    name = make_url(database_url).database
+    async with engine.begin() as conn:
+        await conn.execute(text(f"ALTER DATABASE \"{name}\" SET {setting} = '{value}'"))
+    await engine.dispose()
+
+
+@pytest.fixture(params=["none", "lock_timeout", "statement_timeout"])
+async def database_timeout(
+    request: pytest.FixtureRequest, engine: AsyncEngine, database_url: str
+) -> str:
+    """The timeout every app session of the test's database inherits: none (PostgreSQL's
+    default, under which a statement waits on a held row for as long as it is held), or
+    a DBA's short lock_timeout or statement_timeout (200 ms). Returns which."""
+    if request.param != "none":
+        await set_on_the_database(engine, database_url, request.param, "200ms")
+    async with engine.connect() as conn:
+        shown = {
+            setting: (await conn.execute(text(f"SHOW {setting}"))).scalar_one()
+            for setting in ("lock_timeout", "statement_timeout")
+        }
+    expected = {"lock_timeout": "0", "statement_timeout": "0"}
+    if request.param != "none":
+        expected[request.param] = "200ms"
+    assert shown == expected, shown
+    return str(request.param)
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.outbox import (
+    MessageBusyError,
     MessageDeliveredError,
     MessageInFlightError,
     UnknownMessageError,
@@ -23,8 +23,8 @@ from app.outbox import (
 )
 from app.scheduler.clock import LEASE_NOW_SQL
 from app.scheduler.election import WAKE_CHANNEL
-from app.scheduler.faults import is_busy_row
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
+from app.scheduler.rowlocks import RowHeldError, held_by_sql, patient_write, row_holder
 from app.storable import is_int64, is_storable_text
 
 from .errors import AdminError, Conflict, NotFound, UnknownJobError
@@ -52,14 +52,11 @@ __all__ = [
 # A leader job's due slot or run-now request that no claim has taken yet is
 # ``unclaimed_since`` its moment, on the lease clock too; an operator's 'infinity' never
 # comes. ``held_by``: the backend whose open transaction locked or is writing such a
-# job's row (the row's xmax is that transaction's, which holds a lock on its own id
-# while it runs): the leader's claim leaves a held row out until it is free.
+# job's row (rowlocks.held_by_sql): the leader's claim leaves a held row out until it
+# is free.
 _JOBS = text(
     f"""
-    WITH holders AS (
-        SELECT transactionid, pid FROM pg_locks
-        WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted
-    ), replica_running AS (
+    WITH replica_running AS (
         SELECT DISTINCT r.job_id FROM scheduler_runs r
         WHERE r.schedule = :schedule AND r.scope = 'replica'
             AND r.running_until > {LEASE_NOW_SQL}
@@ -90,9 +87,9 @@ _JOBS = text(
         j.broken_id IS NOT NULL AS broken, j.broken_error, j.broken_since, true AS stored,
         j.unclaimed_since,
         extract(epoch FROM {LEASE_NOW_SQL} - j.unclaimed_since)::float AS unclaimed_seconds,
-        h.pid AS held_by
+        CASE WHEN j.unclaimed_since IS NOT NULL THEN {held_by_sql("j.row_xmax")} END
+            AS held_by
     FROM listed j
-    LEFT JOIN holders h ON j.unclaimed_since IS NOT NULL AND h.transactionid = j.row_xmax
     UNION ALL
     SELECT b.job_id, b.job_id, NULL, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
         false, b.since, false, NULL, true, b.error, b.since, false, NULL, NULL, NULL
@@ -140,13 +137,7 @@ _PAUSE = text(
     """
 )
 _WAKE = text(f"NOTIFY {WAKE_CHANNEL}")
-# A write to a job's row waits for the leader's claim of its next slot, which holds the
-# row from CLAIM_AHEAD_SECONDS before the slot until the slot: longer than a lock_timeout
-# or statement_timeout a database or role may set for short statements. These apply to
-# the write's own transaction only.
-_PATIENT_WRITE = text(
-    "SELECT set_config('lock_timeout', '10s', true), set_config('statement_timeout', '20s', true)"
-)
+_JOB_ROW_HOLDER = row_holder("scheduler_jobs", "schedule = :schedule AND id = :job_id")
 # The key is the schedule's own unless scheduler_schedules gives it to another name: a
 # name refused for a colliding key would otherwise count the other name's leader and
 # standbys as its own.
@@ -265,21 +256,24 @@ async def list_jobs(
 
 
 @asynccontextmanager
-async def _job_write(engine: AsyncEngine, job_id: str) -> AsyncIterator[AsyncConnection]:
+async def _job_write(
+    engine: AsyncEngine, job_id: str, schedule: str
+) -> AsyncIterator[AsyncConnection]:
     """A transaction that writes a job's row, patient with the leader's claim holding
-    it (see _PATIENT_WRITE); Conflict when the row stays held past that, or the write
-    met another on it (a deadlock, a serialization failure)."""
+    it (rowlocks.patient_write); Conflict, naming the holder's backend pid, when the row
+    stays held past that, or the write met another on it (a deadlock, a serialization
+    failure)."""
+    params = {"job_id": job_id, "schedule": schedule}
     try:
-        async with engine.begin() as conn:
-            await conn.execute(_PATIENT_WRITE)
+        async with patient_write(engine, _JOB_ROW_HOLDER, params) as conn:
             yield conn
-    except DBAPIError as exc:
-        if not is_busy_row(exc):
-            raise
+    except RowHeldError as exc:
+        holder = "" if exc.held_by is None else f" (backend pid {exc.held_by})"
         raise Conflict(
-            f"job {job_id!r}: its row stayed locked by another transaction past the wait, "
-            "or another write met this one on it (the leader holds it at most "
-            "CLAIM_AHEAD_SECONDS while it claims the next slot); try again"
+            f"job {job_id!r}: its row stayed held by another transaction{holder} past the "
+            "wait, or another write met this one on it (the leader holds it at most "
+            "CLAIM_AHEAD_SECONDS while it claims the next slot); try again, or end that "
+            "transaction (see pg_stat_activity)"
         ) from None
 
 
@@ -332,7 +326,7 @@ async def run_job_now(
     """
     if not is_storable_text(job_id):
         raise UnknownJobError(job_id, schedule)
-    async with _job_write(engine, job_id) as conn:
+    async with _job_write(engine, job_id, schedule) as conn:
         params = {"job_id": job_id, "lease_now": lease_now, "schedule": schedule}
         row = (await conn.execute(_RUN_NOW_CHECK, params)).first()
         if row is None:
@@ -358,7 +352,7 @@ async def set_paused(
     request. Waits for a claim of the job's next slot that holds its row (at most
     CLAIM_AHEAD_SECONDS). Raises UnknownJobError for an unknown job, Conflict when the
     row stays locked much longer."""
-    async with _job_write(engine, job_id) as conn:
+    async with _job_write(engine, job_id, schedule) as conn:
         await _require_job(conn, job_id, schedule)
         params = {"job_id": job_id, "paused": paused, "schedule": schedule}
         if (await conn.execute(_PAUSE, params)).first() is None:
@@ -474,8 +468,9 @@ async def reset_outbox_message(
     """Make a stuck row, or a pending one no drain holds, pending with attempts 0 and
     due now, both read on the lease clock (``lease_now`` as clock.lease_now gives it,
     None for the database server's; never the operator's own clock). NotFound for an
-    unknown outbox or id; Conflict for a delivered row or one a drain is delivering (the
-    message says to wait for it)."""
+    unknown outbox or id; Conflict for a delivered row, one a drain is delivering (the
+    message says to wait for it), and one another transaction holds past the wait of
+    an operator's write (the message names its backend pid)."""
     await _require_outbox(engine, outbox)
     if not is_int64(message_id):
         raise NotFound(f"outbox {outbox!r} has no message {message_id}; no id is that large")
@@ -483,5 +478,5 @@ async def reset_outbox_message(
         await reset_message(engine, outbox, message_id, lease_now)
     except UnknownMessageError as exc:
         raise NotFound(str(exc)) from None
-    except (MessageDeliveredError, MessageInFlightError) as exc:
+    except (MessageBusyError, MessageDeliveredError, MessageInFlightError) as exc:
         raise Conflict(str(exc)) from None

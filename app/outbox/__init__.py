@@ -11,6 +11,7 @@ NOTIFY, so delivery does not wait for the next tick.
 
 from .backoff import DEFAULT_BACKOFF, retry_delay
 from .errors import (
+    MessageBusyError,
     MessageDeliveredError,
     MessageInFlightError,
     OutboxError,
@@ -33,6 +34,7 @@ __all__ = [
     "Enqueued",
     "HttpTransport",
     "Message",
+    "MessageBusyError",
     "MessageDeliveredError",
     "MessageInFlightError",
     "Outbox",

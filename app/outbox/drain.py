@@ -10,9 +10,11 @@ due rows, and only when a slot is free, so its first row starts at once; the res
 start as slots free up. The lease a claim sets is the delivery timeout plus a 30 s
 margin, on the lease clock (the database server's: see app/scheduler/clock.py), so
 that no drain's own clock decides whether another's claim still holds. A row starts
-only within the first half of that margin (``_START_WINDOW`` after its claim, measured
-on this process's clock: an elapsed time, which an offset between hosts' clocks does
-not change); ``asyncio.timeout`` cuts its delivery off at delivery_timeout, so every
+only within the first half of that margin (``_START_WINDOW_SECONDS`` after its claim,
+on this process's monotonic clock: an elapsed time, which neither an offset between
+hosts' clocks nor a step of this host's wall clock changes), checked as each delivery
+begins, a drain's or an inline attempt's; ``asyncio.timeout`` cuts its delivery off at
+delivery_timeout, so every
 delivery ends at least 15 s before its lease runs out, and no other drain can claim a
 row while it is being delivered. A row that could not start in time (slow
 deliveries ahead of it, or a delivery task that began late) is given back, due now,
@@ -32,6 +34,14 @@ Every outcome is written conditional on the row's claim token, and the statement
 returns the rows it matched. A row it did not match is no longer this pass's (its
 lease ran out while the process stalled, and another drain took it): its outcome is
 not counted and is logged as ``outbox.claim_lost``.
+
+Like a claim, an outcome write never waits on a row another transaction holds (an
+operator's psql session left open on ``SELECT ... FOR UPDATE``): it writes the rows
+no one else holds, so a held row holds up no other row's outcome. The held row's
+outcome (``outbox.row_busy``) is retried with the pass's later writes, then alone at
+the pass's end, waiting at most ROW_LOCK_PATIENCE a try (app/scheduler/rowlocks.py),
+until it is written or its claim's lease has run out (``outbox.row_held``: counted
+lost; the row is delivered again once free, under the same key).
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import TextClause
@@ -54,6 +64,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import Clock
 from app.scheduler.clock import lease_now
+from app.scheduler.faults import is_busy_row
+from app.scheduler.rowlocks import ROW_LOCK_PATIENCE
 from app.storable import escape_unstorable
 
 from . import sql
@@ -69,7 +81,7 @@ logger = logging.getLogger("app.outbox")
 
 _LEASE_MARGIN_SECONDS = 30.0
 # Half the margin to start in, half to write the outcome in once the delivery ended.
-_START_WINDOW = timedelta(seconds=_LEASE_MARGIN_SECONDS / 2)
+_START_WINDOW_SECONDS = _LEASE_MARGIN_SECONDS / 2
 
 
 @functools.cache
@@ -108,10 +120,27 @@ class DrainPolicy:
 
 
 @dataclass(frozen=True)
-class _Claim:
+class Claim:
+    """Rows claimed under one token. ``taken_at`` is this process's monotonic clock read
+    just before the claim: the claim's start window and lease are measured from it, as
+    elapsed times, which neither an offset between hosts' clocks nor a step of this
+    host's wall clock (NTP) changes; the lease in the database runs from a later moment,
+    so both end here no later than there."""
+
     token: uuid.UUID
-    start_by: datetime
+    taken_at: float
+    lease_seconds: float
     messages: list[Message]
+
+    @property
+    def start_by(self) -> float:
+        """The monotonic moment past which no row of the claim may start."""
+        return self.taken_at + _START_WINDOW_SECONDS
+
+    @property
+    def lease_ends(self) -> float:
+        """The monotonic moment by which the claim's lease has run out."""
+        return self.taken_at + self.lease_seconds
 
 
 @dataclass(frozen=True)
@@ -119,7 +148,7 @@ class _Outcome:
     """A delivery that ended, waiting for its outcome to be written. ``error`` is None
     for a delivered row."""
 
-    token: uuid.UUID
+    claim: Claim
     message: Message
     error: str | None = None
     stuck: bool = False
@@ -130,6 +159,10 @@ class _Outcome:
         if self.error is None:
             return "delivered"
         return "stuck" if self.stuck else "retried"
+
+    @property
+    def token(self) -> uuid.UUID:
+        return self.claim.token
 
 
 class DrainPass:
@@ -142,6 +175,8 @@ class DrainPass:
         self._connection = connection
         self._turn = asyncio.Lock()
         self._ended: list[_Outcome] = []
+        # Outcomes whose rows another transaction held when they were written.
+        self._held: list[_Outcome] = []
         self.policy = policy
         self.clock = clock
 
@@ -162,15 +197,6 @@ class DrainPass:
         async with self._turn:
             return await self._fetch(statement, params)
 
-    async def claim(
-        self, statement: TextClause, params: dict[str, Any]
-    ) -> tuple[uuid.UUID, list[Message]]:
-        """Claim rows with ``statement`` (CLAIM_DUE or CLAIM_ONE) under a fresh token.
-        The caller starts delivering them at once: their lease runs from now."""
-        async with self._turn:
-            claim = await self._claim(statement, params)
-        return claim.token, claim.messages
-
     async def drain(self, batch_size: int) -> DrainReport:
         """Claim due rows ``batch_size`` at a time and deliver them, at most
         ``concurrency`` at once, each starting within its claim's start window (or given
@@ -180,7 +206,7 @@ class DrainPass:
         report = DrainReport()
         slots = asyncio.Semaphore(self.policy.concurrency)
         waiting: collections.deque[Message] = collections.deque()
-        claim: _Claim | None = None
+        claim: Claim | None = None
         exhausted = False
         try:
             async with asyncio.TaskGroup() as group:
@@ -196,7 +222,7 @@ class DrainPass:
                         slots.release()
                         break
                     assert claim is not None
-                    if self.clock.now() > claim.start_by:
+                    if self._too_late(claim):
                         # Every row still waiting is of this claim: all are too late.
                         slots.release()
                         await self._release(claim.token, list(waiting))
@@ -210,24 +236,37 @@ class DrainPass:
             # often the connection's loss) is why the pass stopped; say that, not "a
             # TaskGroup failed".
             raise failed.exceptions[0] from failed
+        await self._write_held(report)
         return report
 
-    async def deliver(self, token: uuid.UUID, message: Message) -> str:
-        """Deliver one claimed message and write its outcome under ``token``; return
-        what the database accepted: delivered, retried, stuck, or lost (the row is no
-        longer held by ``token``, and nothing was written)."""
-        outcome = await self._attempt(token, message)
-        async with self._turn:
-            [accepted] = await self._write([outcome])
-        return accepted
+    async def attempt(self, message_id: int) -> DrainReport:
+        """Claim row ``message_id`` if it is due and no drain holds it, deliver it and
+        write its outcome, as drain does (its start window checked as the delivery
+        begins); return the outcome the database accepted. A claim answered past its
+        start window gives the row back and claims it once more, fresh; a second late
+        answer leaves it to the drain, due now."""
+        report = DrainReport()
+        for _ in range(2):
+            async with self._turn:
+                claim = await self._claim(sql.CLAIM_ONE, {"id": message_id})
+            if not claim.messages:
+                break
+            [message] = claim.messages
+            if await self._begin(claim, message):
+                self._ended.append(await self._attempt(claim, message))
+                async with self._turn:
+                    await self._write_ended(report)
+                await self._write_held(report)
+                break
+        return report
 
     async def _fetch(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
         query, names = _asyncpg_form(statement)
         return list(await self._connection.fetch(query, *(params[name] for name in names)))
 
-    async def _claim(self, statement: TextClause, params: dict[str, Any]) -> _Claim:
+    async def _claim(self, statement: TextClause, params: dict[str, Any]) -> Claim:
         # Read before the claim: its start window ends no later than the lease allows.
-        start_by = self.clock.now() + _START_WINDOW
+        taken_at = self.clock.monotonic()
         token = uuid.uuid4()
         result = await self._fetch(
             statement,
@@ -242,7 +281,22 @@ class DrainPass:
         outbox = self.policy.outbox
         # SQLAlchemy's asyncpg dialect registers the jsonb codec: payloads arrive decoded.
         messages = [Message(r["id"], outbox, r["key"], r["payload"], r["attempts"]) for r in result]
-        return _Claim(token, start_by, messages)
+        return Claim(token, taken_at, self.policy.lease.total_seconds(), messages)
+
+    def _too_late(self, claim: Claim) -> bool:
+        return self.clock.monotonic() > claim.start_by
+
+    async def _begin(self, claim: Claim, message: Message) -> bool:
+        """Whether the delivery of ``message`` may begin now; a row past its claim's
+        start window is given back, due now. Checked as each delivery begins (a drain's
+        or an inline attempt's), not only as its task is made or its claim answered: a
+        delivery begins later than that when the loop is busy or frozen, or the claim's
+        answer came late, and a row started past its window could outlive its lease
+        beside another drain's claim of it."""
+        if not self._too_late(claim):
+            return True
+        await self._release(claim.token, [message])
+        return False
 
     async def _release(self, token: uuid.UUID, messages: list[Message]) -> None:
         async with self._turn:
@@ -256,45 +310,80 @@ class DrainPass:
             )
 
     async def _deliver_held(
-        self, claim: _Claim, message: Message, slots: asyncio.Semaphore, report: DrainReport
+        self, claim: Claim, message: Message, slots: asyncio.Semaphore, report: DrainReport
     ) -> None:
-        if self.clock.now() > claim.start_by:
-            # The window is checked again as the delivery begins, not only as its task is
-            # made: a task begins later than that when the loop is busy or frozen, and a
-            # row started past its window could outlive its lease beside another drain.
-            slots.release()
-            await self._release(claim.token, [message])
-            return
         try:
-            outcome = await self._attempt(claim.token, message)
+            if not await self._begin(claim, message):
+                return
+            outcome = await self._attempt(claim, message)
         finally:
             slots.release()
         self._ended.append(outcome)
         async with self._turn:
-            batch, self._ended = self._ended, []
-            # Empty when an earlier delivery's turn already wrote this outcome.
-            for accepted in await self._write(batch):
+            await self._write_ended(report)
+
+    async def _write_ended(self, report: DrainReport) -> None:
+        """Write every outcome ended so far, with those of held rows not yet written
+        (the caller holds the turn); count what the database accepted in ``report``."""
+        # Empty when an earlier delivery's turn already wrote this outcome.
+        held, ended = self._held, self._ended
+        self._held, self._ended = [], []
+        batch = held + ended
+        for index, (outcome, accepted) in enumerate(
+            zip(batch, await self._write(batch), strict=True)
+        ):
+            if accepted == "held":
+                if index >= len(held):  # newly found held: said once
+                    self._log_busy(outcome)
+                self._held.append(outcome)
+            else:
                 setattr(report, accepted, getattr(report, accepted) + 1)
 
-    async def _attempt(self, token: uuid.UUID, message: Message) -> _Outcome:
+    async def _write_held(self, report: DrainReport) -> None:
+        """Write the outcomes of rows another transaction held, once every other outcome
+        of the pass is written: each row alone, in a transaction that waits for it at
+        most ROW_LOCK_PATIENCE a try (that wait paces the tries), until it is written or
+        its claim's lease has run out (then it is counted lost: the row is delivered
+        again once free, under the same key)."""
+        while self._held:
+            outcome = self._held.pop(0)
+            if self.clock.monotonic() >= outcome.claim.lease_ends:
+                report.lost += 1
+                self._log_held_past_lease(outcome)
+                continue
+            try:
+                async with self._turn, self._connection.transaction():
+                    await self._fetch(ROW_LOCK_PATIENCE, {})
+                    await self._fetch(sql.LOCK_ROWS, {"ids": [outcome.message.id]})
+                    [accepted] = await self._write([outcome])
+            except Exception as exc:
+                if not is_busy_row(exc):
+                    raise
+                accepted = "held"
+            if accepted == "held":
+                self._held.append(outcome)
+            else:
+                setattr(report, accepted, getattr(report, accepted) + 1)
+
+    async def _attempt(self, claim: Claim, message: Message) -> _Outcome:
         try:
             async with asyncio.timeout(self.policy.delivery_timeout):
                 await self.policy.deliver(message)
         except PermanentDeliveryError as exc:
-            return self._failed(token, message, exc, permanent=True)
+            return self._failed(claim, message, exc, permanent=True)
         except Exception as exc:
-            return self._failed(token, message, exc, permanent=False)
-        return _Outcome(token, message)
+            return self._failed(claim, message, exc, permanent=False)
+        return _Outcome(claim, message)
 
     def _failed(
-        self, token: uuid.UUID, message: Message, exc: BaseException, *, permanent: bool
+        self, claim: Claim, message: Message, exc: BaseException, *, permanent: bool
     ) -> _Outcome:
         attempts = message.attempts + 1
         error = escape_unstorable(f"{exc.__class__.__name__}: {exc}"[:2000])
         if isinstance(exc, TimeoutError):
             error = f"no answer within delivery_timeout={self.policy.delivery_timeout:g} s"
         return _Outcome(
-            token,
+            claim,
             message,
             error=error,
             stuck=permanent or attempts >= self.policy.max_attempts,
@@ -303,7 +392,9 @@ class DrainPass:
 
     async def _write(self, batch: list[_Outcome]) -> list[str]:
         """Write ``batch`` (the caller holds the turn): one statement for its delivered
-        rows, one for its failed rows; return what the database accepted, row by row."""
+        rows, one for its failed rows; return what the database accepted, row by row,
+        or ``held`` for a row another transaction held (nothing written; the claim still
+        holds it), or ``lost``. A row not written costs one read more."""
         now = lease_now(self.clock)
         delivered = [o for o in batch if o.error is None]
         failed = [o for o in batch if o.error is not None]
@@ -332,7 +423,49 @@ class DrainPass:
                 },
             )
             matched.update(row["id"] for row in rows)
-        return [self._accepted(o) if o.message.id in matched else self._lost(o) for o in batch]
+        unwritten = [o for o in batch if o.message.id not in matched]
+        held: set[int] = set()
+        if unwritten:
+            rows = await self._fetch(
+                sql.STILL_CLAIMED,
+                {"ids": [o.message.id for o in unwritten], "tokens": [o.token for o in unwritten]},
+            )
+            held = {row["id"] for row in rows}
+        return [
+            self._accepted(o)
+            if o.message.id in matched
+            else "held"
+            if o.message.id in held
+            else self._lost(o)
+            for o in batch
+        ]
+
+    def _log_busy(self, outcome: _Outcome) -> None:
+        message = outcome.message
+        logger.warning(
+            "outbox.row_busy: %s row %s (key %s) is held by another transaction; its %s"
+            " outcome is written once the row is free, within its lease, and no other"
+            " row's outcome waits for it",
+            self.policy.outbox,
+            message.id,
+            message.key,
+            outcome.name,
+            extra={"action": "outbox.row_busy", "outbox": self.policy.outbox, "row": message.id},
+        )
+
+    def _log_held_past_lease(self, outcome: _Outcome) -> None:
+        message = outcome.message
+        logger.warning(
+            "outbox.row_held: %s row %s (key %s) stayed held by another transaction until"
+            " its claim's lease ran out; its %s outcome was not recorded, and the row is"
+            " delivered again, under the same key, once it is free: end that transaction"
+            " (see pg_stat_activity)",
+            self.policy.outbox,
+            message.id,
+            message.key,
+            outcome.name,
+            extra={"action": "outbox.row_held", "outbox": self.policy.outbox, "row": message.id},
+        )
 
     def _accepted(self, outcome: _Outcome) -> str:
         if outcome.stuck:

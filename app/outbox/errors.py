@@ -7,6 +7,7 @@ from datetime import datetime
 from app.printable import printable
 
 __all__ = [
+    "MessageBusyError",
     "MessageDeliveredError",
     "MessageInFlightError",
     "OutboxError",
@@ -93,4 +94,21 @@ class MessageInFlightError(OutboxError):
             f"outbox {outbox!r} message {message_id} is being delivered by a drain (its"
             f" claim runs until {lease_until.isoformat(timespec='seconds')}); wait for the"
             " drain to record the outcome, or retry the reset after that time"
+        )
+
+
+class MessageBusyError(OutboxError):
+    """Raised by reset for a row another transaction held (an operator's psql session
+    left open on ``SELECT ... FOR UPDATE``, a stuck script) past the reset's wait.
+    ``held_by`` is that transaction's backend pid, None when it could not be named."""
+
+    def __init__(self, outbox: str, message_id: int, held_by: int | None) -> None:
+        self.outbox = outbox
+        self.message_id = message_id
+        self.held_by = held_by
+        holder = "another transaction" if held_by is None else f"backend pid {held_by}"
+        super().__init__(
+            f"outbox {outbox!r} message {message_id} is held by another transaction"
+            f" ({holder}), so it was not reset; end that transaction (see pg_stat_activity)"
+            " and try again"
         )

@@ -7,8 +7,10 @@ outcome is written with others of the pass in one statement, only while its clai
 still holds the row. Leases and due times are read on the database server's clock
 (the lease clock, app/scheduler/clock.py), never on a host's. A drain killed
 mid-delivery or before writing a batch leaves its rows to be retried when the lease
-runs out; the receiver deduplicates on the idempotency key. A reset never takes a row
-from a live claim. Nothing is ever deleted.
+runs out; the receiver deduplicates on the idempotency key. A row another transaction
+holds delays no other row's outcome. A reset never takes a row from a live claim, and
+answers MessageBusyError for a row held elsewhere past its wait. Nothing is ever
+deleted.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from sqlalchemy.orm import Session
 
 from app.scheduler import Clock, JobContext, Scheduler, SystemClock, Trigger, every
 from app.scheduler.clock import lease_now
+from app.scheduler.rowlocks import RowHeldError, patient_write, row_holder
 
 from . import sql
 from .backoff import DEFAULT_BACKOFF
 from .drain import DrainPass, DrainPolicy
 from .errors import (
+    MessageBusyError,
     MessageDeliveredError,
     MessageInFlightError,
     OutboxError,
@@ -48,6 +52,8 @@ logger = logging.getLogger("app.outbox")
 Deliver = Callable[[Message], Awaitable[None]]
 
 _LIVE: weakref.WeakValueDictionary[str, Outbox] = weakref.WeakValueDictionary()
+
+_RESET_ROW_HOLDER = row_holder("outbox_messages", "id = :id AND outbox = :outbox")
 
 
 class Outbox:
@@ -227,14 +233,12 @@ class Outbox:
         return report
 
     async def attempt(self, message_id: int) -> None:
-        """Try one row now, through the same claim as the drain (for a route's
-        BackgroundTasks after its commit). Never raises: the drain is the durability
+        """Try one row now, through the same claim and start window as the drain (for
+        a route's BackgroundTasks after its commit). Never raises: the drain is the durability
         half, and a row another drain holds is left to it."""
         try:
             async with DrainPass.open(self.engine, self._policy(), self.clock) as drain:
-                token, messages = await drain.claim(sql.CLAIM_ONE, {"id": message_id})
-                for message in messages:
-                    await drain.deliver(token, message)
+                await drain.attempt(message_id)
         except Exception:
             logger.warning(
                 "outbox.inline_failed: %s row %s left to the drain",
@@ -300,23 +304,28 @@ async def reset_message(
     it, None for the database server's clock; the caller's own clock never decides.
 
     Raises UnknownMessageError for an id the outbox does not have,
-    MessageDeliveredError for a row that was delivered (it is never sent again), and
+    MessageDeliveredError for a row that was delivered (it is never sent again),
     MessageInFlightError for a row a drain has claimed and whose lease still runs (the
-    drain is delivering it; a reset would have it delivered twice).
+    drain is delivering it; a reset would have it delivered twice), and
+    MessageBusyError, naming the holder's backend pid, for a row another transaction
+    holds past the wait of an operator's write (rowlocks.patient_write: 10 s).
     """
-    async with engine.begin() as conn:
-        params = {"id": message_id, "outbox": outbox, "lease_now": lease_now}
-        if (await conn.execute(sql.RESET, params)).scalar() is not None:
-            await conn.execute(sql.NOTIFY, {"outbox": outbox})
-            return
-        found = (await conn.execute(sql.SELECT_STATUS, params)).one_or_none()
-        if found is None:
-            raise UnknownMessageError(
-                f"outbox {outbox!r} has no message {message_id}; list the stuck ones with "
-                f"`python -m app outbox stuck {outbox}`"
-            )
-        if found.status == "delivered":
-            raise MessageDeliveredError(
-                f"outbox {outbox!r} message {message_id} was delivered; it is never sent again"
-            )
-        raise MessageInFlightError(outbox, message_id, found.next_attempt_at)
+    params = {"id": message_id, "outbox": outbox, "lease_now": lease_now}
+    try:
+        async with patient_write(engine, _RESET_ROW_HOLDER, params) as conn:
+            if (await conn.execute(sql.RESET, params)).scalar() is not None:
+                await conn.execute(sql.NOTIFY, {"outbox": outbox})
+                return
+            found = (await conn.execute(sql.SELECT_STATUS, params)).one_or_none()
+    except RowHeldError as exc:
+        raise MessageBusyError(outbox, message_id, exc.held_by) from None
+    if found is None:
+        raise UnknownMessageError(
+            f"outbox {outbox!r} has no message {message_id}; list the stuck ones with "
+            f"`python -m app outbox stuck {outbox}`"
+        )
+    if found.status == "delivered":
+        raise MessageDeliveredError(
+            f"outbox {outbox!r} message {message_id} was delivered; it is never sent again"
+        )
+    raise MessageInFlightError(outbox, message_id, found.next_attempt_at)

@@ -18,6 +18,7 @@ __all__ = [
     "CLAIM_NAME",
     "CLAIM_ONE",
     "INSERT",
+    "LOCK_ROWS",
     "MARK_DELIVERED",
     "MARK_FAILED",
     "NOTIFY",
@@ -27,6 +28,7 @@ __all__ = [
     "RESET",
     "SELECT_EXISTING",
     "SELECT_STATUS",
+    "STILL_CLAIMED",
 ]
 
 NOTIFY_CHANNEL = "regent_outbox"
@@ -107,16 +109,26 @@ SELECT_EXISTING = text("SELECT id FROM outbox_messages WHERE outbox = :outbox AN
 # identical notifications of one transaction into one.
 NOTIFY = text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :outbox)")
 
+# The rows of a batch no other transaction holds, locked as the statement's UPDATE would
+# lock them: an outcome write, like a claim, never waits on a row another transaction
+# holds (an operator's psql session left open on SELECT ... FOR UPDATE), whatever
+# lock_timeout the database sets (none by default): a wait there would hold up the
+# outcomes of every other row of the pass until their leases ran out.
+_FREE_ROWS = """m.id IN (
+        SELECT id FROM outbox_messages WHERE id = ANY(CAST(:ids AS bigint[]))
+        FOR UPDATE SKIP LOCKED)"""
+
 # Outcomes are written a batch at a time, each row only while its own claim's token
-# still holds it; RETURNING names the rows that matched, so a lost claim is never
-# counted as an outcome.
+# still holds it and no other transaction holds it; RETURNING names the rows that
+# matched, so a lost claim is never counted as an outcome (STILL_CLAIMED tells a held
+# row, whose outcome is written later, from a lost one).
 MARK_DELIVERED = text(
     f"""
     UPDATE outbox_messages AS m
     SET status = 'delivered', attempts = m.attempts + 1, delivered_at = {LEASE_NOW_SQL},
         updated_at = {LEASE_NOW_SQL}, last_error = NULL, claimed_by = NULL
     FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS d(id, token)
-    WHERE m.id = d.id AND m.claimed_by = d.token
+    WHERE m.id = d.id AND m.claimed_by = d.token AND {_FREE_ROWS}
     RETURNING m.id
     """
 )
@@ -134,18 +146,37 @@ MARK_FAILED = text(
         CAST(:attempts AS integer[]), CAST(:retry_in AS double precision[]),
         CAST(:errors AS text[])
     ) AS f(id, token, status, attempts, retry_in, error)
-    WHERE m.id = f.id AND m.claimed_by = f.token
+    WHERE m.id = f.id AND m.claimed_by = f.token AND {_FREE_ROWS}
     RETURNING m.id
     """
 )
 
+# Of the rows an outcome write did not match, those its claim still holds: another
+# transaction held them (a plain read waits on no row lock); the others' claims were
+# lost.
+STILL_CLAIMED = text(
+    """
+    SELECT m.id
+    FROM outbox_messages AS m
+    JOIN unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS d(id, token)
+        ON m.id = d.id AND m.claimed_by = d.token
+    """
+)
+
+# A held row's outcome is written later in a transaction that waits for it, up to
+# ROW_LOCK_PATIENCE (app/scheduler/rowlocks.py).
+LOCK_ROWS = text(
+    "SELECT id FROM outbox_messages WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id FOR UPDATE"
+)
+
 # Claimed rows that could not start in time are given back, due now, untouched
-# otherwise: they were never attempted.
+# otherwise: they were never attempted. A row another transaction holds is left to its
+# lease, never waited on.
 RELEASE = text(
     f"""
-    UPDATE outbox_messages
+    UPDATE outbox_messages AS m
     SET claimed_by = NULL, next_attempt_at = {LEASE_NOW_SQL}, updated_at = {LEASE_NOW_SQL}
-    WHERE id = ANY(CAST(:ids AS bigint[])) AND claimed_by = :token
+    WHERE m.id = ANY(CAST(:ids AS bigint[])) AND m.claimed_by = :token AND {_FREE_ROWS}
     """
 )
 

@@ -60,13 +60,14 @@ BUSY_ROW_SQLSTATES = frozenset({"55P03", "57014", "40P01", "40001"})
 
 
 def is_busy_row(exc: BaseException) -> bool:
-    """True when ``exc`` says a job's row is held by another transaction: a claim left
-    it out, or a statement that met it was cut off."""
+    """True when ``exc`` says a row (a job's, an outbox's) is held by another
+    transaction: a claim left it out, or a statement that met it was cut off. ``exc``
+    is SQLAlchemy's error or, from a bare asyncpg connection (a drain pass), asyncpg's."""
     if isinstance(exc, JobRowBusyError):
         return True
-    return isinstance(exc, DBAPIError) and getattr(exc.orig, "sqlstate", None) in (
-        BUSY_ROW_SQLSTATES
-    )
+    if isinstance(exc, DBAPIError):
+        return getattr(exc.orig, "sqlstate", None) in BUSY_ROW_SQLSTATES
+    return isinstance(exc, asyncpg.PostgresError) and exc.sqlstate in BUSY_ROW_SQLSTATES
 
 
 async def database_answers(engine: AsyncEngine, exc: BaseException) -> bool:

@@ -19,7 +19,6 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 from sqlalchemy import event, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db import Database
@@ -48,7 +47,6 @@ __all__ = [
     "row_held",
     "runs",
     "runs_settled",
-    "set_on_the_database",
     "wait_for_runs",
     "waiting_count",
 ]
@@ -405,37 +403,6 @@ async def lease_elsewhere(engine: AsyncEngine, job_id: str, until: str, *extra: 
         await conn.execute(
             text(f"UPDATE scheduler_jobs SET {assignments} WHERE id = :id"), {"id": job_id}
         )
-
-
-async def set_on_the_database(
-    engine: AsyncEngine, database_url: str, setting: str, value: str
-) -> None:
-    """A database default every new session inherits (the pool is emptied for it)."""
-    name = make_url(database_url).database
-    async with engine.begin() as conn:
-        await conn.execute(text(f"ALTER DATABASE \"{name}\" SET {setting} = '{value}'"))
-    await engine.dispose()
-
-
-@pytest.fixture(params=["none", "lock_timeout", "statement_timeout"])
-async def database_timeout(
-    request: pytest.FixtureRequest, engine: AsyncEngine, database_url: str
-) -> str:
-    """The timeout every app session of the test's database inherits: none (PostgreSQL's
-    default, under which a statement waits on a held row for as long as it is held), or
-    a DBA's short lock_timeout or statement_timeout (200 ms). Returns which."""
-    if request.param != "none":
-        await set_on_the_database(engine, database_url, request.param, "200ms")
-    async with engine.connect() as conn:
-        shown = {
-            setting: (await conn.execute(text(f"SHOW {setting}"))).scalar_one()
-            for setting in ("lock_timeout", "statement_timeout")
-        }
-    expected = {"lock_timeout": "0", "statement_timeout": "0"}
-    if request.param != "none":
-        expected[request.param] = "200ms"
-    assert shown == expected, shown
-    return str(request.param)
 
 
 @asynccontextmanager

@@ -12,7 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler import FakeClock, Interval, JobContext, Scheduler, every
 
-from .conftest import StartScheduler, row_held, set_on_the_database, wait_for_runs
+from ..conftest import set_on_the_database
+from .conftest import StartScheduler, row_held, wait_for_runs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ from collections.abc import Generator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Executable, text
+from sqlalchemy import Connection, Executable
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import Session
 
@@ -16,7 +16,6 @@ from ..clock import Clock
 from ..keys import DEFAULT_SCHEDULE, LeaderKey
 
 __all__ = [
-    "ROW_LOCK_PATIENCE",
     "Statement",
     "Steps",
     "StoreBase",
@@ -38,11 +37,6 @@ Statement = tuple[Executable, dict[str, object]]
 # each statement, is sent the rows it returned, and returns its answer. Written once,
 # so a thread's write and the loop's are the same statements in the same order.
 Steps = Generator[Statement, Sequence[Any], _T]
-
-# A batch write waits at most this long for a row another transaction holds, then
-# fails, and its writer tries each of its rows alone: one job row locked for long (an
-# operator's open transaction, a stuck claim) must not hold up every other run.
-ROW_LOCK_PATIENCE = text("SET LOCAL lock_timeout = '1s'")
 
 
 class StoreBase:

@@ -13,7 +13,8 @@ from sqlalchemy import text
 from ..clock import LEASE_END_SQL as _LEASE_END
 from ..clock import LEASE_NOW_SQL
 from ..keys import LEADER_KEY_LOCKS_BOUND, WAKE_CHANNEL
-from .base import ROW_LOCK_PATIENCE, Statement, Steps, StoreBase, lease_reading, run_steps
+from ..rowlocks import ROW_LOCK_PATIENCE
+from .base import Statement, Steps, StoreBase, lease_reading, run_steps
 
 __all__ = ["HeldLease", "LeaseKind", "LeaseStore", "ServiceTake", "renew_steps", "service_release"]
 

@@ -17,8 +17,8 @@ from app.storable import escape_unstorable
 from ..clock import LEASE_END_SQL as _LEASE_END
 from ..clock import LEASE_NOW_SQL
 from ..registry import JobSpec
+from ..rowlocks import ROW_LOCK_PATIENCE
 from .base import (
-    ROW_LOCK_PATIENCE,
     Steps,
     StoreBase,
     flag,

@@ -1,0 +1,96 @@
+"""A running lease is renewed every third of the lease whatever the host's wall clock
+does: a clock stepped back (NTP) while a renewal is under way does not stretch the
+wait for the next renewal by the size of the step, so the lease never runs out while
+the body runs in a living process (and no other leader starts the job beside it)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.db import Database
+from app.scheduler import JobContext, Scheduler, SystemClock, every
+from app.scheduler.clock import lease_clock
+from app.scheduler.runner import Runner
+from app.scheduler.store import JobStore
+
+from ..conftest import SkewedClock
+from .conftest import eventually, row_held
+
+UTC_ZONE = ZoneInfo("UTC")
+LEASE_SECONDS = 3.0
+
+
+async def _renewal_waits_on_the_row(engine: AsyncEngine) -> bool:
+    async with engine.connect() as conn:
+        waiting = await conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%running_until%'"
+            )
+        )
+        return bool(waiting.scalar_one())
+
+
+async def _lease_left(engine: AsyncEngine, job_id: str) -> float | None:
+    """Seconds left on the job's running lease, on the database's clock."""
+    async with engine.connect() as conn:
+        left = await conn.execute(
+            text(
+                "SELECT extract(epoch FROM running_until - clock_timestamp())::float"
+                " FROM scheduler_jobs WHERE id = :id"
+            ),
+            {"id": job_id},
+        )
+        value = left.scalar_one()
+        return None if value is None else float(value)
+
+
+async def test_a_clock_stepped_back_during_a_renewal_lets_no_running_lease_run_out(
+    database: Database, engine: AsyncEngine
+) -> None:
+    host_clock = SkewedClock(timedelta(0))
+    runner = Runner(
+        JobStore(database.engine, pid=1, host="test", lease_clock=lease_clock(host_clock)),
+        clock=host_clock,
+        zone=UTC_ZONE,
+        sessions=database.sessions,
+        sync_sessions=database.sync_sessions,
+        lease_seconds=LEASE_SECONDS,
+    )
+    entered, release = asyncio.Event(), asyncio.Event()
+    scheduler = Scheduler()
+
+    @scheduler.job(every(hours=1), id="long")
+    async def long(ctx: JobContext) -> None:
+        entered.set()
+        await release.wait()
+
+    spec = scheduler.jobs["long"]
+    rows = await runner.store.register_leader_jobs([spec], SystemClock().now(), UTC_ZONE)
+    claim = await runner.claim_leader(spec, rows["long"].next_run_at, None)
+    assert claim is not None and claim.runs
+    body = runner.start(spec, claim)
+    try:
+        await asyncio.wait_for(entered.wait(), 10)
+        # A renewal takes a moment (here: the row is busy for it, under its second of
+        # patience), and NTP steps the host's clock back two minutes meanwhile.
+        async with row_held(engine, "long") as holder:
+            await eventually(lambda: _renewal_waits_on_the_row(engine), what="a renewal under way")
+            host_clock.skew = timedelta(minutes=-2)
+            await holder.rollback()
+        # Three leases' time: the lease must hold throughout, renewed every third.
+        deadline = asyncio.get_running_loop().time() + 3 * LEASE_SECONDS
+        while asyncio.get_running_loop().time() < deadline:
+            left = await _lease_left(engine, "long")
+            assert left is not None and left > 0, (
+                f"the running lease of 'long' ran out (left: {left} s) while its body runs"
+            )
+            await asyncio.sleep(0.1)
+    finally:
+        release.set()
+        await asyncio.wait_for(asyncio.gather(body, return_exceptions=True), 30)

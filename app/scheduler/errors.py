@@ -29,17 +29,18 @@ class InvalidJobError(SchedulerError):
 
 class JobRowBusyError(SchedulerError):
     """A claim (or a registration) left a job out because another transaction holds its
-    row (a session left open on ``SELECT ... FOR UPDATE``, a stuck script): the leader
-    never waits on a row it cannot lock, so that no other job waits with it. It tries
-    the job again until the row is free; ``job_id`` names it."""
+    row, or the history row of its last run whose lease ran out and is to be reaped (a
+    session left open on ``SELECT ... FOR UPDATE``, a stuck script): the leader never
+    waits on a row it cannot lock, so that no other job waits with it. It tries the job
+    again until the row is free; ``job_id`` names it."""
 
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         super().__init__(
-            f"job {job_id!r}: another transaction holds its row, so the leader left it "
-            "out rather than wait on it (every other job fires); it is claimed once the "
-            "row is free: end that transaction (the admin job list names its backend "
-            "pid, see pg_stat_activity)"
+            f"job {job_id!r}: another transaction holds its row (or its last run's row in "
+            "scheduler_runs), so the leader left it out rather than wait on it (every "
+            "other job fires); it is claimed once the row is free: end that transaction "
+            "(the admin job list names a job row's backend pid, see pg_stat_activity)"
         )
 
 

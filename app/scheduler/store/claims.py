@@ -252,7 +252,11 @@ class ClaimStore(StoreBase):
                 return [busy.get(job_id) for job_id in ids]
             runs = [item.job_id for item in ordered if item.runs]
             if runs:
-                await reap_jobs(self, conn, now, renewing, runs, lease_now)
+                reaps = await reap_jobs(self, conn, now, renewing, runs, lease_now)
+                busy |= {job_id: JobRowBusyError(job_id) for job_id in reaps.held}
+                ordered = [item for item in ordered if item.job_id not in busy]
+                if not ordered:
+                    return [busy.get(job_id) for job_id in ids]
             # History reads in id order: a job's passed-over slots get the lower id,
             # though the claim allocates the run's id (its lease token) first.
             wanted = sum(item.runs + (item.missed_before is not None) for item in ordered)

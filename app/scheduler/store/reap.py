@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ..clock import LEASE_NOW_SQL
 from .base import StoreBase
 
-__all__ = ["ReapStore", "ReapedRun", "reap_jobs", "reap_replica_runs"]
+__all__ = ["JobsReaped", "ReapStore", "ReapedRun", "reap_jobs", "reap_replica_runs"]
 
 # The runs whose lease the reaping process renews itself (its LeaseKeeper's), as text[]
 # (see _UPSERT): their bodies run in that process, so a lease of theirs that ran out
@@ -24,10 +24,15 @@ _RENEWING = "CAST(CAST(:renewing AS text[]) AS bigint[])"
 
 # A lease that ran out: its owner died (or froze past it). Its run, if still recorded
 # as running, and the job's running status become 'abandoned'; the lease is cleared.
-# Never a lease the reaping process renews itself.
+# Never a lease the reaping process renews itself. A row held elsewhere, the job's or
+# its run's (an operator's open transaction), is skipped, never waited on (the busy-row
+# rule of busy.lock_free_rows): the reap runs inside the claim and the tick, and a wait
+# there would hold up every job. A job whose run row is held keeps its lease until a
+# later reap; it is returned ``held`` so that a claim leaves it out as busy, rather than
+# start a run over a history row that still reads 'running'.
 _REAP = text(
     f"""
-    WITH expired AS (
+    WITH lapsed AS (
         SELECT id, running_run_id,
             format('abandoned: the process that ran it (pid %s on %s) stopped renewing its '
                    'running lease, which ran out at %s', running_pid, running_host,
@@ -37,22 +42,34 @@ _REAP = text(
             AND (CAST(:job_ids AS text[]) IS NULL OR id = ANY(CAST(:job_ids AS text[])))
             AND running_run_id <> ALL({_RENEWING})
         FOR UPDATE SKIP LOCKED
+    ), free_runs AS (
+        SELECT id FROM scheduler_runs
+        WHERE id IN (SELECT running_run_id FROM lapsed) AND status = 'running'
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), expired AS (
+        SELECT * FROM lapsed l
+        WHERE l.running_run_id IN (SELECT id FROM free_runs) OR NOT EXISTS (
+            SELECT 1 FROM scheduler_runs r WHERE r.id = l.running_run_id AND r.status = 'running')
     ), abandoned_runs AS (
         UPDATE scheduler_runs r
         SET status = 'abandoned', finished_at = CAST(:now AS timestamptz), error = e.note
         FROM expired e
         WHERE r.id = e.running_run_id AND r.status = 'running'
+    ), reaped AS (
+        UPDATE scheduler_jobs j
+        SET last_status = CASE WHEN j.last_status = 'running'
+                THEN 'abandoned' ELSE j.last_status END,
+            last_finished_at = CASE WHEN j.last_status = 'running'
+                THEN CAST(:now AS timestamptz) ELSE j.last_finished_at END,
+            last_error = CASE WHEN j.last_status = 'running' THEN e.note ELSE j.last_error END,
+            running_run_id = NULL, running_since = NULL, running_until = NULL,
+            running_pid = NULL, running_host = NULL, updated_at = now()
+        FROM expired e
+        WHERE j.schedule = :schedule AND j.id = e.id
+        RETURNING j.id
     )
-    UPDATE scheduler_jobs j
-    SET last_status = CASE WHEN j.last_status = 'running' THEN 'abandoned' ELSE j.last_status END,
-        last_finished_at = CASE WHEN j.last_status = 'running'
-            THEN CAST(:now AS timestamptz) ELSE j.last_finished_at END,
-        last_error = CASE WHEN j.last_status = 'running' THEN e.note ELSE j.last_error END,
-        running_run_id = NULL, running_since = NULL, running_until = NULL,
-        running_pid = NULL, running_host = NULL, updated_at = now()
-    FROM expired e
-    WHERE j.schedule = :schedule AND j.id = e.id
-    RETURNING j.id
+    SELECT id, false AS held FROM reaped
+    UNION ALL SELECT id, true FROM lapsed WHERE id NOT IN (SELECT id FROM expired)
     """
 )
 
@@ -105,6 +122,16 @@ _REAP_REPLICA_RUNS = text(
 
 
 @dataclass(frozen=True)
+class JobsReaped:
+    """What a reap of job rows did: the jobs it ``reaped``, and those whose lease ran
+    out but whose run row another transaction holds (``held``): they keep their lease
+    until a later reap, and a claim leaves them out as busy."""
+
+    reaped: list[str]
+    held: list[str]
+
+
+@dataclass(frozen=True)
 class ReapedRun:
     """A per-worker run reaped to 'abandoned': its worker (``pid`` on ``host``)
     stopped renewing its running lease."""
@@ -139,14 +166,19 @@ async def reap_jobs(
     renewing: Collection[int],
     job_ids: list[str] | None = None,
     lease_now: dict[str, object] | None = None,
-) -> list[str]:
+) -> JobsReaped:
     """Reap the lapsed running leases on the job rows of ``job_ids`` (None: every job
     of the schedule), in ``conn``'s transaction, but never those of the runs
-    ``renewing`` (this process renews them: their bodies run here); return the ids of
-    the jobs reaped. ``lease_now``: the lease clock's reading to reap as of (a
-    prepared claim's)."""
+    ``renewing`` (this process renews them: their bodies run here), nor a job whose row
+    or run row another transaction holds (skipped, never waited on); return the jobs
+    reaped and those passed by because their run row is held. ``lease_now``: the lease
+    clock's reading to reap as of (a prepared claim's)."""
     params = reap_params(store, now, renewing, job_ids=job_ids) | (lease_now or {})
-    return [row.id for row in await conn.execute(_REAP, params)]
+    rows = (await conn.execute(_REAP, params)).all()
+    return JobsReaped(
+        reaped=[row.id for row in rows if not row.held],
+        held=[row.id for row in rows if row.held],
+    )
 
 
 async def reap_replica_runs(
@@ -176,6 +208,6 @@ class ReapStore(StoreBase):
         this process renews itself, LeaseKeeper.renewing) are never reaped: their
         bodies run here."""
         async with self.engine.begin() as conn:
-            reaped = await reap_jobs(self, conn, now, renewing)
+            reaped = (await reap_jobs(self, conn, now, renewing)).reaped
             replicas = await reap_replica_runs(self, conn, now, renewing)
             return reaped + [run.job_id for run in replicas]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime
 
 from .clock import Clock
 from .retry import renewal_delay
@@ -113,15 +112,17 @@ def _settle(entries: list[_Waiting], exc: BaseException | None) -> None:
 class LeaseKeeper:
     """Renews the running lease of every run this process holds one for (job bodies and service
     copies) in one commit (JobStore.renew_leases) every third of the lease, counted from
-    the start of the last renewal. A renewal of several that fails is tried again a
-    lease at a time at once, so a lease whose row is locked or refused fails alone; a
-    lease that failed is tried again within seconds (retry.renewal_delay). An attempt
-    that does not finish within a third of the lease counts as failed. A run found to
-    have lost its lease is logged and no longer renewed. A lease held a period or more
-    after its run took it (a body that started late) is renewed at once, alone. While a
-    job run's lease is held here, this process's reaps leave it alone (``renewing``,
-    which the runner gives every reap): its body runs here. A service copy's lease is
-    never reaped: a lease that ran out is simply taken by the next copy."""
+    the start of the last renewal on the clock's monotonic time (a wall clock stepped
+    back mid-round would otherwise put off the next renewal by the step). A renewal of
+    several that fails is tried again a lease at a time at once, so a lease whose row is
+    locked or refused fails alone; a lease that failed is tried again within seconds
+    (retry.renewal_delay). An attempt that does not finish within a third of the lease
+    counts as failed. A run found to have lost its lease is logged and no longer
+    renewed. A lease held a period or more after its run took it (a body that started
+    late) is renewed at once, alone. While a job run's lease is held here, this
+    process's reaps leave it alone (``renewing``, which the runner gives every reap):
+    its body runs here. A service copy's lease is never reaped: a lease that ran out is
+    simply taken by the next copy."""
 
     def __init__(self, store: JobStore, *, clock: Clock, lease_seconds: float) -> None:
         self.store = store
@@ -132,16 +133,17 @@ class LeaseKeeper:
         # One-off renewals of leases held too late for the renewer's next round.
         self._overdue: set[asyncio.Task[bool]] = set()
 
-    def hold(self, lease: HeldLease, *, taken_at: datetime | None = None) -> None:
-        """Renew ``lease`` from now on, until drop(). ``taken_at``: when (on this
-        process's clock) its run took it; one taken a renewal period or more ago (its
-        body started late after its claim: a process that froze, a clock that jumped)
-        is renewed at once, since its next renewal would come too late."""
+    def hold(self, lease: HeldLease, *, taken_at: float | None = None) -> None:
+        """Renew ``lease`` from now on, until drop(). ``taken_at``: when its run took it,
+        on this process's monotonic clock (Clock.monotonic); one taken a renewal period
+        or more ago (its body started late after its claim: a process that froze, a
+        clock that jumped) is renewed at once, since its next renewal would come too
+        late."""
         self._held[lease.run_id] = lease
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.create_task(self._renew(), name="running-leases")
         period = self.lease_seconds / 3
-        if taken_at is not None and (self.clock.now() - taken_at).total_seconds() >= period:
+        if taken_at is not None and self.clock.monotonic() - taken_at >= period:
             renewal = asyncio.create_task(self._round([lease], period), name="running-lease")
             self._overdue.add(renewal)
             renewal.add_done_callback(self._overdue.discard)
@@ -160,11 +162,11 @@ class LeaseKeeper:
     async def _renew(self) -> None:
         period = self.lease_seconds / 3
         failures = 0
-        began = self.clock.now()
+        began = self.clock.monotonic()
         while self._held:
-            waited = (self.clock.now() - began).total_seconds()
+            waited = self.clock.monotonic() - began
             await self.clock.sleep(max(0.0, renewal_delay(period, failures) - waited))
-            began = self.clock.now()
+            began = self.clock.monotonic()
             leases = list(self._held.values())
             if not leases:
                 continue

@@ -55,7 +55,8 @@ class Claim:
     for a replica run, which no leadership fences.
     ``manual``: the run-now request was claimed, not a slot; the slot run is the
     request time and the job's next slot is where the claim found it.
-    ``leased_at``: the moment, on this process's clock, its running lease was taken as of.
+    ``leased_at``: the moment its running lease was taken as of, on this process's
+    monotonic clock (Clock.monotonic).
     """
 
     run_id: int
@@ -67,7 +68,7 @@ class Claim:
     term: int | None = None
     manual: bool = False
     replica: bool = False
-    leased_at: datetime | None = None
+    leased_at: float | None = None
 
 
 class Claimer:
@@ -230,7 +231,8 @@ class Claimer:
             jitter=item.jitter,
             term=claimed.term,
             manual=item.manual,
-            leased_at=now,
+            # ``now`` (a prepared claim's start may lie ahead) on the monotonic clock.
+            leased_at=self._clock.monotonic() + (now - self._clock.now()).total_seconds(),
         )
 
     def _not_run(

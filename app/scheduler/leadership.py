@@ -10,7 +10,7 @@ it, so no state of one leadership reaches the next."""
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from .ahead import CommitCost
 from .broken import BrokenJobs
@@ -75,7 +75,7 @@ class Leadership:
         ended before it fired. Raises what the registration raises when the database
         does not answer (the worker backs off)."""
         tenure, lock = self.tenure, self.lock
-        grace_ends = self.clock.now() + timedelta(seconds=self.config.handover_grace_seconds)
+        grace_ends = self.clock.monotonic() + self.config.handover_grace_seconds
         if not await tenure.handover(grace_ends):
             return LeadershipEnd.LOST_DURING_HANDOVER
         if self.stopping.is_set():
@@ -125,8 +125,9 @@ class Leadership:
             )
         return None
 
-    async def lead(self, until: datetime | None) -> LeadershipEnd:
-        """Tick until the leadership ends (begun first) and return how it ended."""
+    async def lead(self, until: float | None) -> LeadershipEnd:
+        """Tick until the leadership ends (begun first; ``until``, on Clock.monotonic, for
+        an unguarded one) and return how it ended."""
         assert self._tick is not None, "lead() follows a begin() that started the loops"
         ticking = asyncio.ensure_future(self._tick.run(until, self._loops[0]))
         # A tick's statements may wait on the database (a row lock, the pool): a lost
@@ -164,7 +165,7 @@ class Leadership:
             config=self.config,
         )
 
-    def _services(self, grace_ends: datetime, lock: LockConnection) -> list[asyncio.Task[None]]:
+    def _services(self, grace_ends: float, lock: LockConnection) -> list[asyncio.Task[None]]:
         return [
             asyncio.create_task(
                 run_service_after(

@@ -236,7 +236,7 @@ class Runner:
         whose worker died are reaped as it starts. ``jitter``: the seconds this worker
         waited after the slot by design. Returns the run's id once its outcome is
         recorded (a thread past its timeout may still run)."""
-        now = self.clock.now()
+        now, leased_at = self.clock.now(), self.clock.monotonic()
         run_id, reaped = await self.store.start_replica_run(
             spec,
             slot,
@@ -256,7 +256,14 @@ class Runner:
                 extra={"action": "job.abandoned", "job_id": dead.job_id, "pid": self.store.pid},
             )
         claim = Claim(
-            run_id, slot, slot, runs=True, leased=True, jitter=jitter, replica=True, leased_at=now
+            run_id,
+            slot,
+            slot,
+            runs=True,
+            leased=True,
+            jitter=jitter,
+            replica=True,
+            leased_at=leased_at,
         )
         await self.execute(spec, claim)
         return run_id

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from datetime import datetime
 
 from .clock import Clock
 from .election import LockConnection
@@ -22,7 +21,7 @@ logger = logging.getLogger("app.scheduler")
 
 async def run_service_after(
     spec: ServiceSpec,
-    grace_ends: datetime,
+    grace_ends: float,
     lock: LockConnection,
     *,
     copies: ServiceCopies,
@@ -30,7 +29,8 @@ async def run_service_after(
     tick_seconds: float,
     firing: asyncio.Event,
 ) -> None:
-    """Run a service once the whole handover grace has passed and no other copy of
+    """Run a service once the whole handover grace has passed (``grace_ends``, on
+    Clock.monotonic) and no other copy of
     it holds the service's running lease. The grace ends early for jobs when the
     previous leader's backend is gone, since their claims are fenced; a service has
     no fence, and the old leader's copy of it runs until that leader notices its
@@ -38,7 +38,7 @@ async def run_service_after(
     (a thread of it still runs) holds its lease until it ended, or, its process
     dead, until the lease ran out. A crashed service is restarted only while
     ``firing`` is set (see ServiceCopies.run)."""
-    wait = (grace_ends - clock.now()).total_seconds()
+    wait = grace_ends - clock.monotonic()
     if wait > 0:
         await clock.sleep(wait)
     lease = await _take_service_lease(spec, lock, copies=copies, clock=clock, tick=tick_seconds)

@@ -44,7 +44,6 @@ import asyncio
 import contextlib
 import logging
 import os
-from datetime import datetime, timedelta
 
 from .ahead import CommitCost
 from .broken import BrokenJobs
@@ -215,8 +214,7 @@ class Supervisor:
                 _FAIL_OPEN_SECONDS,
                 extra={"action": "scheduler.fail_open", "pid": os.getpid()},
             )
-            until = self.clock.now() + timedelta(seconds=_FAIL_OPEN_SECONDS)
-            await self._lead(None, until=until)
+            await self._lead(None, until=self.clock.monotonic() + _FAIL_OPEN_SECONDS)
             return
         finally:
             self._acquiring = None
@@ -257,10 +255,11 @@ class Supervisor:
             return await self._roles.until(lambda role: role in roles)
 
     async def _lead(
-        self, lock: LockConnection | None, *, until: datetime | None = None
+        self, lock: LockConnection | None, *, until: float | None = None
     ) -> BaseException | None:
-        """Lead until the lock is lost, stop() or ``until``. Returns the error that
-        ended a leadership before it fired (its caller backs off), else None."""
+        """Lead until the lock is lost, stop() or ``until`` (on Clock.monotonic). Returns
+        the error that ended a leadership before it fired (its caller backs off), else
+        None."""
         self.leading = leadership = Leadership(
             lock,
             leader_jobs=self.leader_jobs,

@@ -211,9 +211,9 @@ class Tenure:
         unguarded); the check keeps the idle connection inside its lease."""
         return self.lock is None or await self.lock.holds_lock(self.config.leader_tick_seconds)
 
-    async def handover(self, deadline: datetime) -> bool:
+    async def handover(self, deadline: float) -> bool:
         """The handover grace: wait until the previous leader's backend is gone, for at
-        most until ``deadline`` (HANDOVER_GRACE_SECONDS on the clock; less after
+        most until ``deadline`` (HANDOVER_GRACE_SECONDS on Clock.monotonic; less after
         stop()). False once the lock is lost. Services wait for the deadline whatever
         (services.run_service_after).
 
@@ -227,9 +227,9 @@ class Tenure:
         leader tick (the checks keep the idle lock connection inside its lease).
         """
         lock = self.lock
-        checked = self.clock.now()
+        checked = self.clock.monotonic()
         tick = self.config.leader_tick_seconds
-        while (left := (deadline - self.clock.now()).total_seconds()) > 0:
+        while (left := deadline - self.clock.monotonic()) > 0:
             if lock is not None:
                 if await lock.previous_leader_gone(tick):
                     logger.info(
@@ -239,8 +239,8 @@ class Tenure:
                         extra={"action": "scheduler.handover_skipped", "pid": os.getpid()},
                     )
                     break
-                if (self.clock.now() - checked).total_seconds() >= tick:
-                    checked = self.clock.now()
+                if self.clock.monotonic() - checked >= tick:
+                    checked = self.clock.monotonic()
                     if not await lock.holds_lock(tick):
                         return False
             woken = await first(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import datetime
 
 from .broken import BrokenJobs
 from .clock import Clock
@@ -48,11 +47,11 @@ class LeaderTick:
         self._config = config
         self.reload = asyncio.Event()
 
-    async def run(self, until: datetime | None, timer: asyncio.Task[None]) -> LeadershipEnd:
+    async def run(self, until: float | None, timer: asyncio.Task[None]) -> LeadershipEnd:
         """Tick until the leadership ends (the key lost or no longer held, stop(), or
-        ``until`` for an unguarded one) and return how it ended. Never raises for a
-        failed reload (logged, retried a tick later). When the job ``timer`` has
-        died, every leader job is marked broken."""
+        ``until``, on Clock.monotonic, for an unguarded one) and return how it ended.
+        Never raises for a failed reload (logged, retried a tick later). When the job
+        ``timer`` has died, every leader job is marked broken."""
         tenure = self._tenure
         while True:
             woken = await first(
@@ -66,7 +65,7 @@ class LeaderTick:
                 return (
                     LeadershipEnd.CONNECTION_LOST if tenure.lost.is_set() else LeadershipEnd.STOPPED
                 )
-            if until is not None and self._clock.now() >= until:
+            if until is not None and self._clock.monotonic() >= until:
                 return LeadershipEnd.UNGUARDED_PERIOD_OVER
             if not await tenure.holds_lock():
                 return LeadershipEnd.NO_LONGER_HELD

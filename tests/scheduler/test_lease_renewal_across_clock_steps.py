@@ -17,6 +17,7 @@ from app.scheduler import JobContext, Scheduler, SystemClock, every
 from app.scheduler.clock import lease_clock
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
+from app.testing.claims import claim_leader
 
 from ..conftest import SkewedClock
 from .conftest import eventually, row_held
@@ -72,7 +73,7 @@ async def test_a_clock_stepped_back_during_a_renewal_lets_no_running_lease_run_o
 
     spec = scheduler.jobs["long"]
     rows = await runner.store.register_leader_jobs([spec], SystemClock().now(), UTC_ZONE)
-    claim = await runner.claim_leader(spec, rows["long"].next_run_at, None)
+    claim = await claim_leader(runner, spec, rows["long"].next_run_at, None)
     assert claim is not None and claim.runs
     body = runner.start(spec, claim)
     try:

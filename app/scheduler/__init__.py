@@ -67,7 +67,10 @@ The lease and what happens on each fault:
   connection is closed, the worker goes back to standby.
 - *SIGSTOP*: the stopped leader sends nothing; after ``LEASE_SECONDS`` the server
   closes its idle session, releasing the key to the standby queued behind it (of its
-  own host too, see above). After SIGCONT it can claim nothing (see below) and demotes
+  own host too, see above). A transaction it left open on the leadership row (a job's
+  fenced commit, its heartbeat) would hold up the new leader's term: the promotion
+  waits a leader tick for it, then ends it (``scheduler.old_term_transaction_ended``).
+  After SIGCONT it can claim nothing (see below), commits nothing fenced, and demotes
   as soon as it reads its connection's end, at its first tick at the latest.
 - *SIGSTOP of a standby holding its host's flock*: its backend waits for the key,
   which is not idle, so nothing ends it while a live leader leads. Should that leader
@@ -254,11 +257,13 @@ fence is its own leadership's, and the run's ``JobContext.term`` keeps it.
 term row FOR KEY SHARE inside the job's transaction: when the term moved it rolls the
 transaction back and raises ``LeadershipLostError``; otherwise the transaction holds
 the row until it ends, and the next promotion's bump (which locks the row FOR UPDATE)
-waits for it, while the leader's heartbeat on that row does not. A
+waits for it, while the leader's heartbeat on that row does not. The promotion waits a
+leader tick, then ends (pg_terminate_backend) the transactions that still hold the row:
+their leader no longer holds the key, and may be hung (SIGSTOP) with them open. A
 fenced commit of an old leadership thus lands before the next leadership's first
 claim, or not at all. The fence covers only the transaction it runs in, and a
-transaction held open delays the next promotion by as long, so fence the commits that
-move money, just before they commit. Unguarded runs and the test kit's ``run_job``
+transaction held open past a promotion is ended, so fence the commits that move money,
+just before they commit. Unguarded runs and the test kit's ``run_job``
 take the term current at their claim (0 before any leader was recorded); a
 per-replica job has none, and its fence raises SchedulerError.
 

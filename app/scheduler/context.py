@@ -19,9 +19,10 @@ from .keys import DEFAULT_SCHEDULE
 __all__ = ["JobContext", "ServiceContext", "context_log"]
 
 # FOR KEY SHARE: a promotion's term bump, which locks the row FOR UPDATE first, waits
-# until this transaction ends; the leader's heartbeat, a plain UPDATE, does not (a tick
-# that waited would stop reloading and checking the lock for as long). No row yet (no
-# leader was ever recorded) reads as term 0, as the claim does.
+# until this transaction ends (a leader tick at most: then it ends this transaction);
+# the leader's heartbeat, a plain UPDATE, does not (a tick that waited would stop
+# reloading and checking the lock for as long). No row yet (no leader was ever
+# recorded) reads as term 0, as the claim does.
 _TERM_FOR_KEY_SHARE = text(
     "SELECT term FROM scheduler_leadership WHERE schedule = :schedule FOR KEY SHARE"
 )
@@ -44,7 +45,8 @@ class JobContext:
     the transaction it guards, best just before the commit. It raises
     LeadershipLostError, after rolling the transaction back, when another leadership
     began since this run was claimed (``term`` is the one the claim saw); otherwise
-    the transaction holds the term until it ends, and the next promotion waits for it.
+    the transaction holds the term until it ends, and the next promotion waits for it,
+    a leader tick at most: then it ends the transaction (its connection is terminated).
     So a fenced commit lands before any newer leadership starts, or not at all. A
     per-worker job (``leader_only=False``) has no term: its fence raises
     SchedulerError.

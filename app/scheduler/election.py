@@ -62,6 +62,7 @@ __all__ = [
     "check_pooling",
     "check_primary",
     "check_same_database",
+    "end_old_term_transactions",
     "engine_identity",
     "lock_connection_listed",
 ]
@@ -262,6 +263,75 @@ async def lock_connection_listed(
     return bool(listed), now
 
 
+# The transactions that keep a promotion's record (on lock backend :backend_pid) waiting
+# for the leadership row, ended: those that hold the row (FOR KEY SHARE: a fence; an
+# UPDATE: a heartbeat) and nothing stronger on its table (never a migration's DDL).
+_END_TERM_BLOCKERS = text(
+    """
+    SELECT a.pid, a.application_name, a.state,
+        left(regexp_replace(a.query, '\\s+', ' ', 'g'), 100) AS query,
+        pg_terminate_backend(a.pid) AS ended
+    FROM pg_stat_activity a
+    WHERE a.pid = ANY(pg_blocking_pids(CAST(:backend_pid AS integer)))
+        AND EXISTS (
+            SELECT 1 FROM pg_locks l
+            WHERE l.pid = a.pid AND l.granted
+                AND l.relation = CAST('scheduler_leadership' AS regclass)
+                AND l.mode IN ('RowShareLock', 'RowExclusiveLock'))
+        AND NOT EXISTS (
+            SELECT 1 FROM pg_locks l
+            WHERE l.pid = a.pid AND l.relation = CAST('scheduler_leadership' AS regclass)
+                AND l.mode NOT IN ('AccessShareLock', 'RowShareLock', 'RowExclusiveLock'))
+    """
+)
+
+
+async def end_old_term_transactions(
+    engine: AsyncEngine, backend_pid: int, *, waited: float, timeout: float
+) -> None:
+    """End the transactions that keep the promotion on lock backend ``backend_pid``
+    waiting for the leadership row (``record_leadership``) after it ``waited`` seconds:
+    a job's fenced transaction (``ctx.fence``) or a heartbeat left open by a process
+    that no longer holds the key (SIGSTOP, a paused VM, a blocked loop). Their term is
+    over, so by the fence they must not commit after the new one begins: ending them
+    keeps that (their commit never lands), where waiting would keep every job from
+    firing for as long as that process hangs. Each is logged
+    (``scheduler.old_term_transaction_ended``). Asked through the app's engine, whose
+    role owns those transactions (the lock connection's is busy waiting); an error or
+    no answer within ``timeout`` is logged, and the caller asks again."""
+    try:
+        async with asyncio.timeout(timeout), engine.connect() as conn:
+            ended = list(await conn.execute(_END_TERM_BLOCKERS, {"backend_pid": backend_pid}))
+    except (SQLAlchemyError, TimeoutError) as exc:
+        logger.warning(
+            "scheduler.term_blocked: the promotion has waited %.1f s for the leadership row "
+            "and could not end the transactions that hold it (%s); end them (see "
+            "pg_blocking_pids(%s)), or grant the app's role pg_signal_backend",
+            waited,
+            exc,
+            backend_pid,
+            extra={"action": "scheduler.term_blocked", "pid": os.getpid()},
+        )
+        return
+    for row in ended:
+        logger.warning(
+            "scheduler.old_term_transaction_ended: the promotion waited %.1f s for backend "
+            "%s (%r, %s: %s), which holds the leadership row for an older term; ended it, "
+            "so its commit never lands after the new term begins (ended: %s)",
+            waited,
+            row.pid,
+            row.application_name,
+            row.state,
+            row.query,
+            row.ended,
+            extra={
+                "action": "scheduler.old_term_transaction_ended",
+                "pid": os.getpid(),
+                "backend_pid": row.pid,
+            },
+        )
+
+
 def check_same_database(lock: DatabaseIdentity, app: DatabaseIdentity) -> None:
     """Raise UnsafeLockConnectionError when the lock connection and the app's engine
     reach different servers or databases."""
@@ -443,8 +513,9 @@ class LockConnection:
         database server's clock (never the host's: health ages it on that clock).
 
         Waits for every job transaction that took the term FOR KEY SHARE (``ctx.fence``) to
-        end. While it waits the connection runs a statement, so ``idle_session_timeout``
-        does not cut it, and a connection that dies makes it raise.
+        end (the caller ends those that take too long: end_old_term_transactions). While
+        it waits the connection runs a statement, so ``idle_session_timeout`` does not cut
+        it, and a connection that dies makes it raise.
         """
         term: int | None = await self._connection.fetchval(
             _record_leadership_sql(self.key),

@@ -19,6 +19,7 @@ from .config import SchedulerConfig
 from .election import (
     LockConnection,
     UnsafeLockConnectionError,
+    end_old_term_transactions,
     engine_identity,
     lock_connection_listed,
 )
@@ -256,11 +257,15 @@ class Tenure:
 
     async def begin_term(self, now: datetime, job_ids: list[str], service_ids: list[str]) -> bool:
         """Record this leadership and move the term, before any claim of it. The bump
-        waits for the job transactions a fence holds; False when stopped meanwhile or
-        when the key is gone."""
-        assert self.lock is not None, "an unguarded leadership has no term"
+        waits for the transactions that hold the leadership row (a job's fence, an old
+        leader's heartbeat) for a leader tick, then ends those still there
+        (election.end_old_term_transactions): they belong to a process that no longer
+        holds the key, hung or not, and none may commit after the new term begins. False
+        when stopped meanwhile or when the key is gone."""
+        lock = self.lock
+        assert lock is not None, "an unguarded leadership has no term"
         recording = asyncio.ensure_future(
-            self.lock.record_leadership(
+            lock.record_leadership(
                 pid=self.store.pid,
                 host=self.store.host,
                 since=now,
@@ -269,9 +274,27 @@ class Tenure:
                 heartbeat_at=now if self.store.lease_clock is not None else None,
             )
         )
-        if await first(recording, self.stopping.wait(), self.lost.wait()) != 0:
-            return False
-        return recording.result() is not None
+        tick = self.config.leader_tick_seconds
+        began, patience = self.clock.monotonic(), tick
+        try:
+            while (
+                woken := await first(
+                    asyncio.shield(recording),
+                    self.stopping.wait(),
+                    self.lost.wait(),
+                    self.clock.sleep(patience),
+                )
+            ) == 3:
+                waited = self.clock.monotonic() - began
+                await end_old_term_transactions(
+                    self.store.engine, lock.backend_pid, waited=waited, timeout=tick
+                )
+                # Asked again soon: the row's next holder (several fences) shows only
+                # once the one ended has let go.
+                patience = _GONE_POLL_SECONDS
+        finally:
+            recording.cancel()
+        return woken == 0 and recording.result() is not None
 
     async def shutdown_grace(self, bodies: Set[asyncio.Task[None]]) -> None:
         """Let running ``bodies`` (a set their owner empties as they end) finish for up

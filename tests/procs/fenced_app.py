@@ -1,6 +1,7 @@
 """An app for the hung-leader test of fenced commits: the probe's 1 s job that records
-(slot, pid), and a 1 s job that fences its transaction and works 0.8 s before it
-commits, as a job that moves money does (ctx.fence just before the commit's work)."""
+(slot, pid), and a 1 s job that fences its transaction, writes (slot, pid) to
+fenced_commits and works 0.8 s before it commits, as a job that moves money does
+(ctx.fence just before the commit's work). The test creates both tables."""
 
 import asyncio
 import os
@@ -25,9 +26,14 @@ async def probe(ctx: JobContext) -> None:
 
 @scheduler.job(every(seconds=1), id="fenced", name="Fenced commit")
 async def fenced(ctx: JobContext) -> None:
-    """Fence the transaction by this run's term, then work 0.8 s before committing."""
+    """Fence the transaction by this run's term, write (slot, pid), then work 0.8 s
+    before committing; the test reads which commits landed."""
     async with ctx.session.begin():
         await ctx.fence(ctx.session)
+        await ctx.session.execute(
+            text("INSERT INTO fenced_commits (slot, pid) VALUES (:slot, :pid)"),
+            {"slot": ctx.scheduled_at, "pid": os.getpid()},
+        )
         await asyncio.sleep(0.8)
 
 

@@ -5,7 +5,7 @@ A body may outlive its leader's lock (a thread cannot be cancelled; an async bod
 until its leader notices). Every promotion moves the leadership term, and
 ``ctx.fence(session)`` / ``ctx.fence_sync(session)`` make the job's transaction fail
 when the term moved since its run was claimed; the promotion waits for a fenced
-transaction already under way.
+transaction already under way, for a leader tick, then ends it.
 
 The fence takes the term row FOR KEY SHARE and a promotion locks it FOR UPDATE before
 its bump: a fenced commit of an old leadership never lands after a new leadership
@@ -199,6 +199,32 @@ async def test_a_promotion_waits_for_a_fenced_commit_under_way(
     assert await wait_for_runs(engine, "fenced", 1) == [("ok", T0 + timedelta(seconds=10))]
     assert await effects() == [T0 + timedelta(seconds=10)]
     assert await _term(engine) == term + 1
+
+
+async def test_a_promotion_ends_a_fenced_transaction_still_open_after_a_tick_and_it_never_lands(
+    start_scheduler: StartScheduler,
+    engine: AsyncEngine,
+    effects: Effects,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The old leader's process may be hung (SIGSTOP) with its fenced transaction open:
+    the promotion waits a leader tick for it, then ends it, so the new term begins and
+    that transaction's commit never lands."""
+    clock = FakeClock(T0)
+    body = HeldBody(hold="inside")
+    first = await _first_leader_with_body_held(start_scheduler, body, clock)
+    term = await _term(engine)
+    second = await start_scheduler(_scheduler(body), clock=clock, lease_seconds=LEASE)
+    await second.wait_for_role(Role.STANDBY)
+    await _terminate_lock_connection(engine, first)
+    await eventually(_recording_waits(engine, second), what="the term bump to wait")
+    clock.advance(second.config.leader_tick_seconds)
+    await second.wait_until_firing()
+    assert await _term(engine) == term + 1
+    assert "scheduler.old_term_transaction_ended" in caplog.text
+    body.release.set()
+    [(status, _)] = await wait_for_runs(engine, "fenced", 1)
+    assert (status, await effects()) == ("error", [])
 
 
 async def test_a_fenced_transaction_held_open_does_not_stall_the_leaders_tick(

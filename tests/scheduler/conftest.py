@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, SchedulerConfig, cron
 from app.scheduler.keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
+from app.scheduler.retry import BUSY_ROW
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
 
@@ -104,6 +105,29 @@ async def wait_for_runs(
 
     await eventually(enough, timeout, f"{count} runs of {job_id}")
     return await runs(engine, job_id)
+
+
+async def wait_for_runs_past_busy_rows(
+    engine: AsyncEngine,
+    clock: FakeClock,
+    job_id: str,
+    count: int,
+    *,
+    sleepers: int,
+    retries: int = 5,
+) -> list[tuple[str, Any]]:
+    """Wait until ``count`` runs of the job are recorded, finished or not, when a claim
+    may meet the job's row held for a moment (a running body's lease renewal woken by
+    the same clock step): such a claim is retried after retry.BUSY_ROW's wait on the
+    clock, which only the test moves. Each round waits until the ``sleepers`` loops are
+    parked again (the claim is done), then moves the clock past the next busy-row wait."""
+    for failures in range(1, retries + 1):
+        await clock.wait_for_sleepers(sleepers)
+        history = await runs(engine, job_id)
+        if len(history) >= count:
+            return history
+        clock.advance(BUSY_ROW.delay(failures))
+    raise AssertionError(f"{count} runs of {job_id} not recorded after {retries} busy-row retries")
 
 
 async def runs_settled(engine: AsyncEngine, job_id: str, count: int) -> bool:

@@ -20,7 +20,13 @@ from app.scheduler.store import JobStore
 from app.scheduler.supervisor import Supervisor
 from app.testing.claims import claim_leader
 
-from .conftest import BlockingBodies, StartScheduler, eventually, wait_for_runs
+from .conftest import (
+    BlockingBodies,
+    StartScheduler,
+    eventually,
+    wait_for_runs,
+    wait_for_runs_past_busy_rows,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 # Long enough that no clock step in these tests outruns the running lease by itself.
@@ -70,7 +76,7 @@ async def test_a_thread_job_never_overlaps_itself_after_a_lost_lock_and_re_promo
     # Parked: the leader's tick and job loop, and the running body's lease renewal.
     await clock.wait_for_sleepers(3)
     clock.advance(10)
-    history = await wait_for_runs(engine, "long_thread", 2, finished=False)
+    history = await wait_for_runs_past_busy_rows(engine, clock, "long_thread", 2, sleepers=3)
     assert [status for status, _ in history] == ["running", "skipped_overlap"]
     assert bodies.most_at_once == 1
     bodies.release.set()
@@ -89,7 +95,7 @@ async def test_a_new_leader_records_skipped_overlap_while_the_old_leaders_thread
     # Parked: the new leader's tick and job loop, and the old body's lease renewal.
     await clock.wait_for_sleepers(3)
     clock.advance(10)
-    history = await wait_for_runs(engine, "long_thread", 2, finished=False)
+    history = await wait_for_runs_past_busy_rows(engine, clock, "long_thread", 2, sleepers=3)
     assert [status for status, _ in history] == ["running", "skipped_overlap"]
     assert bodies.most_at_once == 1
     bodies.release.set()

@@ -62,12 +62,13 @@ class DatabaseUnreachableError(DatabaseError):
 class SchemaNotAtHeadError(DatabaseError):
     """The database schema is not at the revision this code expects."""
 
-    def __init__(self, current: str | None, head: str) -> None:
+    def __init__(self, current: str | None, head: str, target: str) -> None:
         self.current = current
         self.head = head
         super().__init__(
-            f"database schema is at revision {current or '<empty>'} but this code needs "
-            f"head {head}; run `python -m app migrate`"
+            f"the database at {target} (DATABASE_URL) is at schema revision "
+            f"{current or '<empty>'} but this code needs head {head}; "
+            "run `python -m app migrate`"
         )
 
 
@@ -191,7 +192,7 @@ async def verify_schema_at_head(engine: AsyncEngine, *, timeout: float = 10) -> 
         raise error from None
     head = head_revision()
     if current != head:
-        raise SchemaNotAtHeadError(current, head)
+        raise SchemaNotAtHeadError(current, head, target)
 
 
 @dataclass

@@ -39,11 +39,12 @@ from .http_errors import validation_error_response
 from .logging import configure_logging
 from .metrics import instrument, measure_loop_lag
 from .metrics import router as metrics_router
-from .outbox import Outbox, UnregisteredDrainError
+from .outbox import Outbox, OutboxError, UnregisteredDrainError
 from .parent_death import worker_dies_with_parent
 from .scheduler import DuplicateScheduleError, Scheduler, SchedulerConfig, SystemClock
 from .scheduler.host_lock import default_runtime_dir
 from .settings import Settings, SettingsError, load_settings
+from .startup_refusal import OneLineStartupRefusal, refuse_start
 from .stop_signal import on_stop_signal
 
 __all__ = ["app", "create_app", "scheduler_config"]
@@ -143,14 +144,25 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     """Build the app. Settings are read from the environment when not given.
 
     Start-up raises DatabaseError when DATABASE_URL is unset, the server cannot be
-    reached (naming host and port), or the schema is not at head (naming both
-    revisions and the command that fixes it).
+    reached (naming host and port), or the schema is not at head (naming the database,
+    both revisions and the command that fixes it); an ASGI server reports such a
+    refusal (and an outbox or schedule set up wrong) as its one-line message.
     """
     resolved = settings or load_settings()
     configure_logging(resolved.LOG_LEVEL)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            async with serving(app):
+                yield
+        except (DatabaseError, OutboxError, DuplicateScheduleError) as exc:
+            # Told in one line by OneLineStartupRefusal, not as a traceback.
+            refuse_start(app.state, exc)
+            raise
+
+    @asynccontextmanager
+    async def serving(app: FastAPI) -> AsyncIterator[None]:
         # A worker of `uvicorn --workers N` (or `python -m app`) must not outlive its
         # supervisor: a SIGKILLed parent would leave it serving on the port.
         worker_dies_with_parent()
@@ -231,6 +243,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     app.add_exception_handler(AdminError, admin_error_response)
     app.add_exception_handler(RequestValidationError, validation_error_response)
     app.add_middleware(AdminHeaders)
+    app.add_middleware(OneLineStartupRefusal)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -23,13 +23,18 @@ rule from either direction, so a catch-up never walks an outage slot by slot.
 
 from __future__ import annotations
 
+import heapq
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterError, croniter
+
+from . import cron_grammar
 
 __all__ = ["COUNTED_SLOTS", "Cron", "Interval", "Trigger", "cron", "every"]
 
@@ -124,13 +129,9 @@ class Cron(Trigger):
     tz: str | None = None
 
     def validate(self) -> None:
-        """Five valid fields and a known zone."""
-        fields = self.expression.split()
-        if len(fields) != 5 or not croniter.is_valid(self.expression):
-            raise ValueError(
-                f"cron expression {self.expression!r} is invalid; it needs five fields: "
-                "minute hour day-of-month month day-of-week, e.g. '0 6 * * *'"
-            )
+        """An expression of the grammar in cron_grammar.py, a known zone, and a slot
+        to come (ValueError naming the field, the zone or the days otherwise)."""
+        self._walls_expressions  # noqa: B018 (parsing is validating)
         if self.tz is not None:
             try:
                 ZoneInfo(self.tz)
@@ -138,17 +139,27 @@ class Cron(Trigger):
                 raise ValueError(
                     f"unknown time zone {self.tz!r}; use an IANA name such as 'Europe/Zurich'"
                 ) from None
-        try:
-            self.next_after(_VALIDATION_MOMENT, ZoneInfo("UTC"))
-        except CroniterError:
+
+    @cached_property
+    def _walls_expressions(self) -> tuple[str, ...]:
+        """croniter expressions whose union is this schedule, each with a slot to come
+        (see cron_grammar.parse: two when both day fields restrict, and one of the two
+        may match no date, e.g. '0 0 30 2 1' is the Mondays of February)."""
+        due = tuple(
+            expression
+            for expression in cron_grammar.parse(self.expression)
+            if _has_a_slot(expression)
+        )
+        if not due:
             raise ValueError(
                 f"cron expression {self.expression!r} is never due (no date matches its "
                 "day-of-month and month, e.g. February 30th); fix the day or the month"
-            ) from None
+            )
+        return due
 
     @property
     def _hour_is_elapsed_time(self) -> bool:
-        hour = self.expression.split()[1]
+        hour = self._walls_expressions[0].split()[1]
         return "*" in hour or "/" in hour
 
     def next_after(self, moment: datetime, zone: ZoneInfo) -> datetime:
@@ -159,10 +170,10 @@ class Cron(Trigger):
         # fall-back ahead: start from the smallest offset ahead.
         offsets = _offsets_around(moment, local_zone, _LOOKAHEAD)
         start = _wall(moment, local_zone) - (_offset(moment, local_zone) - min(offsets))
-        walls = croniter(self.expression, start - _ONE_SECOND)
+        walls = _matching_walls(self._walls_expressions, start - _ONE_SECOND, forward=True)
         best: datetime | None = None
         while True:
-            wall: datetime = walls.get_next(datetime)
+            wall = next(walls)
             for instant in self._instants(wall, local_zone):
                 if instant > moment and (best is None or instant < best):
                     best = instant
@@ -201,10 +212,10 @@ class Cron(Trigger):
         # a fall-back behind: start from the largest offset behind.
         offsets = _offsets_around(moment, local_zone, -_LOOKAHEAD)
         start = _wall(moment, local_zone) + (max(offsets) - _offset(moment, local_zone))
-        walls = croniter(self.expression, start + _ONE_SECOND)
+        walls = _matching_walls(self._walls_expressions, start + _ONE_SECOND, forward=False)
         best: datetime | None = None
         while True:
-            wall: datetime = walls.get_prev(datetime)
+            wall = next(walls)
             for instant in self._instants(wall, local_zone):
                 if instant <= moment and (best is None or instant > best):
                     best = instant
@@ -221,6 +232,32 @@ class Cron(Trigger):
         if _wall(first, zone) != wall:
             return [_gap_end(min(first, second), max(first, second), zone)]
         return [first, second] if self._hour_is_elapsed_time else [first]
+
+
+def _has_a_slot(expression: str) -> bool:
+    try:
+        croniter(expression, _VALIDATION_MOMENT).get_next(datetime)
+    except CroniterError:
+        return False
+    return True
+
+
+def _matching_walls(
+    expressions: tuple[str, ...], start: datetime, *, forward: bool
+) -> Iterator[datetime]:
+    """The wall times any of ``expressions`` matches, from ``start`` on (or back), in
+    order, each once."""
+
+    def walls_of(expression: str) -> Iterator[datetime]:
+        walls = croniter(expression, start)
+        while True:
+            yield walls.get_next(datetime) if forward else walls.get_prev(datetime)
+
+    previous = None
+    for wall in heapq.merge(*map(walls_of, expressions), reverse=not forward):
+        if wall != previous:
+            yield wall
+        previous = wall
 
 
 def _offset(moment: datetime, zone: ZoneInfo) -> timedelta:
@@ -269,5 +306,6 @@ def every(*, seconds: float = 0, minutes: float = 0, hours: float = 0, days: flo
 
 def cron(expression: str, tz: str | None = None) -> Cron:
     """A trigger due at the wall times a five-field cron expression matches in ``tz``
-    (default: the TIMEZONE setting). Validated when the job registers."""
+    (default: the TIMEZONE setting); the grammar, and what combined day fields mean,
+    are in cron_grammar.py. Validated when the job registers."""
     return Cron(expression, tz)

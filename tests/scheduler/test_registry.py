@@ -9,8 +9,10 @@ async def _noop(ctx: JobContext) -> None:
     return None
 
 
-def test_bad_cron_string_names_the_job() -> None:
-    with pytest.raises(InvalidJobError, match=r'job "nightly": cron expression .*five fields'):
+def test_bad_cron_string_names_the_job_and_the_field() -> None:
+    with pytest.raises(
+        InvalidJobError, match=r'job "nightly": cron expression .*hour field .*outside 0-23'
+    ):
         Scheduler().job(cron("0 25 * * *"), id="nightly")(_noop)
 
 

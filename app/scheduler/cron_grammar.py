@@ -1,0 +1,166 @@
+"""The cron grammar Regent accepts, and the one meaning each accepted expression has.
+
+Five fields: minute (0-59), hour (0-23), day-of-month (1-31), month (1-12 or jan-dec),
+day-of-week (0-7 or sun-sat; 0 and 7 are Sunday). A field is ``*``, or a list (``,``)
+of items, each a value, a range ``a-b`` (a <= b), or either with a step: ``*/n``,
+``a-b/n``, and ``a/n`` (from a to the field's end). Besides, as a whole field:
+``L`` in day-of-month (the month's last day); ``d#n`` in day-of-week (the n-th
+weekday d of the month, n 1-5) and ``dL`` (the month's last weekday d).
+``@yearly``, ``@annually``, ``@monthly``, ``@weekly``, ``@daily``, ``@midnight`` and
+``@hourly`` stand for their five fields.
+
+Days: when day-of-month and day-of-week are both other than ``*``, a day is due when
+EITHER matches (the POSIX rule): ``0 9 10 * 1#2`` fires on the 10th and on second
+Mondays. When either is ``*``, the other alone decides. A step (``*/2``) counts as a
+restriction. Refused, naming the field: anything else, in particular croniter's
+random ``R`` and hashed ``H`` (a random field would give another slot at each
+evaluation: two leaders, or one before and after a restart, would disagree), the
+nearest weekday ``W``/``LW``, ``?``, seconds or years (six or seven fields).
+
+``parse`` checks an expression against this grammar and gives the croniter expressions
+whose union is its schedule: one, or two when both day fields restrict (croniter keeps
+only one of the two fields for ``#``, ``L`` and ``W`` combined with a day-of-month).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+__all__ = ["CronGrammarError", "parse"]
+
+MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+# A field's name, lowest and highest value, and the names of its values in order.
+_Field = tuple[str, int, int, tuple[str, ...]]
+_FIELDS: tuple[_Field, ...] = (
+    ("minute", 0, 59, ()),
+    ("hour", 0, 23, ()),
+    ("day-of-month", 1, 31, ()),
+    ("month", 1, 12, _MONTHS),
+    ("day-of-week", 0, 7, _WEEKDAYS),
+)
+_ITEM = re.compile(r"^(?P<base>\*|[a-z0-9]+(?:-[a-z0-9]+)?)(?:/(?P<step>[0-9]+))?$")
+_NTH_WEEKDAY = re.compile(r"^(?P<day>[a-z0-9]+)#(?P<nth>[0-9]+)$")
+_LAST_WEEKDAY = re.compile(r"^(?P<day>[a-z0-9]+)l$")
+# Builds the error for one field from what is wrong with it.
+_Refuse = Callable[[str], "CronGrammarError"]
+_GRAMMAR = (
+    "each field is *, a value, a range a-b, a step */n, a-b/n or a/n, or a list of "
+    "those; day-of-month may be L, day-of-week d#n or dL"
+)
+# Forms other crons accept that Regent refuses (as a whole item of a field), and why.
+_REFUSED = (
+    (
+        re.compile(r"r"),
+        "uses R, a random value: each evaluation would give another slot, so two "
+        "leaders would disagree; write the value you want",
+    ),
+    (re.compile(r"h"), "uses H, a hashed value, which Regent does not support; write a value"),
+    (
+        re.compile(r"(?:[0-9]*|l)w"),
+        "uses W (nearest weekday), which Regent does not support; list the days instead",
+    ),
+    (re.compile(r"\?"), "uses ?, which Regent does not use; write *"),
+)
+
+
+class CronGrammarError(ValueError):
+    """An expression outside the grammar; the message names the field and the fix."""
+
+
+def parse(expression: str) -> tuple[str, ...]:
+    """The croniter expressions (one or two) whose union of matching minutes is
+    ``expression``'s schedule, normalized (numbers for names, ``dL`` written as
+    croniter's ``Ld``). Raises CronGrammarError naming the field when the expression is
+    outside the grammar above (a wrong type raises it too)."""
+    if not isinstance(expression, str):
+        raise CronGrammarError(
+            f"cron expression {expression!r} is not a string; write e.g. cron('0 6 * * *')"
+        )
+    fields = MACROS.get(expression.strip().lower(), expression).split()
+    if len(fields) != 5:
+        raise CronGrammarError(
+            f"cron expression {expression!r} has {len(fields)} fields; it needs five fields: "
+            "minute hour day-of-month month day-of-week, e.g. '0 6 * * *'"
+        )
+    normalized = [
+        _field(expression, spec, field) for spec, field in zip(_FIELDS, fields, strict=True)
+    ]
+    minute, hour, day_of_month, month, day_of_week = normalized
+    if day_of_month != "*" and day_of_week != "*":
+        return (
+            f"{minute} {hour} {day_of_month} {month} *",
+            f"{minute} {hour} * {month} {day_of_week}",
+        )
+    return (" ".join(normalized),)
+
+
+def _field(expression: str, spec: _Field, text: str) -> str:
+    name = spec[0]
+
+    def refuse(problem: str) -> CronGrammarError:
+        return CronGrammarError(f"cron expression {expression!r}: {name} field {text!r} {problem}")
+
+    lowered = text.lower()
+    for token in re.split(r"[,/#-]", lowered):
+        for form, problem in _REFUSED:
+            if form.fullmatch(token):
+                raise refuse(problem)
+    if name == "day-of-month" and lowered == "l":
+        return "L"
+    if name == "day-of-week":
+        nth = _NTH_WEEKDAY.match(lowered)
+        if nth is not None:
+            count = int(nth["nth"])
+            if not 1 <= count <= 5:
+                raise refuse("asks for an occurrence outside 1-5 (write d#1 to d#5)")
+            return f"{_value(nth['day'], spec, refuse) % 7}#{count}"
+        last = _LAST_WEEKDAY.match(lowered)
+        if last is not None:
+            return f"L{_value(last['day'], spec, refuse) % 7}"
+    return ",".join(_item(item, spec, refuse) for item in lowered.split(","))
+
+
+def _item(item: str, spec: _Field, refuse: _Refuse) -> str:
+    name, low, high, _ = spec
+    match = _ITEM.match(item)
+    if match is None:
+        raise refuse(f"is not in Regent's cron grammar: {_GRAMMAR}")
+    base, step = match["base"], match["step"]
+    if step is not None and not 1 <= int(step) <= high - low + 1:
+        raise refuse(f"has step {step}, outside 1-{high - low + 1}")
+    every = "" if step is None else f"/{step}"
+    if base == "*":
+        return f"*{every}"
+    first, dash, last = base.partition("-")
+    start = _value(first, spec, refuse)
+    if not dash:
+        return f"{start}{every}"
+    # Sunday ends a week: mon-sun is 1-7.
+    end = 7 if name == "day-of-week" and last == "sun" else _value(last, spec, refuse)
+    if end < start:
+        raise refuse(f"has the range {base} running backwards; split it, e.g. 5-6,0-1")
+    return f"{start}-{end}{every}"
+
+
+def _value(text: str, spec: _Field, refuse: _Refuse) -> int:
+    _, low, high, names = spec
+    if text in names:
+        return low + names.index(text) if names is _MONTHS else names.index(text)
+    if not text.isdigit():
+        known = f" or a name ({'-'.join((names[0], names[-1]))})" if names else ""
+        raise refuse(f"has {text!r}, which is not a number{known}")
+    value = int(text)
+    if not low <= value <= high:
+        raise refuse(f"has {value}, outside {low}-{high}")
+    return value

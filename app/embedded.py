@@ -4,7 +4,7 @@ Its data directory survives restarts. One `python -m app` at a time may use it: 
 second one is refused by a lock file before it could start a second postmaster. The
 directory is its owner's: others may pass through it (the server's account, as root,
 must reach pgdata/) but list and read nothing; the server's socket is in pgdata/ (see
-app/localpg.py).
+app/localpg/).
 """
 
 from __future__ import annotations

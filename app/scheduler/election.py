@@ -38,33 +38,29 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
-from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .clock import LEASE_NOW_SQL, lease_now_sql
-from .errors import SchedulerError
+from .clock import lease_now_sql
 from .faults import LOCK_CONNECTION_ERRORS
-from .host_lock import Holder
 from .keys import DEFAULT_SCHEDULE, WAKE_CHANNEL, LeaderKey
+from .lock_target import (
+    POOLER_SYMPTOMS,
+    DatabaseIdentity,
+    UnsafeLockConnectionError,
+    check_pooling,
+    check_primary,
+    check_same_database,
+    database_identity,
+)
 
 __all__ = [
     "CLIENT_CHECK_SECONDS",
     "KEEPALIVE_SECONDS",
     "WAKE_CHANNEL",
-    "DatabaseIdentity",
     "LockConnection",
-    "UnsafeLockConnectionError",
-    "check_pooling",
-    "check_primary",
-    "check_same_database",
-    "end_old_term_transactions",
-    "engine_identity",
-    "lock_connection_listed",
+    "application_name",
 ]
 
 
@@ -152,215 +148,10 @@ _PREVIOUS_LEADER_GONE = """
             WHERE a.pid = led.backend_pid AND a.pid <> pg_backend_pid()))
     """
 
-# Whether a host lock's holder still has its lock connection on the server (its backend,
-# under the holder's application_name), and the lease clock's now to count its absence.
-_LISTED_SQL = text(f"""
-    SELECT EXISTS (
-        SELECT 1 FROM pg_stat_activity
-        WHERE pid = CAST(:backend_pid AS integer) AND application_name = :name),
-        {LEASE_NOW_SQL}
-    """)
 
-_IDENTITY_SQL = "SELECT current_database(), pg_postmaster_start_time()"
-_SYSTEM_IDENTIFIER_SQL = "SELECT system_identifier FROM pg_control_system()"
-
-
-_POOLER_SYMPTOMS = (
-    asyncpg.exceptions.InvalidSQLStatementNameError,
-    asyncpg.exceptions.DuplicatePreparedStatementError,
-)
-
-
-class UnsafeLockConnectionError(SchedulerError):
-    """LOCK_DATABASE_URL reaches something a session lock cannot live on: a
-    transaction-pooling proxy, a read-only replica, or another server or database than
-    DATABASE_URL."""
-
-
-@dataclass(frozen=True)
-class DatabaseIdentity:
-    """Which database of which running server a connection reached."""
-
-    database: str
-    server_started: datetime
-    # None where the role may not call pg_control_system().
-    system_identifier: int | None
-
-    def same_as(self, other: DatabaseIdentity) -> bool:
-        """True for the same database of the same running server.
-
-        The start time of the server tells two running servers apart even where the
-        role may not read the system identifier; the identifier, where both sides may
-        read it, tells apart clusters that happen to share the start time.
-        """
-        if self.database != other.database or self.server_started != other.server_started:
-            return False
-        if self.system_identifier is None or other.system_identifier is None:
-            return True
-        return self.system_identifier == other.system_identifier
-
-    def describe(self) -> str:
-        """The database and its server, for an error message."""
-        server = f"started {self.server_started.isoformat()}"
-        if self.system_identifier is not None:
-            server = f"system identifier {self.system_identifier}, {server}"
-        return f'database "{self.database}" (server {server})'
-
-
-async def _identity(connection: asyncpg.Connection) -> DatabaseIdentity:
-    database, started = await connection.fetchrow(_IDENTITY_SQL)
-    try:
-        system_identifier = await connection.fetchval(_SYSTEM_IDENTIFIER_SQL)
-    except (asyncpg.InsufficientPrivilegeError, asyncpg.UndefinedFunctionError):
-        # Some hosted servers revoke it; the start time still tells servers apart.
-        system_identifier = None
-    return DatabaseIdentity(database, started, system_identifier)
-
-
-async def engine_identity(engine: AsyncEngine) -> DatabaseIdentity:
-    """The database and server the app's engine reaches (DATABASE_URL).
-
-    Raises ConnectionError when the app database cannot be asked now.
-    """
-    try:
-        async with engine.connect() as conn:
-            raw = await conn.get_raw_connection()
-            # The driver's own connection: no transaction is open on it, so a refused
-            # pg_control_system() leaves it usable.
-            return await _identity(raw.driver_connection)
-    except DBAPIError as exc:
-        raise ConnectionError(f"the app database did not answer: {exc}") from exc
-
-
-def _application_name(pid: int) -> str:
+def application_name(pid: int) -> str:
     """What the lock connection of process ``pid`` is called on the server."""
     return f"scheduler-leader:{pid}"
-
-
-async def lock_connection_listed(
-    engine: AsyncEngine, holder: Holder, *, lease_now: datetime | None, timeout: float
-) -> tuple[bool, datetime] | None:
-    """Whether ``holder``'s lock connection is listed on the server (a holder with no
-    backend pid yet has none), and the lease clock's now (``lease_now``; None: the
-    server's clock). None when the server does not answer within ``timeout``: no
-    evidence either way. Asked through the app's engine (``engine``) by the workers
-    waiting for their host's lock file (host_lock.HostLock.acquire)."""
-    try:
-        async with asyncio.timeout(timeout), engine.connect() as conn:
-            row = (
-                await conn.execute(
-                    _LISTED_SQL,
-                    {
-                        "backend_pid": holder.backend_pid,
-                        "name": _application_name(holder.pid),
-                        "lease_now": lease_now,
-                    },
-                )
-            ).one()
-    except (SQLAlchemyError, *LOCK_CONNECTION_ERRORS):
-        return None
-    listed, now = row
-    return bool(listed), now
-
-
-# The transactions that keep a promotion's record (on lock backend :backend_pid) waiting
-# for the leadership row, ended: those that hold the row (FOR KEY SHARE: a fence; an
-# UPDATE: a heartbeat) and nothing stronger on its table (never a migration's DDL).
-_END_TERM_BLOCKERS = text(
-    """
-    SELECT a.pid, a.application_name, a.state,
-        left(regexp_replace(a.query, '\\s+', ' ', 'g'), 100) AS query,
-        pg_terminate_backend(a.pid) AS ended
-    FROM pg_stat_activity a
-    WHERE a.pid = ANY(pg_blocking_pids(CAST(:backend_pid AS integer)))
-        AND EXISTS (
-            SELECT 1 FROM pg_locks l
-            WHERE l.pid = a.pid AND l.granted
-                AND l.relation = CAST('scheduler_leadership' AS regclass)
-                AND l.mode IN ('RowShareLock', 'RowExclusiveLock'))
-        AND NOT EXISTS (
-            SELECT 1 FROM pg_locks l
-            WHERE l.pid = a.pid AND l.relation = CAST('scheduler_leadership' AS regclass)
-                AND l.mode NOT IN ('AccessShareLock', 'RowShareLock', 'RowExclusiveLock'))
-    """
-)
-
-
-async def end_old_term_transactions(
-    engine: AsyncEngine, backend_pid: int, *, waited: float, timeout: float
-) -> None:
-    """End the transactions that keep the promotion on lock backend ``backend_pid``
-    waiting for the leadership row (``record_leadership``) after it ``waited`` seconds:
-    a job's fenced transaction (``ctx.fence``) or a heartbeat left open by a process
-    that no longer holds the key (SIGSTOP, a paused VM, a blocked loop). Their term is
-    over, so by the fence they must not commit after the new one begins: ending them
-    keeps that (their commit never lands), where waiting would keep every job from
-    firing for as long as that process hangs. Each is logged
-    (``scheduler.old_term_transaction_ended``). Asked through the app's engine, whose
-    role owns those transactions (the lock connection's is busy waiting); an error or
-    no answer within ``timeout`` is logged, and the caller asks again."""
-    try:
-        async with asyncio.timeout(timeout), engine.connect() as conn:
-            ended = list(await conn.execute(_END_TERM_BLOCKERS, {"backend_pid": backend_pid}))
-    except (SQLAlchemyError, TimeoutError) as exc:
-        logger.warning(
-            "scheduler.term_blocked: the promotion has waited %.1f s for the leadership row "
-            "and could not end the transactions that hold it (%s); end them (see "
-            "pg_blocking_pids(%s)), or grant the app's role pg_signal_backend",
-            waited,
-            exc,
-            backend_pid,
-            extra={"action": "scheduler.term_blocked", "pid": os.getpid()},
-        )
-        return
-    for row in ended:
-        logger.warning(
-            "scheduler.old_term_transaction_ended: the promotion waited %.1f s for backend "
-            "%s (%r, %s: %s), which holds the leadership row for an older term; ended it, "
-            "so its commit never lands after the new term begins (ended: %s)",
-            waited,
-            row.pid,
-            row.application_name,
-            row.state,
-            row.query,
-            row.ended,
-            extra={
-                "action": "scheduler.old_term_transaction_ended",
-                "pid": os.getpid(),
-                "backend_pid": row.pid,
-            },
-        )
-
-
-def check_same_database(lock: DatabaseIdentity, app: DatabaseIdentity) -> None:
-    """Raise UnsafeLockConnectionError when the lock connection and the app's engine
-    reach different servers or databases."""
-    if not lock.same_as(app):
-        raise UnsafeLockConnectionError(
-            f"LOCK_DATABASE_URL reaches {lock.describe()} but DATABASE_URL reaches "
-            f"{app.describe()}; the slot claims look for the leader key in the app's "
-            "database, so this leader would never fire; point LOCK_DATABASE_URL at the "
-            "same server and database as DATABASE_URL (it may only bypass a pooling proxy)"
-        )
-
-
-def check_pooling(first_pid: int, second_pid: int) -> None:
-    """Raise UnsafeLockConnectionError when two statements ran on different backends."""
-    if first_pid != second_pid:
-        raise UnsafeLockConnectionError(
-            "LOCK_DATABASE_URL goes through a transaction-pooling proxy: pg_backend_pid() "
-            f"changed between two statements ({first_pid}, then {second_pid}), so a session "
-            "advisory lock would be lost; point LOCK_DATABASE_URL at PostgreSQL directly"
-        )
-
-
-def check_primary(in_recovery: bool) -> None:
-    """Raise UnsafeLockConnectionError on a replica, where no lock coordinates writers."""
-    if in_recovery:
-        raise UnsafeLockConnectionError(
-            "LOCK_DATABASE_URL reaches a read-only replica (pg_is_in_recovery() is true); "
-            "point LOCK_DATABASE_URL at the primary"
-        )
 
 
 def _probe_server(connection: asyncpg.Connection) -> None:
@@ -419,7 +210,7 @@ class LockConnection:
             dsn,
             timeout=timeout,
             server_settings={
-                "application_name": _application_name(os.getpid()),
+                "application_name": application_name(os.getpid()),
                 "idle_session_timeout": str(lease_seconds * 1000),
                 # Never bites: the lock connection opens no transaction. It overrides a
                 # shorter role default all the same, and equals the lease should one
@@ -442,8 +233,8 @@ class LockConnection:
                 str(_KEEPALIVE_COUNT),
                 str(CLIENT_CHECK_SECONDS * 1000),
             )
-            identity = await _identity(connection)
-        except _POOLER_SYMPTOMS as exc:
+            identity = await database_identity(connection)
+        except POOLER_SYMPTOMS as exc:
             # A statement prepared on one backend and run on another: a pooler.
             connection.terminate()
             raise UnsafeLockConnectionError(

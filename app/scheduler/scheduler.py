@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .clock import Clock, ServerClock, SystemClock, lease_clock
 from .config import Role, SchedulerConfig
-from .election import DatabaseIdentity, engine_identity
 from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .keys import DEFAULT_SCHEDULE, validate_schedule_name
+from .lock_target import DatabaseIdentity, engine_identity
 from .registry import JobSpec, Registry, ServiceSpec
 from .retry import SUPERVISOR_RESTART
 from .runner import Runner

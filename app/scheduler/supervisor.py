@@ -49,11 +49,12 @@ from .ahead import CommitCost
 from .broken import BrokenJobs
 from .clock import Clock, ServerClock
 from .config import Role, SchedulerConfig
-from .election import LockConnection, UnsafeLockConnectionError
+from .election import LockConnection
 from .errors import ScheduleNameCollisionError
 from .faults import UNREACHABLE
 from .host_lock import HostLock
 from .leadership import Leadership
+from .lock_target import UnsafeLockConnectionError
 from .registry import JobSpec, Registry
 from .replicas import run_replica_jobs
 from .retry import DATABASE, log_retry

@@ -16,16 +16,12 @@ import asyncpg
 
 from .clock import Clock, lease_now
 from .config import SchedulerConfig
-from .election import (
-    LockConnection,
-    UnsafeLockConnectionError,
-    end_old_term_transactions,
-    engine_identity,
-    lock_connection_listed,
-)
+from .election import LockConnection
 from .errors import ScheduleNameCollisionError
 from .faults import UNREACHABLE
 from .host_lock import Holder, HostLock, HostLockError
+from .lock_target import UnsafeLockConnectionError, engine_identity
+from .old_terms import end_old_term_transactions, lock_connection_listed
 from .store import JobStore
 from .waits import first
 
@@ -259,7 +255,7 @@ class Tenure:
         """Record this leadership and move the term, before any claim of it. The bump
         waits for the transactions that hold the leadership row (a job's fence, an old
         leader's heartbeat) for a leader tick, then ends those still there
-        (election.end_old_term_transactions): they belong to a process that no longer
+        (old_terms.end_old_term_transactions): they belong to a process that no longer
         holds the key, hung or not, and none may commit after the new term begins. False
         when stopped meanwhile or when the key is gone."""
         lock = self.lock

@@ -22,8 +22,8 @@ from app.db import asyncpg_dsn
 from app.localpg import free_port
 from app.main import create_app
 from app.scheduler import Role, Scheduler, ServiceContext, UnsafeLockConnectionError
-from app.scheduler.election import check_pooling, check_primary
 from app.scheduler.keys import LEADER_KEY_LOCKS
+from app.scheduler.lock_target import check_pooling, check_primary
 from app.settings import Settings
 from app.testing import TestServer
 

@@ -49,6 +49,8 @@ def configure_logging(level: str) -> None:
         handler._regent = True  # type: ignore[attr-defined]
         root.addHandler(handler)
     logging.getLogger("app").setLevel(level)
+    # Jobs' and services' own log lines (ctx.log): regent.job.<id>, regent.service.<id>.
+    logging.getLogger("regent").setLevel(level)
     # Alembic announces its context on every schema check; that is noise at run time.
     logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
     # httpx logs every request's full URL at INFO, credentials included.

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .batching import LeaseKeeper
 from .claiming import Claim
 from .clock import Clock
-from .context import JobContext, context_log
+from .context import JobContext, job_log
 from .errors import SchedulerError
 from .outlast import Outlast, Outliving
 from .recording import Recorder, Run
@@ -117,7 +117,7 @@ class Bodies:
         its outcome is recorded (and logged) when it ends. The run's lease holds while
         its body or any thread it started (RunThreads) runs."""
         pid, slot = self._pid, claim.slot
-        log = context_log(f"app.jobs.{spec.id}", spec.id, pid)
+        log = job_log(spec.id, pid)
         logger.info(
             'Running job "%s" (id=%s, slot=%s, pid=%s)',
             spec.name,

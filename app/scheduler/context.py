@@ -16,7 +16,7 @@ from .clock import Clock
 from .errors import LeadershipLostError, SchedulerError
 from .keys import DEFAULT_SCHEDULE
 
-__all__ = ["JobContext", "ServiceContext", "context_log"]
+__all__ = ["JobContext", "ServiceContext", "job_log", "service_log"]
 
 # FOR KEY SHARE: a promotion's term bump, which locks the row FOR UPDATE first, waits
 # until this transaction ends (a leader tick at most: then it ends this transaction);
@@ -152,7 +152,18 @@ class ServiceContext:
     sessions: async_sessionmaker[AsyncSession]
 
 
-def context_log(name: str, job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:
-    """The logger a job's or a service's context logs through: ``name``, with the job
-    id and the pid in every record."""
+def job_log(job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:
+    """The logger a job's context logs through (``ctx.log``): ``regent.job.<id>``, a
+    name of Regent's whatever package the job lives in, with the job id and the pid in
+    every record."""
+    return _context_log(f"regent.job.{job_id}", job_id, pid)
+
+
+def service_log(service_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:
+    """The logger a service's context logs through: ``regent.service.<id>``, with the
+    service id (as ``job_id``) and the pid in every record."""
+    return _context_log(f"regent.service.{service_id}", service_id, pid)
+
+
+def _context_log(name: str, job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:
     return logging.LoggerAdapter(logging.getLogger(name), {"job_id": job_id, "pid": pid})

@@ -52,7 +52,7 @@ from .batching import LeaseKeeper
 from .bodies import Bodies
 from .claiming import Claim, Claimer, Due
 from .clock import Clock
-from .context import context_log
+from .context import job_log
 from .events import Observers
 from .outlast import Outlast
 from .recording import Recorder, Run
@@ -204,7 +204,7 @@ class Runner:
         paused = self._paused_before_start.pop(spec.id, None) is task
         if self._waiting.get(spec.id) is task:
             del self._waiting[spec.id]
-        log = context_log(f"app.jobs.{spec.id}", spec.id, self.store.pid)
+        log = job_log(spec.id, self.store.pid)
         run = Run(spec, claim, log, time.perf_counter(), self.clock.now() - claim.slot)
         error = _PAUSED_BEFORE_START if paused else _CANCELLED_BEFORE_START
         self._recorder.spawn(self._recorder.finish(run, "cancelled", error))

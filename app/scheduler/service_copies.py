@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from .batching import LeaseKeeper
 from .clock import Clock
-from .context import ServiceContext, context_log
+from .context import ServiceContext, service_log
 from .outlast import Outlast, Outliving
 from .recording import Recorder
 from .registry import ServiceSpec
@@ -132,7 +132,7 @@ class ServiceCopies:
                 task.add_done_callback(self._outliving.pop)
 
     async def _serve(self, spec: ServiceSpec, leading: asyncio.Event, threads: RunThreads) -> None:
-        log = context_log(f"app.services.{spec.id}", spec.id, self._pid)
+        log = service_log(spec.id, self._pid)
         failures = 0
         while True:
             if threads.running:

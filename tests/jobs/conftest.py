@@ -89,7 +89,7 @@ def thread_run_context(database: Database, job_id: str, *, term: int) -> JobCont
         name=job_id,
         scheduled_at=NOW,
         clock=FakeClock(NOW),
-        log=logging.LoggerAdapter(logging.getLogger(f"app.jobs.{job_id}"), {"job_id": job_id}),
+        log=logging.LoggerAdapter(logging.getLogger(f"regent.job.{job_id}"), {"job_id": job_id}),
         term=term,
         _sync_sessions=database.sync_sessions,
     )

@@ -8,8 +8,13 @@
     python -m app outbox list | outbox pending [NAME] | outbox stuck [NAME]
     python -m app outbox reset NAME ID
     python -m app leader [--schedule NAME]
+    python -m app jobs run ID --wait [--timeout S]
+    python -m app db-url | psql [PSQL-ARGS...]
 
-The read commands take --json (for scripts).
+The read commands take --json (for scripts). `jobs run ID --wait` prints the run once it
+has ended and exits 1 unless it ended ok. `db-url` prints the database's URL, password
+included (the embedded server's is readable by its owner only); `psql` opens psql on it
+(the password passed in the environment, never on the command line).
 
 Without DATABASE_URL both start the embedded PostgreSQL (see app/embedded.py); serve
 migrates it to head first. With DATABASE_URL nothing is started and serve migrates
@@ -24,6 +29,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -31,16 +37,24 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from .admin import AdminError, UnknownJobError
 from .admin.auth import admin_key
 from .app_target import DEFAULT_APP, AppTargetError, load_schedulers
-from .cli_admin import COMMANDS, UsageError, add_commands, int_between, main_async
+from .cli_admin import (
+    COMMANDS,
+    RunNotOkError,
+    UsageError,
+    add_commands,
+    database_url,
+    int_between,
+    main_async,
+)
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
-from .localpg import LocalPostgresError
+from .localpg import LocalPostgresError, find_bindir
 from .printable import printable
 from .redact import redact
 from .settings import Settings, SettingsError, load_settings
@@ -73,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
             "(default: REGENT_APP, else app.main:app)",
         )
     commands.add_parser("migrate", help="upgrade the database to head")
+    commands.add_parser(
+        "db-url", help="print the database's URL, password included (keep it to yourself)"
+    )
+    commands.add_parser(
+        "psql", help="open psql on the database; what follows `psql` is passed on to it"
+    )
     add_commands(commands)
     return parser
 
@@ -147,9 +167,27 @@ def admin_page_note(settings: Settings, host: str, port: int) -> str:
     return f"regent: admin page at http://{host}:{port}/admin"
 
 
+def _refuse_a_busy_port(host: str, port: int) -> None:
+    """Raise UsageError naming the port and --port when nothing may listen there now:
+    uvicorn's own "address already in use" names neither, and comes after the embedded
+    server's start and a migration."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # As uvicorn binds: a port left in TIME_WAIT is free to it.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise UsageError(
+                f"cannot listen on {host}:{port} ({exc.strerror}); stop what listens there, "
+                "or serve on another port with --port"
+            ) from None
+
+
 def _serve(args: argparse.Namespace, settings: Settings) -> None:
     import uvicorn
 
+    _refuse_a_busy_port(args.host, args.port)
     target = _app_target(args, settings)
     if target == DEFAULT_APP:
         # Checked here too: each worker would otherwise fail alone, after a migration.
@@ -198,18 +236,73 @@ def _migrate(settings: Settings) -> None:
         migrate(url)
 
 
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line's arguments; what follows ``psql`` is psql's own (``psql -At``:
+    argparse would take ``-At`` for an option of ours)."""
+    parser = _parser()
+    if "psql" in argv:
+        at = argv.index("psql")
+        args = parser.parse_args(argv[: at + 1])
+        if args.command == "psql":
+            args.psql_args = argv[at + 1 :]
+            return args
+    return parser.parse_args(argv)
+
+
+def _psql(settings: Settings, psql_args: Sequence[str]) -> NoReturn:
+    """Replace this process with psql on the database; the password goes in PGPASSWORD,
+    not on a command line other users can read. Raises UsageError when no psql is found."""
+    url = make_url(database_url(settings))
+    program = shutil.which("psql")
+    with contextlib.suppress(LocalPostgresError):
+        # The embedded server's binaries come with their psql.
+        program = program or shutil.which("psql", path=str(find_bindir()))
+    if program is None:
+        raise UsageError(
+            "no psql found on PATH; install the PostgreSQL client (e.g. apt install "
+            "postgresql-client), or give another client `python -m app db-url`"
+        )
+    environment = dict(os.environ)
+    if url.password is not None:
+        environment["PGPASSWORD"] = str(url.password)
+    target = URL.create(
+        "postgresql", url.username, None, url.host, url.port, url.database, url.query
+    ).render_as_string(hide_password=False)
+    os.execve(program, [program, target, *psql_args], environment)
+
+
+def _print(text: str) -> int:
+    """Print a command's output; 141 (128 + SIGPIPE, as a shell tool ends) when the
+    reader has gone (`jobs | head`), with nothing more written to the closed pipe."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that flush
+        # does not fail (and print "Exception ignored") too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    args = _parse(list(sys.argv[1:] if argv is None else argv))
     signal.signal(signal.SIGTERM, _terminate)
     try:
         settings = load_settings()
         if args.command == "migrate":
             _migrate(settings)
+        elif args.command == "db-url":
+            return _print(database_url(settings))
+        elif args.command == "psql":
+            _psql(settings, args.psql_args)
         elif args.command in COMMANDS:
-            print(main_async(settings, args))
+            return _print(main_async(settings, args))
         else:
             _serve(args, settings)
+    except RunNotOkError as exc:
+        _print(str(exc))
+        return 1
     except UnknownJobError as exc:
         # Most often the wrong schedule (its name is in the message): a usage error.
         print(f"regent: error: {printable(str(exc))}", file=sys.stderr)

@@ -37,7 +37,14 @@ from .scheduler.clock import lease_now
 from .scheduler.keys import validate_schedule_name
 from .settings import Settings
 
-__all__ = ["UsageError", "add_commands", "int_between", "run_command", "schedule_of"]
+__all__ = [
+    "RunNotOkError",
+    "UsageError",
+    "add_commands",
+    "int_between",
+    "run_command",
+    "schedule_of",
+]
 
 
 def int_between(low: int, high: int) -> Callable[[str], int]:
@@ -85,15 +92,27 @@ def _add_schedule_options(parser: argparse.ArgumentParser, *, inner: bool) -> No
     )
 
 
+def _add_json(parser: argparse.ArgumentParser, *, inner: bool) -> None:
+    """--json on a command; an ``inner`` (sub-)command leaves it as given before it
+    (``jobs --json history ID`` prints JSON as ``jobs history ID --json`` does)."""
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS if inner else False,
+        help="print JSON instead of a table",
+    )
+
+
 def add_commands(commands: Any) -> None:
     """Add the jobs, outbox and leader sub-commands to an argparse sub-parser set.
 
-    Every read command takes ``--json`` (rows as JSON, timestamps ISO-8601) for scripts.
+    Every read command takes ``--json`` (rows as JSON, timestamps ISO-8601) for scripts,
+    before or after its sub-command.
     """
     jobs = commands.add_parser(
         "jobs", help="list the jobs; run, pause or resume one; show its history"
     )
-    jobs.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_json(jobs, inner=False)
     _add_schedule_options(jobs, inner=False)
     job_commands = jobs.add_subparsers(dest="jobs_command", metavar="{run,pause,resume,history}")
     run = job_commands.add_parser("run", help="fire a job now (through the slot claim)")
@@ -103,12 +122,25 @@ def add_commands(commands: Any) -> None:
     for command in (run, pause, resume, history):
         command.add_argument("job_id")
         _add_schedule_options(command, inner=True)
+    run.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the run to end, print it, and exit non-zero unless it ended ok",
+    )
+    run.add_argument(
+        "--timeout",
+        type=int_between(1, 86400),
+        default=600,
+        help="seconds --wait waits for the run to end (default 600)",
+    )
+    _add_json(run, inner=True)
     history.add_argument("--limit", type=int_between(1, 500), default=20)
     history.add_argument("--full", action="store_true", help="print each error whole")
-    history.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_json(history, inner=True)
     outbox = commands.add_parser(
         "outbox", help="outboxes and their rows: list, pending, stuck, reset"
     )
+    _add_json(outbox, inner=False)
     outbox_commands = outbox.add_subparsers(dest="outbox_command", metavar=OUTBOX_COMMANDS)
     listing = outbox_commands.add_parser("list", help="each outbox with its counts per status")
     pending = outbox_commands.add_parser("pending", help="list pending rows and their last error")
@@ -116,13 +148,13 @@ def add_commands(commands: Any) -> None:
     stuck = outbox_commands.add_parser("stuck", help="list stuck rows")
     stuck.add_argument("name", nargs="?")
     for reader in (listing, pending, stuck):
-        reader.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        _add_json(reader, inner=True)
     reset = outbox_commands.add_parser("reset", help="make a stuck row pending and due now")
     reset.add_argument("name")
     # Any whole number: one past the column type is a "no such message", not a crash.
     reset.add_argument("message_id", type=int)
     leader = commands.add_parser("leader", help="show the leader and the standbys waiting")
-    leader.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_json(leader, inner=False)
     _add_schedule_options(leader, inner=False)
 
 
@@ -131,6 +163,15 @@ OUTBOX_COMMANDS = "{list,pending,stuck,reset}"
 
 class UsageError(Exception):
     """A command was given without the sub-command it needs; the message is its usage."""
+
+
+class RunNotOkError(Exception):
+    """`jobs run --wait`: the run ended other than ok, or did not end in time. The
+    message is what to print (the run, as the command prints it)."""
+
+
+# How often `jobs run --wait` reads whether the run has ended.
+_RUN_POLL_SECONDS = 0.5
 
 
 def _cell(value: Any) -> str:
@@ -213,9 +254,11 @@ async def _jobs(
 ) -> str:
     schedule = schedule_of(args, settings)
     if args.jobs_command == "run":
-        await queries.run_job_now(
+        requested = await queries.run_job_now(
             engine, args.job_id, lease_now=lease_now(clock), schedule=schedule
         )
+        if args.wait:
+            return await _wait_for_run(engine, args, schedule, requested, clock)
         return (
             f"queued {printable(args.job_id)} (schedule {schedule}): the leader fires it now, "
             "through its slot claim"
@@ -233,6 +276,7 @@ async def _jobs(
     rows = [
         job
         | {
+            "next_run_at": "paused" if job["paused"] else job["next_run_at"],
             "trigger": display.trigger(job["trigger"], settings.TIMEZONE),
             "waiting": display.unclaimed(job["unclaimed_seconds"], job["held_by"]),
         }
@@ -250,6 +294,34 @@ async def _jobs(
         "paused",
     ]
     return f"schedule {schedule}\n{_table(rows, columns)}"
+
+
+async def _wait_for_run(
+    engine: AsyncEngine,
+    args: argparse.Namespace,
+    schedule: str,
+    requested: datetime,
+    clock: Clock,
+) -> str:
+    """The manual run asked for at ``requested``, once it has ended, as the command
+    prints it; RunNotOkError carrying that when it ended other than ok or is still to
+    end after --timeout seconds."""
+    deadline = clock.monotonic() + args.timeout
+    while True:
+        run = await queries.manual_run(engine, args.job_id, requested, schedule=schedule)
+        if run is not None and run["status"] != "running":
+            shown = _json(run) if args.json else _history([run], full=True)
+            if run["status"] != "ok":
+                raise RunNotOkError(shown)
+            return shown
+        if clock.monotonic() >= deadline:
+            state = "has not started" if run is None else "is still running"
+            raise RunNotOkError(
+                f"the run of {printable(args.job_id)} asked for at {requested.isoformat()} "
+                f"{state} after {args.timeout} s (--timeout); see `jobs history "
+                f"{printable(args.job_id)}` (is a leader of schedule {schedule} running?)"
+            )
+        await clock.sleep(_RUN_POLL_SECONDS)
 
 
 async def _outbox(

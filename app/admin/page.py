@@ -265,7 +265,7 @@ async def _act(
     request: Request,
     csrf: str,
     flash: str,
-    action: Callable[[], Awaitable[None]],
+    action: Callable[[], Awaitable[object]],
     back: str = "/admin",
 ) -> Response:
     key = _key(request)

@@ -35,6 +35,7 @@ __all__ = [
     "leader",
     "lease_clock_now",
     "list_jobs",
+    "manual_run",
     "outbox_messages",
     "outbox_summary",
     "reset_outbox_message",
@@ -123,7 +124,17 @@ _RUN_NOW_CHECK = text(
 # one run.
 _RUN_NOW = text(
     f"UPDATE scheduler_jobs SET run_requested_at = COALESCE(run_requested_at, {LEASE_NOW_SQL}),"
-    " updated_at = now() WHERE schedule = :schedule AND id = :job_id"
+    " updated_at = now() WHERE schedule = :schedule AND id = :job_id RETURNING run_requested_at"
+)
+# The manual run a request (its time, the run's slot) became.
+_MANUAL_RUN = text(
+    """
+    SELECT r.id, r.slot, r.started_at, r.finished_at, r.status, r.lateness_ms, r.duration_ms,
+        r.pid, r.host, r.error, r.manual
+    FROM scheduler_runs r
+    WHERE r.schedule = :schedule AND r.job_id = :job_id AND r.manual AND r.slot = :slot
+    ORDER BY r.id DESC LIMIT 1
+    """
 )
 # Pausing drops a pending request: a paused job runs nothing, and a resume does not
 # bring back a run asked for before the pause.
@@ -310,12 +321,12 @@ async def run_job_now(
     *,
     lease_now: datetime | None = None,
     schedule: str = DEFAULT_SCHEDULE,
-) -> None:
+) -> datetime:
     """Ask the leader to run the job once now, beside its schedule: the leader claims
     the request as it claims a slot (the running lease, one run row, marked ``manual``,
     whose slot is the request's time on the lease clock), fires it without jitter, and
     leaves the job's next slot where it was. A request still pending when asked again
-    is the same request.
+    is the same request. Returns the request's time: its run's slot (``manual_run``).
 
     Raises UnknownJobError (a NotFound) for an unknown job, and Conflict while it runs
     (its running lease holds, read on the lease clock as in list_jobs: ``lease_now``,
@@ -340,8 +351,20 @@ async def run_job_now(
             raise Conflict(f"job {job_id!r} is running; try again when it has finished")
         if row.paused:
             raise Conflict(f"job {job_id!r} is paused; resume it first")
-        await conn.execute(_RUN_NOW, params)
+        requested: datetime = (await conn.execute(_RUN_NOW, params)).scalar_one()
         await conn.execute(_WAKE)
+    return requested
+
+
+async def manual_run(
+    engine: AsyncEngine, job_id: str, requested: datetime, *, schedule: str = DEFAULT_SCHEDULE
+) -> dict[str, Any] | None:
+    """The run that the run-now request of ``requested`` (what run_job_now returned)
+    became, as job_runs gives it; None while the leader has not claimed it."""
+    params = {"job_id": job_id, "slot": requested, "schedule": schedule}
+    async with engine.connect() as conn:
+        rows = _rows(await conn.execute(_MANUAL_RUN, params))
+    return rows[0] if rows else None
 
 
 async def set_paused(

@@ -295,6 +295,18 @@ async def _page_width(page: Any) -> int:
     return width
 
 
+async def _lines_per_trigger(page: Any) -> list[int]:
+    """How many lines each trigger cell of the job list takes (one rect per line)."""
+    lines: list[int] = await page.evaluate(
+        """[...document.querySelectorAll("#jobs td.trigger")].map(cell => {
+            const text = document.createRange();
+            text.selectNodeContents(cell);
+            return text.getClientRects().length;
+        })"""
+    )
+    return lines
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium (.ci/run installs it)")
 async def test_sign_in_history_pause_resume_and_reset_in_chromium(
@@ -401,6 +413,7 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
             assert "grant-9" in await stuck_row.inner_text()
             await page.screenshot(path=screenshots / "admin-1280.png", full_page=True)
             assert await _page_width(page) <= 1280
+            assert await _lines_per_trigger(page) == [1, 1]
             await stuck_row.locator("button").click()
             await page.wait_for_selector("#flash")
             assert f"Message {row} is pending" in await page.inner_text("#flash")

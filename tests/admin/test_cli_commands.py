@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -305,3 +306,62 @@ def test_the_app_option_finds_the_scheduler_of_an_app_inside_middleware(
     result = _app(two_reports, "jobs", "pause", "report", "--app", f"{BILLING_APP[:-3]}wrapped")
     assert result.returncode == 0, result.stderr
     assert _paused(two_reports) == {"default": False, "billing": True}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["jobs", "--json", "history", "nightly"], ["outbox", "--json", "stuck"]],
+)
+def test_json_given_before_the_sub_command_prints_json(with_runs: str, args: list[str]) -> None:
+    result = _app(with_runs, *args)
+    assert result.returncode == 0, result.stderr
+    assert isinstance(json.loads(result.stdout), list)
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(seeded: str) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-m", "app", "jobs"],
+        env={**os.environ, "DATABASE_URL": seeded},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as command:
+        # The reader closes its end before the command writes (`jobs | head -0`).
+        assert command.stdout is not None and command.stderr is not None
+        command.stdout.close()
+        stderr = command.stderr.read()
+        assert command.wait(timeout=60) == 141
+    assert stderr == ""
+
+
+def test_a_paused_job_reads_paused_not_its_next_run(seeded: str) -> None:
+    assert _app(seeded, "jobs", "pause", "nightly").returncode == 0
+    [_, header, row] = _app(seeded, "jobs").stdout.splitlines()
+    next_run = row[header.index("next_run_at") : header.index("waiting")]
+    assert next_run.strip() == "paused"
+
+
+def test_db_url_prints_the_url_a_client_logs_in_with(seeded: str) -> None:
+    result = _app(seeded, "db-url")
+    assert result.returncode == 0, result.stderr
+    with psycopg.connect(result.stdout.strip()) as conn:
+        assert conn.execute("SELECT count(*) FROM scheduler_jobs").fetchone() == (1,)
+
+
+def test_a_busy_port_is_refused_naming_the_port_and_the_option(seeded: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _app(seeded, "serve", "--port", str(port))
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert f"127.0.0.1:{port}" in line and "--port" in line
+
+
+def test_psql_opens_psql_on_the_database_without_the_password_in_its_arguments(
+    seeded: str,
+) -> None:
+    result = _app(seeded, "psql", "-At", "-c", "SELECT current_setting('application_name')")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "psql"

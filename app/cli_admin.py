@@ -113,13 +113,21 @@ def add_commands(commands: Any) -> None:
         "jobs", help="list the jobs; run, pause or resume one; show its history"
     )
     _add_json(jobs, inner=False)
+    jobs.add_argument(
+        "--all", action="store_true", help="list retired jobs too (no longer registered)"
+    )
     _add_schedule_options(jobs, inner=False)
-    job_commands = jobs.add_subparsers(dest="jobs_command", metavar="{run,pause,resume,history}")
+    job_commands = jobs.add_subparsers(
+        dest="jobs_command", metavar="{run,pause,resume,history,forget}"
+    )
     run = job_commands.add_parser("run", help="fire a job now (through the slot claim)")
     pause = job_commands.add_parser("pause", help="claim no slot of the job until resumed")
     resume = job_commands.add_parser("resume", help="resume a paused job")
     history = job_commands.add_parser("history", help="a job's run history, newest first")
-    for command in (run, pause, resume, history):
+    forget = job_commands.add_parser(
+        "forget", help="delete a retired job's row and history (refused for a live job)"
+    )
+    for command in (run, pause, resume, history, forget):
         command.add_argument("job_id")
         _add_schedule_options(command, inner=True)
     run.add_argument(
@@ -267,16 +275,23 @@ async def _jobs(
         paused = args.jobs_command == "pause"
         await queries.set_paused(engine, args.job_id, paused, schedule=schedule)
         return f"{'paused' if paused else 'resumed'} {printable(args.job_id)} (schedule {schedule})"
+    if args.jobs_command == "forget":
+        deleted = await queries.forget_job(engine, args.job_id, schedule=schedule)
+        return f"forgot {printable(args.job_id)} (schedule {schedule}) and its {deleted} run(s)"
     if args.jobs_command == "history":
         runs = await queries.job_runs(engine, args.job_id, limit=args.limit, schedule=schedule)
         return _json(runs) if args.json else _history(runs, args.full)
-    jobs = await queries.list_jobs(engine, lease_now(clock), schedule=schedule)
+    jobs = await queries.list_jobs(engine, lease_now(clock), schedule=schedule, retired=args.all)
     if args.json:
         return _json(jobs)
     rows = [
         job
         | {
-            "next_run_at": "paused" if job["paused"] else job["next_run_at"],
+            "next_run_at": "retired"
+            if job["retired_at"]
+            else "paused"
+            if job["paused"]
+            else job["next_run_at"],
             "trigger": display.trigger(job["trigger"], settings.TIMEZONE),
             "waiting": display.unclaimed(job["unclaimed_seconds"], job["held_by"]),
         }

@@ -53,7 +53,12 @@ async def admin_error_response(request: Request, exc: Exception) -> JSONResponse
 
 
 @router.get("/jobs")
-async def jobs(request: Request) -> list[dict[str, Any]]:
+async def jobs(
+    request: Request,
+    retired: Annotated[
+        bool, Query(description="list retired jobs too (no longer registered: see retired_at)")
+    ] = False,
+) -> list[dict[str, Any]]:
     """Every job: schedule (``trigger`` as stored, ``trigger_description`` as a human
     reads it with the zone named), last start and finish, status, duration, lateness,
     running (a running lease holds, the job's or one of its per-worker runs', on the
@@ -61,12 +66,17 @@ async def jobs(request: Request) -> list[dict[str, Any]]:
     that has no row yet: its run-now, pause and runs answer 404), and for a due slot or
     run-now request no claim has taken yet ``unclaimed_since``, ``unclaimed_seconds``
     (on the database's clock) and ``held_by`` (the backend whose transaction holds the
-    job's row, which the leader's claim leaves out until it is free)."""
+    job's row, which the leader's claim leaves out until it is free). A job the
+    schedule's leader no longer registers is retired (``retired_at``): it fires no more
+    and is listed only with ``retired=true``."""
     zone = request.app.state.settings.TIMEZONE
     return [
         job | {"trigger_description": display.trigger(job["trigger"], zone)}
         for job in await queries.list_jobs(
-            _engine(request), lease_now_of(request), schedule=schedule_name(request)
+            _engine(request),
+            lease_now_of(request),
+            schedule=schedule_name(request),
+            retired=retired,
         )
     ]
 
@@ -105,6 +115,14 @@ async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
         schedule=schedule_name(request),
     )
     return {"status": "queued"}
+
+
+@router.delete("/jobs/{job_id}")
+async def forget(request: Request, job_id: JobId) -> dict[str, Any]:
+    """Forget a retired job: its row and its whole run history are deleted. 409 for a
+    job its schedule's leader still registers (remove it from the code first)."""
+    runs = await queries.forget_job(_engine(request), job_id, schedule=schedule_name(request))
+    return {"status": "forgotten", "runs_deleted": runs}
 
 
 @router.post("/jobs/{job_id}/pause")

@@ -40,12 +40,13 @@ router = APIRouter(prefix="/admin", include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.globals["display"] = display
 
-_FLASH = re.compile(r"^(reset|run|pause|resume)-([A-Za-z0-9_.:-]{1,200})$")
+_FLASH = re.compile(r"^(reset|run|pause|resume|forget)-([A-Za-z0-9_.:-]{1,200})$")
 _FLASHES = {
     "reset": "Message {} is pending again and due now.",
     "run": "Job {} is queued to run now.",
     "pause": "Job {} is paused.",
     "resume": "Job {} is resumed.",
+    "forget": "Job {} is forgotten, with its history.",
 }
 # Seconds between the page's own reloads: fresh enough to watch a run, calm enough to read.
 REFRESH_SECONDS = 30
@@ -108,13 +109,15 @@ async def _page(
     request: Request, csrf: str, flash: str | None, status_code: int = 200
 ) -> HTMLResponse:
     engine = _engine(request)
+    listed = await queries.list_jobs(
+        engine, lease_now_of(request), schedule=schedule_name(request), retired=True
+    )
     context = await _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
         "leader": await queries.leader(
             engine, lease_now=lease_now_of(request), schedule=schedule_name(request)
         ),
-        "jobs": await queries.list_jobs(
-            engine, lease_now_of(request), schedule=schedule_name(request)
-        ),
+        "jobs": [job for job in listed if job["retired_at"] is None],
+        "retired_jobs": [job for job in listed if job["retired_at"] is not None],
         "outboxes": await queries.outbox_summary(engine, lease_now_of(request)),
         "pending": await queries.outbox_messages(engine, status="pending", limit=_PENDING_SHOWN),
         "pending_shown": _PENDING_SHOWN,
@@ -136,7 +139,9 @@ async def _job_page(
     except NotFound as exc:
         context |= {"job": None, "flash": str(exc), "failed": True, "runs": [], "older": None}
         return templates.TemplateResponse(request, "job.html", context, status_code=exc.status)
-    jobs = await queries.list_jobs(engine, lease_now_of(request), schedule=schedule_name(request))
+    jobs = await queries.list_jobs(
+        engine, lease_now_of(request), schedule=schedule_name(request), retired=True
+    )
     job = next((job for job in jobs if job["id"] == job_id), None)
     older = None
     if len(runs) == limit:
@@ -319,6 +324,17 @@ async def run_now(
             schedule=schedule_name(request),
         ),
         _back(job_id, back),
+    )
+
+
+@router.post("/jobs/{job_id}/forget")
+async def forget(request: Request, job_id: JobId, csrf: Annotated[str, Form()]) -> Response:
+    """Forget a retired job (its row and history deleted), then back to the main page."""
+    return await _act(
+        request,
+        csrf,
+        f"forget-{job_id}",
+        lambda: queries.forget_job(_engine(request), job_id, schedule=schedule_name(request)),
     )
 
 

@@ -31,6 +31,7 @@ from .errors import AdminError, Conflict, NotFound, UnknownJobError
 
 __all__ = [
     "AdminError",
+    "forget_job",
     "job_runs",
     "leader",
     "lease_clock_now",
@@ -65,7 +66,7 @@ _JOBS = text(
         SELECT j.*, b.job_id AS broken_id, b.error AS broken_error, b.since AS broken_since,
             coalesce(j.running_until > {LEASE_NOW_SQL}, false)
                 OR rr.job_id IS NOT NULL AS is_running,
-            CASE WHEN j.leader_only AND NOT j.paused THEN LEAST(
+            CASE WHEN j.leader_only AND NOT j.paused AND j.retired_at IS NULL THEN LEAST(
                 CASE WHEN isfinite(j.next_run_at) AND j.next_run_at <= {LEASE_NOW_SQL}
                     THEN j.next_run_at END,
                 CASE WHEN j.run_requested_at <= {LEASE_NOW_SQL} THEN j.run_requested_at END)
@@ -89,11 +90,13 @@ _JOBS = text(
         j.unclaimed_since,
         extract(epoch FROM {LEASE_NOW_SQL} - j.unclaimed_since)::float AS unclaimed_seconds,
         CASE WHEN j.unclaimed_since IS NOT NULL THEN {held_by_sql("j.row_xmax")} END
-            AS held_by
+            AS held_by,
+        j.retired_at
     FROM listed j
+    WHERE CAST(:retired AS boolean) OR j.retired_at IS NULL
     UNION ALL
     SELECT b.job_id, b.job_id, NULL, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-        false, b.since, false, NULL, true, b.error, b.since, false, NULL, NULL, NULL
+        false, b.since, false, NULL, true, b.error, b.since, false, NULL, NULL, NULL, NULL
     FROM scheduler_broken_jobs b
     WHERE b.schedule = :schedule AND NOT EXISTS (
         SELECT 1 FROM scheduler_jobs j WHERE j.schedule = b.schedule AND j.id = b.job_id)
@@ -115,7 +118,8 @@ _JOB = text("SELECT 1 FROM scheduler_jobs WHERE schedule = :schedule AND id = :j
 # is written: a claim of the job waits for it, so "running" cannot change in between.
 _RUN_NOW_CHECK = text(
     f"""
-    SELECT leader_only, paused, coalesce(running_until > {LEASE_NOW_SQL}, false) AS running
+    SELECT leader_only, paused, retired_at IS NOT NULL AS retired,
+        coalesce(running_until > {LEASE_NOW_SQL}, false) AS running
     FROM scheduler_jobs WHERE schedule = :schedule AND id = :job_id FOR UPDATE
     """
 )
@@ -248,9 +252,12 @@ async def list_jobs(
     lease_now: datetime | None = None,
     *,
     schedule: str = DEFAULT_SCHEDULE,
+    retired: bool = False,
 ) -> list[dict[str, Any]]:
     """Every job of the schedule named ``schedule`` with its schedule state, last
-    outcome and whether it is broken; ``stored`` is false for a broken job that has no
+    outcome and whether it is broken; ``retired_at``, when the leader of the schedule
+    last promoted found it no longer registered (such a job fires no more and is listed
+    only when ``retired``; it is never unclaimed); ``stored`` is false for a broken job that has no
     row yet (no action and no history applies to it). ``running`` (a live running
     lease: the job's, or one of its per-worker runs') and a crashed run's ``abandoned``
     status are read on the lease clock: ``lease_now`` as clock.lease_now gives it, None
@@ -262,7 +269,7 @@ async def list_jobs(
     function here reads or changes only the rows of the schedule it is given
     (app/scheduler/keys.py)."""
     async with engine.connect() as conn:
-        params = {"lease_now": lease_now, "schedule": schedule}
+        params = {"lease_now": lease_now, "schedule": schedule, "retired": retired}
         return _rows(await conn.execute(_JOBS, params))
 
 
@@ -347,6 +354,11 @@ async def run_job_now(
                 f"job {job_id!r} runs on every worker on its own schedule (leader_only=False), "
                 "so it cannot be run now; each worker runs it at its next slot"
             )
+        if row.retired:
+            raise Conflict(
+                f"job {job_id!r} is retired: the leader of schedule {schedule!r} no longer "
+                "registers it, so nothing would run it; register it again, or forget it"
+            )
         if row.running:
             raise Conflict(f"job {job_id!r} is running; try again when it has finished")
         if row.paused:
@@ -365,6 +377,45 @@ async def manual_run(
     async with engine.connect() as conn:
         rows = _rows(await conn.execute(_MANUAL_RUN, params))
     return rows[0] if rows else None
+
+
+_FORGET_CHECK = text(
+    """
+    SELECT retired_at IS NOT NULL AS retired FROM scheduler_jobs
+    WHERE schedule = :schedule AND id = :job_id FOR UPDATE
+    """
+)
+_FORGET_RUNS = text("DELETE FROM scheduler_runs WHERE schedule = :schedule AND job_id = :job_id")
+_FORGET_JOB = text(
+    """
+    WITH broken AS (
+        DELETE FROM scheduler_broken_jobs WHERE schedule = :schedule AND job_id = :job_id
+    )
+    DELETE FROM scheduler_jobs WHERE schedule = :schedule AND id = :job_id
+    """
+)
+
+
+async def forget_job(engine: AsyncEngine, job_id: str, *, schedule: str = DEFAULT_SCHEDULE) -> int:
+    """Delete a retired job's row and its whole run history, in one transaction;
+    returns how many runs went. Raises UnknownJobError for an unknown job and Conflict
+    for a job its schedule's leader still registers (remove it from the code first:
+    forgetting a live job would lose the history of a job that runs)."""
+    if not is_storable_text(job_id):
+        raise UnknownJobError(job_id, schedule)
+    async with _job_write(engine, job_id, schedule) as conn:
+        params = {"job_id": job_id, "schedule": schedule}
+        row = (await conn.execute(_FORGET_CHECK, params)).first()
+        if row is None:
+            raise UnknownJobError(job_id, schedule)
+        if not row.retired:
+            raise Conflict(
+                f"job {job_id!r} is registered by the leader of schedule {schedule!r}; "
+                "remove it from the code and deploy first (a promotion then retires it)"
+            )
+        runs = (await conn.execute(_FORGET_RUNS, params)).rowcount
+        await conn.execute(_FORGET_JOB, params)
+    return runs
 
 
 async def set_paused(

@@ -217,6 +217,16 @@ run whose body still ran (a frozen worker) records its real outcome when it ends
 process never reaps a lease it renews itself (``Runner.renewing``): after a freeze of
 the whole process its reaper may wake before its renewal, but the body runs there.
 
+A job that goes away
+====================
+
+A promotion's registration settles which job rows of its schedule are *retired*
+(registration.settle_retirement): a row whose id the promoted leader's registry lacks
+(a job removed from the code, or renamed) gets ``retired_at``; a retired row whose id
+it has again loses it, its history intact. No registry claims a retired job, so it
+fires no more; the admin listing hides it unless asked, run-now refuses it, and an
+operator may forget it (its row and runs deleted), never a live one.
+
 One bad job stops nothing
 =========================
 

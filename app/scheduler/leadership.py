@@ -17,7 +17,7 @@ from .broken import BrokenJobs
 from .clock import Clock
 from .config import SchedulerConfig
 from .election import LockConnection
-from .registration import refresh_statistics, register_leader_rows
+from .registration import refresh_statistics, register_leader_rows, settle_retirement
 from .registry import JobSpec, Registry
 from .rows import LeaderRows
 from .runner import Runner
@@ -92,6 +92,7 @@ class Leadership:
         registered = await register_leader_rows(
             leader_jobs, store=self.store, broken=self.broken, zone=self.config.zone, now=now
         )
+        await settle_retirement(self.store, self.registry.jobs)
         rows = LeaderRows(
             registered.rows,
             registered.horizon,

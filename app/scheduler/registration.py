@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
@@ -14,7 +15,7 @@ from .registry import JobSpec
 from .store import JobRow, JobStore, LeaderRow, format_error
 from .triggers import Trigger
 
-__all__ = ["Registered", "refresh_statistics", "register_leader_rows"]
+__all__ = ["Registered", "refresh_statistics", "register_leader_rows", "settle_retirement"]
 
 logger = logging.getLogger("app.scheduler")
 
@@ -111,6 +112,32 @@ async def register_leader_rows(
     inserted = sum(1 for row in rows if row.id in registered and row.id not in stored.jobs)
     grew = inserted >= _GREW_ROWS and inserted > len(stored.jobs)
     return Registered(registered, stored.horizon, grew)
+
+
+async def settle_retirement(store: JobStore, job_ids: Iterable[str]) -> None:
+    """Retire the job rows of the schedule that the promoted leader's registry
+    (``job_ids``, per-worker jobs included) no longer has (a job removed from the code
+    or renamed), and bring back the retired ones it has again, their history intact.
+    No registry claims a retired job, so it fires no more; the listing hides it unless
+    asked; its history stays until an operator forgets it. Logged as
+    ``scheduler.jobs_retired`` and ``scheduler.jobs_returned``."""
+    retired, returned = await store.settle_retirement(job_ids)
+    pid = os.getpid()
+    if retired:
+        logger.info(
+            "scheduler.jobs_retired: %s no longer registered by this release; listed with "
+            "`jobs --all`, forgotten with `python -m app jobs forget ID` (pid=%s)",
+            ", ".join(retired),
+            pid,
+            extra={"action": "scheduler.jobs_retired", "job_ids": retired, "pid": pid},
+        )
+    if returned:
+        logger.info(
+            "scheduler.jobs_returned: %s registered again, with their history (pid=%s)",
+            ", ".join(returned),
+            pid,
+            extra={"action": "scheduler.jobs_returned", "job_ids": returned, "pid": pid},
+        )
 
 
 async def refresh_statistics(store: JobStore) -> None:

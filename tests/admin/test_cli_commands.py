@@ -365,3 +365,18 @@ def test_psql_opens_psql_on_the_database_without_the_password_in_its_arguments(
     result = _app(seeded, "psql", "-At", "-c", "SELECT current_setting('application_name')")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "psql"
+
+
+def test_jobs_lists_a_retired_job_only_with_all_and_forgets_it(with_runs: str) -> None:
+    _execute(with_runs, "UPDATE scheduler_jobs SET retired_at = now() WHERE id = 'nightly'")
+    assert "nightly" not in _app(with_runs, "jobs").stdout
+    assert "retired" in _app(with_runs, "jobs", "--all").stdout
+    forgot = _app(with_runs, "jobs", "forget", "nightly")
+    assert forgot.returncode == 0, forgot.stderr
+    assert forgot.stdout.strip() == "forgot nightly (schedule default) and its 2 run(s)"
+
+
+def test_forgetting_a_live_job_exits_non_zero_saying_why(seeded: str) -> None:
+    refused = _app(seeded, "jobs", "forget", "nightly")
+    assert refused.returncode == 1
+    assert "remove it from the code" in refused.stderr

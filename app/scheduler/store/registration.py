@@ -99,6 +99,25 @@ _UPSERT_REPLICA = text(
     """
 )
 
+# A promotion retires the rows of its schedule that its registry lacks (a job removed
+# from the code, or renamed) and brings back the retired rows it has: only rows whose
+# mark is wrong are written. A row another transaction holds is left for the next
+# promotion, never waited on.
+_SETTLE_RETIREMENT = text(
+    """
+    WITH wrong AS (
+        SELECT id, NOT (id = ANY(CAST(:ids AS text[]))) AS gone FROM scheduler_jobs
+        WHERE schedule = :schedule
+            AND (retired_at IS NULL) = NOT (id = ANY(CAST(:ids AS text[])))
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE scheduler_jobs j
+    SET retired_at = CASE WHEN wrong.gone THEN now() END, updated_at = now()
+    FROM wrong WHERE j.schedule = :schedule AND j.id = wrong.id
+    RETURNING j.id, wrong.gone
+    """
+)
+
 
 @dataclass(frozen=True)
 class LeaderRow:
@@ -196,6 +215,20 @@ class RegistrationStore(StoreBase):
             )
             for row in result
         }
+
+    async def settle_retirement(self, job_ids: Iterable[str]) -> tuple[list[str], list[str]]:
+        """Mark retired every job row of the schedule whose id is not in ``job_ids``
+        (the promoted leader's whole registry, per-worker jobs included), and unmark
+        the retired rows whose id is; returns the ids newly retired and those brought
+        back. A row another transaction holds is skipped, never waited on: the next
+        promotion settles it."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(
+                _SETTLE_RETIREMENT, {"ids": list(job_ids), "schedule": self.schedule}
+            )
+            settled = list(result)
+        retired = sorted(row.id for row in settled if row.gone)
+        return retired, sorted(row.id for row in settled if not row.gone)
 
     async def mark_broken(self, job_id: str, error: str, now: datetime) -> None:
         """Record that the leader cannot handle the job's row or next slot."""

@@ -118,6 +118,9 @@ class Bodies:
         its body or any thread it started (RunThreads) runs."""
         pid, slot = self._pid, claim.slot
         log = context_log(f"app.jobs.{spec.id}", spec.id, pid)
+        if self._past_its_lease(claim):
+            await self._never_started(spec, claim, log)
+            return
         logger.info(
             'Running job "%s" (id=%s, slot=%s, pid=%s)',
             spec.name,
@@ -168,6 +171,43 @@ class Bodies:
                     extra={"action": "job.outlived_leadership", "job_id": spec.id, "pid": pid},
                 )
             raise
+
+    def _past_its_lease(self, claim: Claim) -> bool:
+        """True when the claim's running lease may have run out before its body began
+        (LeaseKeeper.start_window): another leader may already run the job."""
+        return (
+            claim.leased
+            and claim.leased_at is not None
+            and self._leases.start_window(claim.leased_at).closed(self._clock)
+        )
+
+    async def _never_started(
+        self, spec: JobSpec, claim: Claim, log: logging.LoggerAdapter[logging.Logger]
+    ) -> None:
+        """Record a claimed slot whose body began too late as 'missed', letting its
+        lease go: the body never runs."""
+        assert claim.leased_at is not None
+        late = self._clock.monotonic() - claim.leased_at
+        error = (
+            f"not run: its body could begin only {late:.1f} s after its claim took its "
+            "running lease (this process or its clock stood still meanwhile), when the "
+            "lease might have run out and another leader started the job"
+        )
+        logger.warning(
+            'Job "%s" not started: its running lease might have run out (id=%s, slot=%s, '
+            "run=%s, pid=%s, %.1f s after its claim)",
+            spec.name,
+            spec.id,
+            claim.slot.isoformat(),
+            claim.run_id,
+            self._pid,
+            late,
+            extra={"action": "job.start_too_late", "job_id": spec.id, "pid": self._pid},
+        )
+        lateness = self._clock.now() - claim.slot - timedelta(seconds=claim.jitter)
+        await self._recorder.finish(
+            Run(spec, claim, log, time.perf_counter(), lateness), "missed", error
+        )
 
     async def _run_async(self, run: Run, ctx: JobContext) -> None:
         spec = run.spec

@@ -251,7 +251,8 @@ class Bodies:
     def _outlived_by_threads(
         self, run: Run, threads: RunThreads, status: str, error: str | None
     ) -> bool:
-        """An async body ended (``status``): True when threads it started run on. Its
+        """An async body ended (``status``): True when threads or tasks it started run
+        on (RunThreads). Its
         outcome is then recorded without clearing its lease, and the job stays busy
         here, its lease renewed, until they end (then the lease is released)."""
         threads.close()
@@ -261,8 +262,9 @@ class Bodies:
         watcher = asyncio.ensure_future(self._outlast.outlast(self._job_outliving(run), threads))
         self._alive[run.spec.id] = watcher
         logger.warning(
-            'Job "%s" ended (%s) while threads it started run on; its running lease is '
-            "renewed until they end, and the job's next slots are skipped until then",
+            'Job "%s" ended (%s) while work it started (threads, or tasks it left '
+            "behind) runs on; its running lease is renewed until that ends, and the job's "
+            "next slots are skipped until then",
             run.spec.name,
             status,
             extra={

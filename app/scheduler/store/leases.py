@@ -48,16 +48,33 @@ class ServiceTake:
     left: float = 0.0
 
 
-# The leases of a batch of runs (l): a leader run's is on its job row, a per-worker
-# run's on its own run row (a reaped run no longer holds one).
+# The leases of a batch of runs (l): a job run's (a leader run's and a per-worker
+# run's) is held on its own run row; a reaped run no longer holds one.
 _LEASES = """unnest(CAST(:job_ids AS text[]), CAST(CAST(:run_ids AS text[]) AS bigint[]))
         AS l(job_id, run_id)"""
+# A leader run's lease: renewed on its run row, which no one but the reaper (which
+# clears it) and its own outcome lock, so another transaction holding the job row
+# (an operator's SELECT ... FOR UPDATE) cannot keep the renewal out while the lease
+# runs out. The job row's copy (what a leader's rows and operators read) follows where
+# no other transaction holds that row (SKIP LOCKED: never waited on).
 _RENEW_LEASES = text(
     f"""
-    UPDATE scheduler_jobs j SET running_until = {_LEASE_END}
-    FROM {_LEASES}
-    WHERE j.schedule = :schedule AND j.id = l.job_id AND j.running_run_id = l.run_id
-    RETURNING l.run_id
+    WITH runs AS (
+        UPDATE scheduler_runs r SET running_until = {_LEASE_END}
+        FROM {_LEASES}
+        WHERE r.id = l.run_id AND r.running_until IS NOT NULL
+        RETURNING l.job_id, l.run_id, r.running_until
+    ), free_jobs AS (
+        SELECT j.id, runs.running_until FROM scheduler_jobs j
+        JOIN runs ON j.id = runs.job_id AND j.running_run_id = runs.run_id
+        WHERE j.schedule = :schedule
+        FOR UPDATE OF j SKIP LOCKED
+    ), copied AS (
+        UPDATE scheduler_jobs j SET running_until = f.running_until
+        FROM free_jobs f
+        WHERE j.schedule = :schedule AND j.id = f.id
+    )
+    SELECT run_id FROM runs
     """
 )
 _RENEW_REPLICA_LEASES = text(

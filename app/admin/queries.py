@@ -25,6 +25,7 @@ from app.scheduler.clock import LEASE_NOW_SQL
 from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from app.scheduler.rowlocks import RowHeldError, held_by_sql, patient_write, row_holder
+from app.scheduler.store.leases import leader_run_leased_sql
 from app.storable import is_int64, is_storable_text
 
 from .errors import AdminError, Conflict, NotFound, UnknownJobError
@@ -43,12 +44,13 @@ __all__ = [
     "stuck_messages",
 ]
 
-# "running" is a live running lease: the job row's (a leader run) or a per-worker run
-# row's, read on the lease clock (LEASE_NOW_SQL: the database server's, the clock every
-# lease is written on), never on the reader's. A 'running' status without a live lease
-# is read as 'abandoned' (its owner died; the leader reaps it at its next tick). A
-# broken job is listed even when it has no row (its first slot could not be computed),
-# with ``stored`` false: nothing acts on it (run now, pause, its page) until it has one.
+# "running" is a live running lease: a leader run's (store.leases.leader_run_leased_sql)
+# or a per-worker run row's, read on the lease clock (LEASE_NOW_SQL: the database
+# server's, the clock every lease is written on), never on the reader's. A 'running'
+# status without a live lease is read as 'abandoned' (its owner died; the leader reaps
+# it at its next tick). A broken job is listed even when it has no row (its first slot
+# could not be computed), with ``stored`` false: nothing acts on it (run now, pause,
+# its page) until it has one.
 # A leader job's due slot or run-now request that no claim has taken yet is
 # ``unclaimed_since`` its moment, on the lease clock too; an operator's 'infinity' never
 # comes. ``held_by``: the backend whose open transaction locked or is writing such a
@@ -62,8 +64,7 @@ _JOBS = text(
             AND r.running_until > {LEASE_NOW_SQL}
     ), listed AS (
         SELECT j.*, b.job_id AS broken_id, b.error AS broken_error, b.since AS broken_since,
-            coalesce(j.running_until > {LEASE_NOW_SQL}, false)
-                OR rr.job_id IS NOT NULL AS is_running,
+            {leader_run_leased_sql("j")} OR rr.job_id IS NOT NULL AS is_running,
             CASE WHEN j.leader_only AND NOT j.paused THEN LEAST(
                 CASE WHEN isfinite(j.next_run_at) AND j.next_run_at <= {LEASE_NOW_SQL}
                     THEN j.next_run_at END,
@@ -114,8 +115,8 @@ _JOB = text("SELECT 1 FROM scheduler_jobs WHERE schedule = :schedule AND id = :j
 # is written: a claim of the job waits for it, so "running" cannot change in between.
 _RUN_NOW_CHECK = text(
     f"""
-    SELECT leader_only, paused, coalesce(running_until > {LEASE_NOW_SQL}, false) AS running
-    FROM scheduler_jobs WHERE schedule = :schedule AND id = :job_id FOR UPDATE
+    SELECT leader_only, paused, {leader_run_leased_sql("j")} AS running
+    FROM scheduler_jobs j WHERE schedule = :schedule AND id = :job_id FOR UPDATE
     """
 )
 # A request beside the schedule (see app/scheduler/store.py): next_run_at is never

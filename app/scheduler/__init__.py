@@ -142,11 +142,12 @@ a timeout) it runs on. Two things keep the next slot from starting beside it:
   run, the one overlap the lease cannot prevent. The lease is measured on the
   database server's clock (``clock_timestamp()`` plus ``LEASE_SECONDS``), the one clock
   every process shares, so hosts whose clocks disagree never take a live run for a
-  dead one. A claimed body begins only within its *start window* (start_window.py:
-  two thirds of the lease, on the monotonic clock from before the claim); one that
-  could begin only later (its process froze, its clock jumped) never runs, since its
-  lease may already have been reaped and the job started elsewhere: its slot is
-  recorded ``missed`` (``job.start_too_late``); a test's FakeClock measures it instead (``clock.lease_clock``). When a
+  dead one; a test's FakeClock measures it instead (``clock.lease_clock``). A claimed
+  body begins only within its *start window* (start_window.py: two thirds of the
+  lease, on the monotonic clock from before the claim); one that could begin only
+  later (its process froze, its clock jumped) never runs, since its lease may already
+  have been reaped and the job started elsewhere: its slot is recorded ``missed``
+  (``job.start_too_late``). When a
   slot is due is read on that clock as well: on the system clock a scheduler runs on a
   ``ServerClock``, the host's clock plus the offset to the server's, measured every
   tick, so a leader whose host clock is off fires no slot early or late.

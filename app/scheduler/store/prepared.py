@@ -31,8 +31,9 @@ _STILL_FENCED = text(
 )
 
 # The runs of a prepared claim that committed late start when it commits, and their
-# running leases (on their run rows, copied to their job rows) run from then (on the lease clock; :leased_at is the moment the claim
-# took them as of): the body's first renewal is due a third of a lease after it starts.
+# running leases (on their run rows, copied to their job rows) run from then (on the
+# lease clock; :leased_at is the moment the claim took them as of): the body's first
+# renewal is due a third of a lease after it starts.
 _RESTAMP_START = text(
     f"""
     WITH runs AS (

@@ -91,7 +91,7 @@ _RENEW_LEASES = text(
         SELECT j.id, runs.running_until FROM scheduler_jobs j
         JOIN runs ON j.id = runs.job_id AND j.running_run_id = runs.run_id
         WHERE j.schedule = :schedule
-        FOR UPDATE OF j SKIP LOCKED
+        FOR NO KEY UPDATE OF j SKIP LOCKED
     ), copied AS (
         UPDATE scheduler_jobs j SET running_until = f.running_until
         FROM free_jobs f

@@ -25,6 +25,7 @@ from app.scheduler.clock import LEASE_NOW_SQL
 from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from app.scheduler.rowlocks import RowHeldError, held_by_sql, patient_write, row_holder
+from app.scheduler.store.leases import leader_run_leased_sql
 from app.storable import is_int64, is_storable_text
 
 from .errors import AdminError, Conflict, NotFound, UnknownJobError
@@ -45,12 +46,13 @@ __all__ = [
     "stuck_messages",
 ]
 
-# "running" is a live running lease: the job row's (a leader run) or a per-worker run
-# row's, read on the lease clock (LEASE_NOW_SQL: the database server's, the clock every
-# lease is written on), never on the reader's. A 'running' status without a live lease
-# is read as 'abandoned' (its owner died; the leader reaps it at its next tick). A
-# broken job is listed even when it has no row (its first slot could not be computed),
-# with ``stored`` false: nothing acts on it (run now, pause, its page) until it has one.
+# "running" is a live running lease: a leader run's (store.leases.leader_run_leased_sql)
+# or a per-worker run row's, read on the lease clock (LEASE_NOW_SQL: the database
+# server's, the clock every lease is written on), never on the reader's. A 'running'
+# status without a live lease is read as 'abandoned' (its owner died; the leader reaps
+# it at its next tick). A broken job is listed even when it has no row (its first slot
+# could not be computed), with ``stored`` false: nothing acts on it (run now, pause,
+# its page) until it has one.
 # A leader job's due slot or run-now request that no claim has taken yet is
 # ``unclaimed_since`` its moment, on the lease clock too; an operator's 'infinity' never
 # comes. ``held_by``: the backend whose open transaction locked or is writing such a
@@ -64,8 +66,7 @@ _JOBS = text(
             AND r.running_until > {LEASE_NOW_SQL}
     ), listed AS (
         SELECT j.*, b.job_id AS broken_id, b.error AS broken_error, b.since AS broken_since,
-            coalesce(j.running_until > {LEASE_NOW_SQL}, false)
-                OR rr.job_id IS NOT NULL AS is_running,
+            {leader_run_leased_sql("j")} OR rr.job_id IS NOT NULL AS is_running,
             CASE WHEN j.leader_only AND NOT j.paused AND j.retired_at IS NULL THEN LEAST(
                 CASE WHEN isfinite(j.next_run_at) AND j.next_run_at <= {LEASE_NOW_SQL}
                     THEN j.next_run_at END,
@@ -119,8 +120,8 @@ _JOB = text("SELECT 1 FROM scheduler_jobs WHERE schedule = :schedule AND id = :j
 _RUN_NOW_CHECK = text(
     f"""
     SELECT leader_only, paused, retired_at IS NOT NULL AS retired,
-        coalesce(running_until > {LEASE_NOW_SQL}, false) AS running
-    FROM scheduler_jobs WHERE schedule = :schedule AND id = :job_id FOR UPDATE
+        {leader_run_leased_sql("j")} AS running
+    FROM scheduler_jobs j WHERE schedule = :schedule AND id = :job_id FOR UPDATE
     """
 )
 # A request beside the schedule (see app/scheduler/store.py): next_run_at is never
@@ -380,9 +381,9 @@ async def manual_run(
 
 
 _FORGET_CHECK = text(
-    """
-    SELECT retired_at IS NOT NULL AS retired FROM scheduler_jobs
-    WHERE schedule = :schedule AND id = :job_id FOR UPDATE
+    f"""
+    SELECT retired_at IS NOT NULL AS retired, {leader_run_leased_sql("j")} AS running
+    FROM scheduler_jobs j WHERE schedule = :schedule AND id = :job_id FOR UPDATE
     """
 )
 _FORGET_RUNS = text("DELETE FROM scheduler_runs WHERE schedule = :schedule AND job_id = :job_id")
@@ -404,7 +405,8 @@ async def forget_job(engine: AsyncEngine, job_id: str, *, schedule: str = DEFAUL
     if not is_storable_text(job_id):
         raise UnknownJobError(job_id, schedule)
     async with _job_write(engine, job_id, schedule) as conn:
-        params = {"job_id": job_id, "schedule": schedule}
+        # Read on the database server's clock, as every lease is.
+        params = {"job_id": job_id, "schedule": schedule, "lease_now": None}
         row = (await conn.execute(_FORGET_CHECK, params)).first()
         if row is None:
             raise UnknownJobError(job_id, schedule)
@@ -413,6 +415,9 @@ async def forget_job(engine: AsyncEngine, job_id: str, *, schedule: str = DEFAUL
                 f"job {job_id!r} is registered by the leader of schedule {schedule!r}; "
                 "remove it from the code and deploy first (a promotion then retires it)"
             )
+        if row.running:
+            # A body of an older release may still run it: its outcome needs the run.
+            raise Conflict(f"job {job_id!r} is running; forget it when it has finished")
         runs = (await conn.execute(_FORGET_RUNS, params)).rowcount
         await conn.execute(_FORGET_JOB, params)
     return runs

@@ -66,6 +66,7 @@ from app.scheduler import Clock
 from app.scheduler.clock import lease_now
 from app.scheduler.faults import is_busy_row
 from app.scheduler.rowlocks import ROW_LOCK_PATIENCE
+from app.scheduler.start_window import StartWindow
 from app.storable import escape_unstorable
 
 from . import sql
@@ -133,9 +134,9 @@ class Claim:
     messages: list[Message]
 
     @property
-    def start_by(self) -> float:
-        """The monotonic moment past which no row of the claim may start."""
-        return self.taken_at + _START_WINDOW_SECONDS
+    def window(self) -> StartWindow:
+        """When a row of the claim may start: within _START_WINDOW_SECONDS of it."""
+        return StartWindow(self.taken_at, _START_WINDOW_SECONDS)
 
     @property
     def lease_ends(self) -> float:
@@ -222,7 +223,7 @@ class DrainPass:
                         slots.release()
                         break
                     assert claim is not None
-                    if self._too_late(claim):
+                    if claim.window.closed(self.clock):
                         # Every row still waiting is of this claim: all are too late.
                         slots.release()
                         await self._release(claim.token, list(waiting))
@@ -283,9 +284,6 @@ class DrainPass:
         messages = [Message(r["id"], outbox, r["key"], r["payload"], r["attempts"]) for r in result]
         return Claim(token, taken_at, self.policy.lease.total_seconds(), messages)
 
-    def _too_late(self, claim: Claim) -> bool:
-        return self.clock.monotonic() > claim.start_by
-
     async def _begin(self, claim: Claim, message: Message) -> bool:
         """Whether the delivery of ``message`` may begin now; a row past its claim's
         start window is given back, due now. Checked as each delivery begins (a drain's
@@ -293,7 +291,7 @@ class DrainPass:
         delivery begins later than that when the loop is busy or frozen, or the claim's
         answer came late, and a row started past its window could outlive its lease
         beside another drain's claim of it."""
-        if not self._too_late(claim):
+        if not claim.window.closed(self.clock):
             return True
         await self._release(claim.token, [message])
         return False

@@ -130,16 +130,24 @@ a timeout) it runs on. Two things keep the next slot from starting beside it:
   as ``skipped_overlap`` until the thread ends.
 - *In the cluster*: the claim that starts a run also takes the job row's *running
   lease* in the same UPDATE (``running_run_id``, ``running_since``, ``running_until``
-  and the owner's ``running_pid`` / ``running_host``). The owning process renews
-  ``running_until`` every third of ``LEASE_SECONDS`` while the body runs, even after
-  it stopped leading, and clears the lease when the body ends. Any leader's claim
+  and the owner's ``running_pid`` / ``running_host``), and the run's row, inserted
+  with it, carries the lease's end as well. The owning process renews it every third
+  of ``LEASE_SECONDS`` while the body runs, even after it stopped leading, and clears
+  the lease when the body ends. It renews it on the run's row (the job row's copy only
+  while no other transaction holds that row), so a job row held by a foreign
+  transaction keeps no renewal out, and a living body's lease never runs out. Any leader's claim
   that finds an unexpired lease records its slot as ``skipped_overlap``. A lease whose
   owner died (kill -9, a lost host) runs out after ``LEASE_SECONDS`` and the job fires
   again; an owner frozen (SIGSTOP) longer than that may resume a body beside a new
   run, the one overlap the lease cannot prevent. The lease is measured on the
   database server's clock (``clock_timestamp()`` plus ``LEASE_SECONDS``), the one clock
   every process shares, so hosts whose clocks disagree never take a live run for a
-  dead one; a test's FakeClock measures it instead (``clock.lease_clock``). When a
+  dead one; a test's FakeClock measures it instead (``clock.lease_clock``). A claimed
+  body begins only within its *start window* (start_window.py: two thirds of the
+  lease, on the monotonic clock from before the claim); one that could begin only
+  later (its process froze, its clock jumped) never runs, since its lease may already
+  have been reaped and the job started elsewhere: its slot is recorded ``missed``
+  (``job.start_too_late``). When a
   slot is due is read on that clock as well: on the system clock a scheduler runs on a
   ``ServerClock``, the host's clock plus the offset to the server's, measured every
   tick, so a leader whose host clock is off fires no slot early or late.
@@ -159,12 +167,15 @@ renewed by the process's one renewer meanwhile (``batching.LeaseKeeper``; a keep
 thread once the event loop is gone), so no leader starts the same work beside it. The
 scheduler knows a run's threads through the loop's default executor, which it makes an
 ``OwningExecutor`` (threads.py): what a run's task, or a task it started, submits there
-is that run's. Threads started otherwise (``threading.Thread``, an executor of the
-app's own, anyio's worker threads) are not seen and hold nothing.
+is that run's. A task the run started (its loop's task factory sees it) is the run's
+work as well, until it ends, even after the body returned: a task a body leaves
+behind, and the threads it starts later, hold the lease as the body's own would.
+Threads started otherwise (``threading.Thread``, an executor of the app's own, anyio's
+worker threads) are not seen and hold nothing.
 
-- *A job run* holds the job row's lease (above). An async body cancelled, timed out or
-  returned while a thread it started runs is recorded at once (``cancelled``, ...), but
-  its run keeps the lease, and its job stays busy here, until the thread ends
+- *A job run* holds its running lease (above). An async body cancelled, timed out or
+  returned while a thread or a task it started runs is recorded at once (``cancelled``,
+  ...), but its run keeps the lease, and its job stays busy here, until they end
   (``job.outlived_by_threads``).
 - *A service copy* holds a lease on its service's row (``scheduler_services``), which
   the leader takes before it starts the copy, fenced like a claim, and only while no

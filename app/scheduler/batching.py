@@ -17,6 +17,7 @@ import logging
 
 from .clock import Clock
 from .retry import renewal_delay
+from .start_window import StartWindow
 from .store import JobStore
 from .store.leases import HeldLease
 from .store.runs import Outcome
@@ -147,6 +148,14 @@ class LeaseKeeper:
             renewal = asyncio.create_task(self._round([lease], period), name="running-lease")
             self._overdue.add(renewal)
             renewal.add_done_callback(self._overdue.discard)
+
+    def start_window(self, taken_at: float) -> StartWindow:
+        """When a body whose claim took its lease at ``taken_at`` (Clock.monotonic, read
+        before the claim) may still begin: until a renewal period before the lease runs
+        out, so that the renewal hold() then makes at once lands while the lease holds.
+        A body that would begin later never does: its lease may have been reaped and
+        the job started elsewhere."""
+        return StartWindow(taken_at, self.lease_seconds - self.lease_seconds / 3)
 
     def drop(self, run_id: int) -> None:
         """Stop renewing the lease of run ``run_id`` (its body ended)."""

@@ -118,6 +118,9 @@ class Bodies:
         its body or any thread it started (RunThreads) runs."""
         pid, slot = self._pid, claim.slot
         log = job_log(spec.id, pid)
+        if self._past_its_lease(claim):
+            await self._never_started(spec, claim, log)
+            return
         logger.info(
             'Running job "%s" (id=%s, slot=%s, pid=%s)',
             spec.name,
@@ -169,6 +172,43 @@ class Bodies:
                 )
             raise
 
+    def _past_its_lease(self, claim: Claim) -> bool:
+        """True when the claim's running lease may have run out before its body began
+        (LeaseKeeper.start_window): another leader may already run the job."""
+        return (
+            claim.leased
+            and claim.leased_at is not None
+            and self._leases.start_window(claim.leased_at).closed(self._clock)
+        )
+
+    async def _never_started(
+        self, spec: JobSpec, claim: Claim, log: logging.LoggerAdapter[logging.Logger]
+    ) -> None:
+        """Record a claimed slot whose body began too late as 'missed', letting its
+        lease go: the body never runs."""
+        assert claim.leased_at is not None
+        late = self._clock.monotonic() - claim.leased_at
+        error = (
+            f"not run: its body could begin only {late:.1f} s after its claim took its "
+            "running lease (this process or its clock stood still meanwhile), when the "
+            "lease might have run out and another leader started the job"
+        )
+        logger.warning(
+            'Job "%s" not started: its running lease might have run out (id=%s, slot=%s, '
+            "run=%s, pid=%s, %.1f s after its claim)",
+            spec.name,
+            spec.id,
+            claim.slot.isoformat(),
+            claim.run_id,
+            self._pid,
+            late,
+            extra={"action": "job.start_too_late", "job_id": spec.id, "pid": self._pid},
+        )
+        lateness = self._clock.now() - claim.slot - timedelta(seconds=claim.jitter)
+        await self._recorder.finish(
+            Run(spec, claim, log, time.perf_counter(), lateness), "missed", error
+        )
+
     async def _run_async(self, run: Run, ctx: JobContext) -> None:
         spec = run.spec
         alive: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -211,7 +251,8 @@ class Bodies:
     def _outlived_by_threads(
         self, run: Run, threads: RunThreads, status: str, error: str | None
     ) -> bool:
-        """An async body ended (``status``): True when threads it started run on. Its
+        """An async body ended (``status``): True when threads or tasks it started run
+        on (RunThreads). Its
         outcome is then recorded without clearing its lease, and the job stays busy
         here, its lease renewed, until they end (then the lease is released)."""
         threads.close()
@@ -221,8 +262,9 @@ class Bodies:
         watcher = asyncio.ensure_future(self._outlast.outlast(self._job_outliving(run), threads))
         self._alive[run.spec.id] = watcher
         logger.warning(
-            'Job "%s" ended (%s) while threads it started run on; its running lease is '
-            "renewed until they end, and the job's next slots are skipped until then",
+            'Job "%s" ended (%s) while work it started (threads, or tasks it left '
+            "behind) runs on; its running lease is renewed until that ends, and the job's "
+            "next slots are skipped until then",
             run.spec.name,
             status,
             extra={

@@ -15,8 +15,14 @@ start the same work beside them. So each run keeps a ``RunThreads``:
   run's threads. Threads started otherwise (``threading.Thread``, another executor,
   anyio's worker threads, or after the app set a default executor of its own) are not
   seen, and hold nothing.
+- A task started inside that block (``asyncio.create_task`` by the run's task or by a
+  task it started) is the run's work too, counted as one of its threads until it ends:
+  the scheduler also sets the loop's task factory (``owning_executor``, wrapping one the
+  app set). So a task a body leaves behind, and every thread that task starts later,
+  holds the run's lease, though the body returned. Tasks started otherwise (before the
+  run, or from another task's context) are not the run's.
 - ``close()`` says the run's own part (its task) ended; ``ended`` is set once it did
-  and none of its threads runs.
+  and none of its threads (or tasks) runs.
 
 ``asyncio.run`` cancels every task before it waits for the executor's threads, the
 runner's lease renewal and its watch over the threads among them. So when that watch
@@ -77,15 +83,36 @@ class OwningExecutor(ThreadPoolExecutor):
 
 
 def owning_executor(loop: asyncio.AbstractEventLoop) -> OwningExecutor:
-    """``loop``'s OwningExecutor, made its default executor on the first call for it.
-    An executor the loop had is left to finish what it runs (its idle threads exit once
-    it is collected)."""
+    """``loop``'s OwningExecutor, made its default executor on the first call for it,
+    and its task factory made one that counts a task started inside a run's
+    ``owning()`` block as that run's (wrapping the factory the loop had). An executor
+    the loop had is left to finish what it runs (its idle threads exit once it is
+    collected)."""
     executor = _EXECUTORS.get(loop)
     if executor is None:
         executor = OwningExecutor(thread_name_prefix="asyncio")
         loop.set_default_executor(executor)
+        loop.set_task_factory(_owning_task_factory(loop.get_task_factory()))
         _EXECUTORS[loop] = executor
     return executor
+
+
+def _owning_task_factory(previous: Any) -> Any:
+    """A task factory that makes tasks as ``previous`` (or asyncio.Task) does, then
+    adds each one started in a run's owning() context to that run's threads."""
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        if previous is None:
+            task: asyncio.Future[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+        else:
+            task = previous(loop, coro, **kwargs)
+        context = kwargs.get("context")
+        owner = _OWNER.get() if context is None else context.get(_OWNER)
+        if owner is not None:
+            owner.add(task)
+        return task
+
+    return factory
 
 
 class RunThreads:
@@ -94,7 +121,7 @@ class RunThreads:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running: set[Future[Any]] = set()
+        self._running: set[Future[Any] | asyncio.Future[Any]] = set()
         self._closed = False
         self._on_end: Callable[[], None] | None = None
         # (loop, future) of every wait() in progress, resolved when no thread runs.
@@ -119,9 +146,9 @@ class RunThreads:
         with self._lock:
             return bool(self._running)
 
-    def add(self, future: Future[Any]) -> None:
-        """Count ``future``'s thread as one of this run's until it is done. A thread
-        started after the run ended holds nothing: its lease is gone."""
+    def add(self, future: Future[Any] | asyncio.Future[Any]) -> None:
+        """Count ``future``'s thread (or task) as one of this run's until it is done. A
+        thread started after the run ended holds nothing: its lease is gone."""
         with self._lock:
             if self.ended.is_set():
                 return
@@ -155,8 +182,8 @@ class RunThreads:
             self._on_end = on_end
             return True
 
-    def _thread_ended(self, future: Future[Any]) -> None:
-        # In the thread that ran it (or in the loop's, for a future cancelled queued).
+    def _thread_ended(self, future: Future[Any] | asyncio.Future[Any]) -> None:
+        # In the thread that ran it (or in the loop's: a task's, a future cancelled queued).
         with self._lock:
             self._running.discard(future)
         self._settle_if_done()

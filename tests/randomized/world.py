@@ -513,9 +513,12 @@ class World:
         if not renewing:
             return []
         try:
+            # The lease lives on the run row (the job row's copy may lag behind it).
             rows = await self._fetch(
-                "SELECT id, running_run_id, running_until FROM scheduler_jobs"
-                " WHERE running_until IS NOT NULL"
+                "SELECT j.id, j.running_run_id,"
+                " GREATEST(j.running_until, r.running_until) AS running_until"
+                " FROM scheduler_jobs j LEFT JOIN scheduler_runs r ON r.id = j.running_run_id"
+                " WHERE j.running_until IS NOT NULL"
             )
         except Exception:
             return []  # the server is away: nothing renews, nothing reaps

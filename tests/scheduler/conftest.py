@@ -43,6 +43,7 @@ __all__ = [
     "StartScheduler",
     "eventually",
     "holder_count",
+    "lease_ends_at",
     "make_runner",
     "one_host_queued_one",
     "row_held",
@@ -426,6 +427,27 @@ async def lease_elsewhere(engine: AsyncEngine, job_id: str, until: str, *extra: 
     async with engine.begin() as conn:
         await conn.execute(
             text(f"UPDATE scheduler_jobs SET {assignments} WHERE id = :id"), {"id": job_id}
+        )
+
+
+async def lease_ends_at(engine: AsyncEngine, job_id: str, at: str | datetime) -> None:
+    """Move the end of the running lease the job's current run holds to ``at`` (a
+    datetime, or an SQL expression), where the lease lives: the run's own row and the
+    job row's copy; as if its owner had stopped renewing it."""
+    until = ":at" if isinstance(at, datetime) else at
+    params: dict[str, object] = {"id": job_id}
+    if isinstance(at, datetime):
+        params["at"] = at
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                f"UPDATE scheduler_runs SET running_until = {until} WHERE id ="
+                " (SELECT running_run_id FROM scheduler_jobs WHERE id = :id)"
+            ),
+            params,
+        )
+        await conn.execute(
+            text(f"UPDATE scheduler_jobs SET running_until = {until} WHERE id = :id"), params
         )
 
 

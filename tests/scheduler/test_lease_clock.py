@@ -23,7 +23,7 @@ from app.scheduler.store import JobStore
 from app.testing.claims import claim_leader, claim_request
 
 from ..conftest import SkewedClock
-from .conftest import BlockingBodies, runs
+from .conftest import BlockingBodies, lease_ends_at, runs
 
 LEASE_SECONDS = 6
 UTC_ZONE = ZoneInfo("UTC")
@@ -119,11 +119,7 @@ async def test_a_process_never_reaps_the_running_lease_of_a_body_it_runs_itself(
     await bodies.entered()
     # The process froze past the lease, and its leader tick came round before its
     # renewal did: in the database the lease has run out while the body runs here.
-    async with engine.begin() as conn:
-        await conn.execute(
-            text("UPDATE scheduler_jobs SET running_until = :at WHERE id = 'long'"),
-            {"at": clock.now() - timedelta(seconds=1)},
-        )
+    await lease_ends_at(engine, "long", clock.now() - timedelta(seconds=1))
     try:
         assert await owner.store.reap(clock.now(), owner.renewing) == []
         assert [status for status, _ in await runs(engine, "long")] == ["running"]
@@ -152,12 +148,7 @@ async def test_a_reaper_on_a_host_two_minutes_off_reaps_a_run_whose_lease_ran_ou
     claim = await claim_leader(owner, spec, rows["long"].next_run_at, None)
     assert claim is not None and claim.runs
     # Its owner died before starting the body: the lease ran out a moment ago.
-    async with engine.begin() as conn:
-        await conn.execute(
-            text(
-                "UPDATE scheduler_jobs SET running_until = clock_timestamp() - interval '1 second'"
-            )
-        )
+    await lease_ends_at(engine, "long", "clock_timestamp() - interval '1 second'")
     reaper = JobStore(database.engine, pid=2, host="host-2")
     assert await reaper.reap(skewed_clock.now()) == ["long"]
     assert [status for status, _ in await runs(engine, "long")] == ["abandoned"]

@@ -6,11 +6,13 @@ the body runs in a living process (and no other leader starts the job beside it)
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.db import Database
 from app.scheduler import JobContext, Scheduler, SystemClock, every
@@ -20,7 +22,7 @@ from app.scheduler.store import JobStore
 from app.testing.claims import claim_leader
 
 from ..conftest import SkewedClock
-from .conftest import eventually, row_held
+from .conftest import eventually
 
 UTC_ZONE = ZoneInfo("UTC")
 LEASE_SECONDS = 3.0
@@ -38,17 +40,33 @@ async def _renewal_waits_on_the_row(engine: AsyncEngine) -> bool:
 
 
 async def _lease_left(engine: AsyncEngine, job_id: str) -> float | None:
-    """Seconds left on the job's running lease, on the database's clock."""
+    """Seconds left on the running lease of the job's run (held on its run row), on the
+    database's clock."""
     async with engine.connect() as conn:
         left = await conn.execute(
             text(
-                "SELECT extract(epoch FROM running_until - clock_timestamp())::float"
-                " FROM scheduler_jobs WHERE id = :id"
+                "SELECT extract(epoch FROM r.running_until - clock_timestamp())::float"
+                " FROM scheduler_jobs j JOIN scheduler_runs r ON r.id = j.running_run_id"
+                " WHERE j.id = :id"
             ),
             {"id": job_id},
         )
-        value = left.scalar_one()
+        value = left.scalar_one_or_none()
         return None if value is None else float(value)
+
+
+@asynccontextmanager
+async def _run_row_held(engine: AsyncEngine, run_id: int) -> AsyncIterator[AsyncConnection]:
+    """Another transaction holds the run's row (where its lease is renewed) until it
+    rolls back."""
+    async with engine.connect() as conn:
+        await conn.execute(
+            text("SELECT 1 FROM scheduler_runs WHERE id = :id FOR UPDATE"), {"id": run_id}
+        )
+        try:
+            yield conn
+        finally:
+            await conn.rollback()
 
 
 async def test_a_clock_stepped_back_during_a_renewal_lets_no_running_lease_run_out(
@@ -78,9 +96,9 @@ async def test_a_clock_stepped_back_during_a_renewal_lets_no_running_lease_run_o
     body = runner.start(spec, claim)
     try:
         await asyncio.wait_for(entered.wait(), 10)
-        # A renewal takes a moment (here: the row is busy for it, under its second of
-        # patience), and NTP steps the host's clock back two minutes meanwhile.
-        async with row_held(engine, "long") as holder:
+        # A renewal takes a moment (here: the run row is busy for it, under its second
+        # of patience), and NTP steps the host's clock back two minutes meanwhile.
+        async with _run_row_held(engine, claim.run_id) as holder:
             await eventually(lambda: _renewal_waits_on_the_row(engine), what="a renewal under way")
             host_clock.skew = timedelta(minutes=-2)
             await holder.rollback()

@@ -117,7 +117,7 @@ def outcome_and_renewal_statements(engine: AsyncEngine) -> Iterator[collections.
         words = " ".join(statement.split())
         if words.startswith("UPDATE scheduler_runs") and "SET finished_at" in words:
             sent["outcome"] += 1
-        elif words.startswith("UPDATE scheduler_jobs") and "SET running_until =" in words:
+        elif words.startswith("WITH runs AS ( UPDATE scheduler_runs r SET running_until ="):
             sent["renewal"] += 1
 
     event.listen(engine.sync_engine, "before_cursor_execute", record)

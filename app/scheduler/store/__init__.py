@@ -26,11 +26,17 @@ fence matches nothing.
 
 The same UPDATE takes the job's *running lease* when it starts a run: it allocates the
 run's id (``running_run_id``, the lease's token) and sets ``running_since``,
-``running_until`` and the owner (``running_pid``, ``running_host``). While a lease is
-unexpired, a claim that would start a run records its slot as ``skipped_overlap``
-instead, whichever process holds the lease. The owner renews ``running_until`` while
-its body runs and clears the lease with the run's outcome; renewing and clearing match
-on the run id, so a lease that ran out and was taken by a newer run is left alone.
+``running_until`` and the owner (``running_pid``, ``running_host``); the run's row,
+inserted in the same commit, carries the lease's end too (``scheduler_runs.
+running_until``), and that is where the lease lives: the owner renews it there, and
+copies it to the job row only where no other transaction holds that row, so a job row
+held elsewhere (an operator's ``SELECT ... FOR UPDATE``) keeps no renewal out. While
+the job row names a run, a claim that would start one records its slot as
+``skipped_overlap`` instead, whichever process holds the lease; the claim's reap, in
+the same transaction, first clears a lease that ran out on both rows (with the run row
+locked, so a renewal under way keeps it). The owner clears the lease with the run's
+outcome; renewing and clearing match on the run id, and a reap clears the run row's
+end, so a lease that ran out and was taken by a newer run is left alone.
 
 Leases are given as lengths and measured on the *lease clock*: the database server's
 (``clock_timestamp()``), the one clock every process shares, or a test's FakeClock

@@ -21,8 +21,11 @@ from .reap import reap_jobs
 
 __all__ = ["ClaimStore", "ClaimedSlot", "SlotClaim"]
 
-# A run starts only when no other body holds an unexpired running lease on the job.
-_STARTS = f"""(c.runs AND (j.running_until IS NULL OR j.running_until <= {LEASE_NOW_SQL}))"""
+# A run starts only when no other run holds the job: the claim's reap (same transaction,
+# run rows locked) has already cleared every lease that ran out, so a run still named
+# holds a live one, or one its own process renews. Time is judged there alone, on the
+# run row that holds the lease (see reap.py), never here.
+_STARTS = "(c.runs AND j.running_run_id IS NULL)"
 # Every slot and run-now request a wake claims, in ONE conditional UPDATE: each given
 # row (c) matches its job only while the job is unpaused, its slot (next_run_at) or
 # request (run_requested_at, ``manual``) is still the one given, and (fenced) this
@@ -38,7 +41,7 @@ _CLAIM = """
         last_started_at = CASE WHEN {starts}
             THEN CAST(:now AS timestamptz) ELSE j.last_started_at END,
         last_status = CASE WHEN {starts} THEN 'running'
-            WHEN j.running_until > {lease_now} THEN j.last_status
+            WHEN j.running_run_id IS NOT NULL THEN j.last_status
             WHEN c.runs THEN 'skipped_overlap' ELSE c.status END,
         last_error = CASE WHEN {starts} THEN NULL ELSE j.last_error END,
         running_run_id = CASE WHEN {starts} THEN c.run_id ELSE j.running_run_id END,
@@ -81,22 +84,26 @@ _NEXT_RUN_IDS = text(
     " generate_series(1, CAST(:count AS integer))"
 )
 # The leader run rows of a claim, in one statement; a slot that already has its run
-# keeps it (the row given is left out of RETURNING).
+# keeps it (the row given is left out of RETURNING). A started run's row holds its
+# running lease (``running_until``, as the claim took it on the job row): renewed there,
+# where no lock on the job row can keep a renewal out.
 _INSERT_LEADER_RUNS = text(
     """
     INSERT INTO scheduler_runs
         (id, schedule, job_id, scope, slot, manual, started_at, finished_at, status,
-         lateness_ms, jitter_ms, pid, host, error)
+         lateness_ms, jitter_ms, pid, host, error, running_until)
     SELECT COALESCE(r.id, nextval(pg_get_serial_sequence('scheduler_runs', 'id'))),
         :schedule, r.job_id, 'leader', r.slot, r.manual, CAST(:now AS timestamptz),
         CASE WHEN r.status = 'running' THEN NULL ELSE CAST(:now AS timestamptz) END,
-        r.status, r.lateness_ms, r.jitter_ms, :pid, :host, r.error
+        r.status, r.lateness_ms, r.jitter_ms, :pid, :host, r.error, r.running_until
     FROM unnest(CAST(CAST(:ids AS text[]) AS bigint[]), CAST(:job_ids AS text[]),
             CAST(CAST(:slots AS text[]) AS timestamptz[]),
             CAST(CAST(:manuals AS text[]) AS boolean[]), CAST(:statuses AS text[]),
             CAST(CAST(:lateness_ms AS text[]) AS bigint[]),
-            CAST(CAST(:jitter_ms AS text[]) AS bigint[]), CAST(:errors AS text[]))
-        WITH ORDINALITY AS r(id, job_id, slot, manual, status, lateness_ms, jitter_ms, error, n)
+            CAST(CAST(:jitter_ms AS text[]) AS bigint[]), CAST(:errors AS text[]),
+            CAST(CAST(:running_untils AS text[]) AS timestamptz[]))
+        WITH ORDINALITY AS r(id, job_id, slot, manual, status, lateness_ms, jitter_ms, error,
+            running_until, n)
     ORDER BY r.n
     ON CONFLICT (schedule, job_id, slot, manual) WHERE scope = 'leader' DO NOTHING
     RETURNING id, job_id, slot, manual
@@ -193,6 +200,7 @@ class _Recording:
     run_id: int | None
     term: int
     next_slot: datetime
+    running_until: datetime | None
 
 
 class ClaimStore(StoreBase):
@@ -292,7 +300,9 @@ class ClaimStore(StoreBase):
             if prepared is not None:
                 now = prepared.start()
             recorded: dict[str, _Recording] = {}
-            rows: list[tuple[int | None, str, datetime, bool, str, int, int, str | None]] = []
+            rows: list[
+                tuple[int | None, str, datetime, bool, str, int, int, str | None, datetime | None]
+            ] = []
             for item in ordered:
                 row = claimed.get(item.job_id)
                 if row is None:
@@ -306,12 +316,21 @@ class ClaimStore(StoreBase):
                         f"lasts until {row.running_until.isoformat()}"
                     )
                 run_id = run_ids.get(item.job_id) if status == "running" else None
-                recorded[item.job_id] = _Recording(status, error, run_id, row.term, row.next_run_at)
+                recorded[item.job_id] = _Recording(
+                    status,
+                    error,
+                    run_id,
+                    row.term,
+                    row.next_run_at,
+                    row.running_until if run_id is not None else None,
+                )
                 if item.missed_before is not None:
                     # A passed-over slot that is already in the history stays as recorded.
                     missed_slot, note = item.missed_before
                     missed = (missed_ids[item.job_id], item.job_id, missed_slot, False)
-                    rows.append((*missed, "missed", lateness_ms(now, missed_slot, 0.0), 0, note))
+                    rows.append(
+                        (*missed, "missed", lateness_ms(now, missed_slot, 0.0), 0, note, None)
+                    )
                 fire = lateness_ms(now, item.run_slot, item.jitter)
                 jitter_ms = int(item.jitter * 1000)
                 rows.append(
@@ -324,6 +343,7 @@ class ClaimStore(StoreBase):
                         fire,
                         jitter_ms,
                         error,
+                        recorded[item.job_id].running_until,
                     )
                 )
             inserted = {
@@ -339,6 +359,7 @@ class ClaimStore(StoreBase):
                         "lateness_ms": [str(row[5]) for row in rows],
                         "jitter_ms": [str(row[6]) for row in rows],
                         "errors": [row[7] for row in rows],
+                        "running_untils": [iso(row[8]) for row in rows],
                         "now": now,
                         "pid": self.pid,
                         "host": self.host,

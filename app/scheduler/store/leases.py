@@ -16,19 +16,42 @@ from ..keys import LEADER_KEY_LOCKS_BOUND, WAKE_CHANNEL
 from ..rowlocks import ROW_LOCK_PATIENCE
 from .base import Statement, Steps, StoreBase, lease_reading, run_steps
 
-__all__ = ["HeldLease", "LeaseKind", "LeaseStore", "ServiceTake", "renew_steps", "service_release"]
+__all__ = [
+    "HeldLease",
+    "LeaseKind",
+    "LeaseStore",
+    "ServiceTake",
+    "leader_run_leased_sql",
+    "renew_steps",
+    "service_release",
+]
 
-# Where a running lease is held: on a job's row (a leader run), on a run's own row (a
-# per-worker run), on a service's row (a service copy).
+
+def leader_run_leased_sql(job: str) -> str:
+    """SQL that is true while the job row aliased ``job`` names a leader run whose
+    running lease holds, on the lease clock (``:lease_now``): the one "is a leader run
+    of this job running" predicate. The lease lives on the run's row; the job row's copy
+    of its end may lag behind it (renewed only while that row is free), and a run of a
+    release before run-row leases has only the copy."""
+    return (
+        f"(coalesce({job}.running_until > {LEASE_NOW_SQL}, false) OR EXISTS ("
+        f"SELECT 1 FROM scheduler_runs leased WHERE leased.id = {job}.running_run_id"
+        f" AND leased.running_until > {LEASE_NOW_SQL}))"
+    )
+
+
+# Where a running lease is held: on a run's own row, named by its job's row (a leader
+# run, which holds the job), on a run's own row alone (a per-worker run), on a
+# service's row (a service copy).
 LeaseKind = Literal["job", "run", "service"]
 
 
 @dataclass(frozen=True)
 class HeldLease:
     """A running lease a run of this process holds, by its token ``run_id`` (a run id),
-    on the row ``kind`` names: ``job_id``'s row for a leader run (``job``), the run's
-    own row for a per-worker run (``run``), the row of the service ``job_id`` for a
-    service copy (``service``)."""
+    on the row ``kind`` names: the run's own row, named by ``job_id``'s row, for a
+    leader run (``job``), the run's own row for a per-worker run (``run``), the row of
+    the service ``job_id`` for a service copy (``service``)."""
 
     job_id: str
     run_id: int
@@ -48,16 +71,33 @@ class ServiceTake:
     left: float = 0.0
 
 
-# The leases of a batch of runs (l): a leader run's is on its job row, a per-worker
-# run's on its own run row (a reaped run no longer holds one).
+# The leases of a batch of runs (l): a job run's (a leader run's and a per-worker
+# run's) is held on its own run row; a reaped run no longer holds one.
 _LEASES = """unnest(CAST(:job_ids AS text[]), CAST(CAST(:run_ids AS text[]) AS bigint[]))
         AS l(job_id, run_id)"""
+# A leader run's lease: renewed on its run row, which no one but the reaper (which
+# clears it) and its own outcome lock, so another transaction holding the job row
+# (an operator's SELECT ... FOR UPDATE) cannot keep the renewal out while the lease
+# runs out. The job row's copy (what a leader's rows and operators read) follows where
+# no other transaction holds that row (SKIP LOCKED: never waited on).
 _RENEW_LEASES = text(
     f"""
-    UPDATE scheduler_jobs j SET running_until = {_LEASE_END}
-    FROM {_LEASES}
-    WHERE j.schedule = :schedule AND j.id = l.job_id AND j.running_run_id = l.run_id
-    RETURNING l.run_id
+    WITH runs AS (
+        UPDATE scheduler_runs r SET running_until = {_LEASE_END}
+        FROM {_LEASES}
+        WHERE r.id = l.run_id AND r.running_until IS NOT NULL
+        RETURNING l.job_id, l.run_id, r.running_until
+    ), free_jobs AS (
+        SELECT j.id, runs.running_until FROM scheduler_jobs j
+        JOIN runs ON j.id = runs.job_id AND j.running_run_id = runs.run_id
+        WHERE j.schedule = :schedule
+        FOR NO KEY UPDATE OF j SKIP LOCKED
+    ), copied AS (
+        UPDATE scheduler_jobs j SET running_until = f.running_until
+        FROM free_jobs f
+        WHERE j.schedule = :schedule AND j.id = f.id
+    )
+    SELECT run_id FROM runs
     """
 )
 _RENEW_REPLICA_LEASES = text(

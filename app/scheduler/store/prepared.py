@@ -31,23 +31,26 @@ _STILL_FENCED = text(
 )
 
 # The runs of a prepared claim that committed late start when it commits, and their
-# running leases run from then (on the lease clock; :leased_at is the moment the claim
-# took them as of): the body's first renewal is due a third of a lease after it starts.
+# running leases (on their run rows, copied to their job rows) run from then (on the
+# lease clock; :leased_at is the moment the claim took them as of): the body's first
+# renewal is due a third of a lease after it starts.
 _RESTAMP_START = text(
     f"""
     WITH runs AS (
         UPDATE scheduler_runs
         SET started_at = CAST(:started AS timestamptz),
-            lateness_ms = lateness_ms + CAST(:late_ms AS bigint)
+            lateness_ms = lateness_ms + CAST(:late_ms AS bigint),
+            running_until = GREATEST(running_until,
+                {LEASE_NOW_SQL} + (running_until - CAST(:leased_at AS timestamptz)))
         WHERE id = ANY(CAST(CAST(:run_ids AS text[]) AS bigint[]))
-        RETURNING id
+        RETURNING id, running_until
     )
-    UPDATE scheduler_jobs
+    UPDATE scheduler_jobs j
     SET last_started_at = CAST(:started AS timestamptz),
         running_since = CAST(:started AS timestamptz),
-        running_until = GREATEST(running_until,
-            {LEASE_NOW_SQL} + (running_until - CAST(:leased_at AS timestamptz)))
-    WHERE running_run_id IN (SELECT id FROM runs)
+        running_until = runs.running_until
+    FROM runs
+    WHERE j.running_run_id = runs.id
     """
 )
 

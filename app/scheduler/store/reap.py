@@ -22,39 +22,55 @@ __all__ = ["JobsReaped", "ReapStore", "ReapedRun", "reap_jobs", "reap_replica_ru
 # only says the process froze past it, and its renewal is on its way.
 _RENEWING = "CAST(CAST(:renewing AS text[]) AS bigint[])"
 
-# A lease that ran out: its owner died (or froze past it). Its run, if still recorded
-# as running, and the job's running status become 'abandoned'; the lease is cleared.
-# Never a lease the reaping process renews itself. A row held elsewhere, the job's or
-# its run's (an operator's open transaction), is skipped, never waited on (the busy-row
-# rule of busy.lock_free_rows): the reap runs inside the claim and the tick, and a wait
-# there would hold up every job. A job whose run row is held keeps its lease until a
-# later reap; it is returned ``held`` so that a claim leaves it out as busy, rather than
-# start a run over a history row that still reads 'running'.
+# A lease that ran out: its owner died (or froze past it). A leader run's lease is
+# held on its run row (``scheduler_runs.running_until``, renewed there) and named on
+# its job row (``running_run_id``; the job row's ``running_until`` is a copy, renewed
+# only while no other transaction holds that row, so never later than the run row's):
+# it ran out when both say so (a run row without one is a run of a release before
+# run-row leases). Its run, if still recorded as running, and the job's running status
+# become 'abandoned'; both leases are cleared, so the owner's next renewal finds it
+# lost. Never a lease the reaping process renews itself. A row held elsewhere, the
+# job's or its run's (an operator's open transaction, or the owner's renewal under
+# way), is skipped, never waited on (the busy-row rule of busy.lock_free_rows): the
+# reap runs inside the claim and the tick, and a wait there would hold up every job.
+# The run row's lease is read again as it is locked (a renewal may have committed since
+# the statement began). A job whose run row is held or renewed meanwhile keeps its
+# lease; it is returned ``held`` so that a claim leaves it out as busy, rather than
+# start a run beside a body that may still renew.
 _REAP = text(
     f"""
     WITH lapsed AS (
-        SELECT id, running_run_id,
+        SELECT j.id, j.running_run_id,
             format('abandoned: the process that ran it (pid %s on %s) stopped renewing its '
-                   'running lease, which ran out at %s', running_pid, running_host,
-                   running_until) AS note
-        FROM scheduler_jobs
-        WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL}
-            AND (CAST(:job_ids AS text[]) IS NULL OR id = ANY(CAST(:job_ids AS text[])))
-            AND running_run_id <> ALL({_RENEWING})
-        FOR UPDATE SKIP LOCKED
+                   'running lease, which ran out at %s', j.running_pid, j.running_host,
+                   GREATEST(j.running_until, r.running_until)) AS note
+        FROM scheduler_jobs j
+        LEFT JOIN scheduler_runs r ON r.id = j.running_run_id
+        WHERE j.schedule = :schedule AND j.running_until <= {LEASE_NOW_SQL}
+            AND (r.running_until IS NULL OR r.running_until <= {LEASE_NOW_SQL})
+            AND (CAST(:job_ids AS text[]) IS NULL OR j.id = ANY(CAST(:job_ids AS text[])))
+            AND j.running_run_id <> ALL({_RENEWING})
+        FOR UPDATE OF j SKIP LOCKED
     ), free_runs AS (
         SELECT id FROM scheduler_runs
-        WHERE id IN (SELECT running_run_id FROM lapsed) AND status = 'running'
+        WHERE id IN (SELECT running_run_id FROM lapsed)
+            AND (status = 'running' OR running_until IS NOT NULL)
+            AND (running_until IS NULL OR running_until <= {LEASE_NOW_SQL})
         FOR NO KEY UPDATE SKIP LOCKED
     ), expired AS (
         SELECT * FROM lapsed l
         WHERE l.running_run_id IN (SELECT id FROM free_runs) OR NOT EXISTS (
-            SELECT 1 FROM scheduler_runs r WHERE r.id = l.running_run_id AND r.status = 'running')
+            SELECT 1 FROM scheduler_runs r WHERE r.id = l.running_run_id
+                AND (r.status = 'running' OR r.running_until IS NOT NULL))
     ), abandoned_runs AS (
         UPDATE scheduler_runs r
-        SET status = 'abandoned', finished_at = CAST(:now AS timestamptz), error = e.note
+        SET status = CASE WHEN r.status = 'running' THEN 'abandoned' ELSE r.status END,
+            finished_at = CASE WHEN r.status = 'running'
+                THEN CAST(:now AS timestamptz) ELSE r.finished_at END,
+            error = CASE WHEN r.status = 'running' THEN e.note ELSE r.error END,
+            running_until = NULL
         FROM expired e
-        WHERE r.id = e.running_run_id AND r.status = 'running'
+        WHERE r.id = e.running_run_id AND r.id IN (SELECT id FROM free_runs)
     ), reaped AS (
         UPDATE scheduler_jobs j
         SET last_status = CASE WHEN j.last_status = 'running'

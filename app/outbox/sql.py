@@ -21,6 +21,7 @@ __all__ = [
     "LOCK_ROWS",
     "MARK_DELIVERED",
     "MARK_FAILED",
+    "NEXT_DUE",
     "NOTIFY",
     "NOTIFY_CHANNEL",
     "RECORD_DRAIN",
@@ -84,18 +85,35 @@ CLAIM_ONE = text(
 )
 
 # The insert and the wake-up in one round trip: pg_notify runs once per row inserted,
-# so a key the outbox already has (nothing inserted) wakes nobody.
+# so a key the outbox already has (nothing inserted) wakes nobody. A delayed row is
+# due at ``:deliver_at`` (an absolute moment) or ``:delay`` after now on the lease
+# clock, never the host's; a row due at once has a delay of zero.
 INSERT = text(
     f"""
     WITH inserted AS (
         INSERT INTO outbox_messages
             (outbox, key, payload, status, attempts, next_attempt_at, created_at, updated_at)
-        VALUES (:outbox, :key, CAST(:payload AS jsonb), 'pending', 0, {LEASE_NOW_SQL},
+        VALUES (:outbox, :key, CAST(:payload AS jsonb), 'pending', 0,
+            COALESCE(CAST(:deliver_at AS timestamptz),
+                {LEASE_NOW_SQL} + CAST(:delay AS interval)),
             {LEASE_NOW_SQL}, {LEASE_NOW_SQL})
         ON CONFLICT (outbox, key) DO NOTHING
         RETURNING id
     )
     SELECT id, pg_notify('{NOTIFY_CHANNEL}', :outbox) FROM inserted
+    """
+)
+
+# Seconds until the outbox's next pending row falls due (a delayed row, a retry, a
+# claim's lease running out), or NULL: what the wake-up sleeps for. One probe of the
+# due index (outbox, next_attempt_at), whatever the number of rows; a row already due
+# is not counted, since the drain that just ran left it (another transaction holds
+# it) and a wake-up for it would spin: the drain job takes it.
+NEXT_DUE = text(
+    f"""
+    SELECT extract(epoch FROM min(next_attempt_at) - (SELECT {LEASE_NOW_SQL}))::float
+    FROM outbox_messages
+    WHERE outbox = :outbox AND status = 'pending' AND next_attempt_at > (SELECT {LEASE_NOW_SQL})
     """
 )
 

@@ -116,7 +116,12 @@ async def _page(
             engine, lease_now_of(request), schedule=schedule_name(request)
         ),
         "outboxes": await queries.outbox_summary(engine, lease_now_of(request)),
-        "pending": await queries.outbox_messages(engine, status="pending", limit=_PENDING_SHOWN),
+        "pending": await queries.outbox_messages(
+            engine, status="pending", limit=_PENDING_SHOWN, lease_now=lease_now_of(request)
+        ),
+        "scheduled": await queries.outbox_messages(
+            engine, status="scheduled", limit=_PENDING_SHOWN, lease_now=lease_now_of(request)
+        ),
         "pending_shown": _PENDING_SHOWN,
         "stuck": await queries.stuck_messages(engine),
     }

@@ -279,6 +279,7 @@ from .errors import (
     LeadershipLostError,
     ScheduleNameCollisionError,
     SchedulerError,
+    TriggerArgumentError,
 )
 from .events import RunFinished
 from .keys import InvalidScheduleNameError
@@ -305,6 +306,7 @@ __all__ = [
     "ServiceContext",
     "SystemClock",
     "Trigger",
+    "TriggerArgumentError",
     "UnsafeLockConnectionError",
     "cron",
     "every",

@@ -4,10 +4,9 @@ transaction, no RecursionError, no AttributeError at registration."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
-
-import secrets
 
 import pytest
 from sqlalchemy import text
@@ -110,9 +109,12 @@ async def test_a_key_and_payload_at_their_limits_are_stored(
 
 
 async def test_sync_enqueue_refuses_as_enqueue_does(database: Database, outbox: Outbox) -> None:
-    with database.sync_sessions() as session, session.begin():
-        with pytest.raises(OutboxArgumentError, match="NUL"):
-            outbox.enqueue_sync(session, {}, key="a\x00b")
+    with (
+        database.sync_sessions() as session,
+        session.begin(),
+        pytest.raises(OutboxArgumentError, match="NUL"),
+    ):
+        outbox.enqueue_sync(session, {}, key="a\x00b")
     assert await _rows(database) == 0
 
 
@@ -139,7 +141,7 @@ _BAD_OUTBOXES: dict[str, tuple[dict[str, Any], str]] = {
     ("call", "argument"), list(_BAD_OUTBOXES.values()), ids=list(_BAD_OUTBOXES)
 )
 def test_outbox_refuses_an_argument_it_cannot_use(call: dict[str, Any], argument: str) -> None:
-    arguments = {"name": "never_built", "deliver": _deliver} | call
+    arguments: dict[str, Any] = {"name": "never_built", "deliver": _deliver} | call
     name, deliver = arguments.pop("name"), arguments.pop("deliver")
     with pytest.raises(OutboxArgumentError) as refused:
         Outbox(name, deliver, **arguments)

@@ -30,8 +30,6 @@ from app.scheduler.clock import lease_now
 from app.scheduler.rowlocks import RowHeldError, patient_write, row_holder
 
 from . import sql
-from .backoff import DEFAULT_BACKOFF
-from .drain import DrainPass, DrainPolicy
 from .arguments import (
     check_count,
     check_deliver,
@@ -41,6 +39,8 @@ from .arguments import (
     check_table,
     deliver_when,
 )
+from .backoff import DEFAULT_BACKOFF
+from .drain import DrainPass, DrainPolicy
 from .errors import (
     MessageBusyError,
     MessageDeliveredError,
@@ -76,6 +76,12 @@ class Outbox:
     with (UndeliverableKeyError): that row could never be delivered.
     Pass ``scheduler=`` (or call ``register``) to put its drain job, every minute by
     default, and its NOTIFY wake-up service on that scheduler.
+
+    Raises OutboxArgumentError, naming the argument and its limit, for a name that is
+    not 1 to MAX_NAME_LENGTH ASCII letters, digits and underscores, a ``deliver`` that is
+    not callable, counts that are not ints from 1, seconds that are not finite numbers
+    of at most ten years (``delivery_timeout`` above zero), an empty ``backoff``, or a
+    ``drain_every`` that is not a trigger.
     """
 
     def __init__(
@@ -286,9 +292,7 @@ class Outbox:
         see reset_message for what is refused."""
         await reset_message(self.engine, self.name, message_id, lease_now(self.clock))
 
-    def _insert_params(
-        self, payload: Any, key: str, at: object, delay: object
-    ) -> dict[str, Any]:
+    def _insert_params(self, payload: Any, key: str, at: object, delay: object) -> dict[str, Any]:
         check_key(self.name, key)
         deliver_at, after = deliver_when(self.name, at, delay, self.clock)
         key_problem = getattr(self.deliver, "key_problem", None)

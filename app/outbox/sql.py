@@ -121,8 +121,7 @@ NEXT_DUE = text(
 )
 
 SCHEDULED = (
-    "(status = 'pending' AND deliver_at IS NOT NULL"
-    f" AND deliver_at > (SELECT {LEASE_NOW_SQL}))"
+    f"(status = 'pending' AND deliver_at IS NOT NULL AND deliver_at > (SELECT {LEASE_NOW_SQL}))"
 )
 """The condition (SQL, on ``:lease_now``; never NULL) of a scheduled row: a delayed
 message whose moment is still ahead. Operators' counts and lists show it apart from

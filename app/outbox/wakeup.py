@@ -32,7 +32,9 @@ from .sql import NEXT_DUE, NOTIFY_CHANNEL
 __all__ = ["listen_and_drain", "seconds_until_due"]
 
 
-async def seconds_until_due(connection: asyncpg.Connection, outbox: str, clock: Clock) -> float | None:
+async def seconds_until_due(
+    connection: asyncpg.Connection, outbox: str, clock: Clock
+) -> float | None:
     """Seconds until ``outbox``'s earliest pending row not yet due falls due, on the
     lease clock of ``clock``; None when there is none."""
     [row] = await fetch(connection, NEXT_DUE, {"outbox": outbox, "lease_now": lease_now(clock)})
@@ -69,7 +71,10 @@ async def listen_and_drain(
         await drain(connection)
         while True:
             due_in = await seconds_until_due(connection, outbox, clock)
-            waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(lost.wait())]
+            waiters: list[asyncio.Future[object]] = [
+                asyncio.ensure_future(wake.wait()),
+                asyncio.ensure_future(lost.wait()),
+            ]
             if due_in is not None:
                 waiters.append(asyncio.ensure_future(clock.sleep(due_in)))
             try:

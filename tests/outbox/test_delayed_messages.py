@@ -139,9 +139,8 @@ async def test_a_scheduled_message_is_delivered_by_the_wakeup_soon_after_its_mom
     at = await _database_now(database) + timedelta(seconds=2)
     await _enqueue(database, outbox, "k", at=at)
 
-
     async def delivered() -> bool:
-        return (await _row(database, "reminders", "k")).status == "delivered"
+        return bool((await _row(database, "reminders", "k")).status == "delivered")
 
     await eventually(delivered, timeout=12, what="the wake-up's delivery")
     row = await _row(database, "reminders", "k")

@@ -3,8 +3,9 @@ names the field which cannot be, and why.
 
 The common case costs one ``json.dumps`` and a few scans of its text in C. Only when
 that fails, or the text may hold something jsonb refuses (a NUL, a lone surrogate) or
-may nest too deep, is the payload walked, iteratively (a walk cannot overflow the
-stack), to name the first bad field.
+may nest too deep (more brackets than MAX_PAYLOAD_DEPTH: a payload of over 500 lists
+and objects is walked on every enqueue), is the payload walked, iteratively (a walk
+cannot overflow the stack), to check it and name the first bad field.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from .errors import PayloadError
 __all__ = ["MAX_PAYLOAD_DEPTH", "dump_payload"]
 
 MAX_PAYLOAD_DEPTH = 500
-"""The deepest nesting of lists and objects a payload may have: well within what
-json.dumps (Python's recursion limit) and PostgreSQL's jsonb parser (its stack depth)
-take, and far past any message's."""
+"""The deepest nesting of lists and objects a payload may have. The drain decodes each
+claimed payload with json.loads, which stops at Python's recursion limit (1000 frames,
+less the drain's own): a payload nested some 990 deep would be stored and then fail
+every claim of its outbox. 500 leaves the drain room, and is far past any message's
+(PostgreSQL's jsonb itself takes some thousands)."""
 
 _OPENERS = ("[", "{")
 

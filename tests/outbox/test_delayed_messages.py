@@ -179,3 +179,14 @@ async def test_a_scheduled_message_due_at_once_when_its_moment_has_passed(
     outbox = make_outbox("reminders")
     await _enqueue(database, outbox, "k", at=T0.astimezone(UTC) - timedelta(days=1))
     assert (await testing.drain(outbox)).delivered == 1
+
+
+async def test_a_reset_makes_a_scheduled_message_due_now(
+    database: Database, clock: FakeClock, make_outbox: MakeOutbox, receiver: FakeReceiver
+) -> None:
+    outbox = make_outbox("reminders")
+    async with database.sessions() as session, session.begin():
+        row = await outbox.enqueue(session, {}, key="k", delay=timedelta(days=1))
+    await outbox.reset(row.id)
+    assert (await testing.drain(outbox)).delivered == 1
+    assert (await _row(database, "reminders", "k")).status == "delivered"

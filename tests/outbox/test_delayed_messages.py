@@ -190,3 +190,14 @@ async def test_a_reset_makes_a_scheduled_message_due_now(
     await outbox.reset(row.id)
     assert (await testing.drain(outbox)).delivered == 1
     assert (await _row(database, "reminders", "k")).status == "delivered"
+
+
+async def test_a_sync_enqueue_delays_as_enqueue_does(
+    database: Database, clock: FakeClock, make_outbox: MakeOutbox
+) -> None:
+    outbox = make_outbox("reminders")
+    with database.sync_sessions() as session, session.begin():
+        outbox.enqueue_sync(session, {}, key="k", delay=timedelta(minutes=5))
+    assert (await testing.drain(outbox)).delivered == 0
+    clock.advance(timedelta(minutes=5))
+    assert (await testing.drain(outbox)).delivered == 1

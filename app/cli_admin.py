@@ -146,16 +146,20 @@ def add_commands(commands: Any) -> None:
     history.add_argument("--full", action="store_true", help="print each error whole")
     _add_json(history, inner=True)
     outbox = commands.add_parser(
-        "outbox", help="outboxes and their rows: list, pending, stuck, reset"
+        "outbox", help="outboxes and their rows: list, pending, scheduled, stuck, reset"
     )
     _add_json(outbox, inner=False)
     outbox_commands = outbox.add_subparsers(dest="outbox_command", metavar=OUTBOX_COMMANDS)
     listing = outbox_commands.add_parser("list", help="each outbox with its counts per status")
     pending = outbox_commands.add_parser("pending", help="list pending rows and their last error")
     pending.add_argument("name", nargs="?")
+    scheduled = outbox_commands.add_parser(
+        "scheduled", help="list delayed rows not yet due, soonest first"
+    )
+    scheduled.add_argument("name", nargs="?")
     stuck = outbox_commands.add_parser("stuck", help="list stuck rows")
     stuck.add_argument("name", nargs="?")
-    for reader in (listing, pending, stuck):
+    for reader in (listing, pending, scheduled, stuck):
         _add_json(reader, inner=True)
     reset = outbox_commands.add_parser("reset", help="make a stuck row pending and due now")
     reset.add_argument("name")
@@ -166,7 +170,7 @@ def add_commands(commands: Any) -> None:
     _add_schedule_options(leader, inner=False)
 
 
-OUTBOX_COMMANDS = "{list,pending,stuck,reset}"
+OUTBOX_COMMANDS = "{list,pending,scheduled,stuck,reset}"
 
 
 class UsageError(Exception):
@@ -363,14 +367,26 @@ async def _outbox(
             }
             for entry in summary
         ]
-        columns = ["outbox", "pending", "delivered", "stuck", "oldest_pending_s", "last_drain_at"]
+        columns = [
+            "outbox",
+            "pending",
+            "scheduled",
+            "delivered",
+            "stuck",
+            "oldest_pending_s",
+            "last_drain_at",
+        ]
         return _table(rows, columns)
     status = args.outbox_command
-    rows = await queries.outbox_messages(engine, args.name, status=status)
+    rows = await queries.outbox_messages(
+        engine, args.name, status=status, lease_now=lease_now(clock)
+    )
     if args.json:
         return _json(rows)
     if not rows:
         return f"no {status} rows"
+    if status == "scheduled":
+        return _table(rows, ["id", "outbox", "key", "deliver_at", "created_at"])
     when = "next_attempt_at" if status == "pending" else "updated_at"
     return _table(rows, ["id", "outbox", "key", "attempts", when, "last_error"])
 
@@ -420,7 +436,7 @@ async def run_command(
     if args.command == "outbox" and args.outbox_command is None:
         raise UsageError(
             f"`python -m app outbox` needs a sub-command, one of {OUTBOX_COMMANDS}: list "
-            "(counts per status), pending [NAME], stuck [NAME], reset NAME ID"
+            "(counts per status), pending [NAME], scheduled [NAME], stuck [NAME], reset NAME ID"
         )
     url = database_url(settings)
     engine = create_async_engine(async_url(url))

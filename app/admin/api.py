@@ -151,7 +151,8 @@ async def leader(request: Request) -> dict[str, Any]:
 
 @router.get("/outboxes")
 async def outboxes(request: Request) -> list[dict[str, Any]]:
-    """Each outbox: counts by status, oldest pending age, last drain."""
+    """Each outbox: counts by status (scheduled: delayed messages not yet due), oldest
+    pending age, last drain."""
     return await queries.outbox_summary(_engine(request), lease_now_of(request))
 
 
@@ -159,11 +160,14 @@ async def outboxes(request: Request) -> list[dict[str, Any]]:
 async def messages(
     request: Request,
     name: OutboxName,
-    status: Literal["stuck", "pending"] = "stuck",
+    status: Literal["stuck", "pending", "scheduled"] = "stuck",
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[dict[str, Any]]:
-    """The stuck (default) or pending rows of an outbox, with attempts and last error."""
-    return await queries.outbox_messages(_engine(request), name, status=status, limit=limit)
+    """The stuck (default) or pending rows of an outbox, with attempts and last error,
+    or its scheduled rows (delayed messages not yet due) with their ``deliver_at``."""
+    return await queries.outbox_messages(
+        _engine(request), name, status=status, limit=limit, lease_now=lease_now_of(request)
+    )
 
 
 @router.post("/outboxes/{name}/messages/{message_id}/reset")

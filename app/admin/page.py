@@ -119,7 +119,12 @@ async def _page(
         "jobs": [job for job in listed if job["retired_at"] is None],
         "retired_jobs": [job for job in listed if job["retired_at"] is not None],
         "outboxes": await queries.outbox_summary(engine, lease_now_of(request)),
-        "pending": await queries.outbox_messages(engine, status="pending", limit=_PENDING_SHOWN),
+        "pending": await queries.outbox_messages(
+            engine, status="pending", limit=_PENDING_SHOWN, lease_now=lease_now_of(request)
+        ),
+        "scheduled": await queries.outbox_messages(
+            engine, status="scheduled", limit=_PENDING_SHOWN, lease_now=lease_now_of(request)
+        ),
         "pending_shown": _PENDING_SHOWN,
         "stuck": await queries.stuck_messages(engine),
     }

@@ -21,6 +21,7 @@ from app.outbox import (
     UnknownMessageError,
     reset_message,
 )
+from app.outbox.sql import SCHEDULED
 from app.scheduler.clock import LEASE_NOW_SQL
 from app.scheduler.election import WAKE_CHANNEL
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
@@ -186,15 +187,21 @@ _STANDBYS = text(
     WHERE {LEADER_KEY_LOCKS_BOUND} AND NOT granted AND {_KEY_IS_OURS}
     """
 )
-# The oldest pending row's age on the lease clock, which the outbox stamps rows on.
+# The oldest pending row's age on the lease clock, which the outbox stamps rows on; a
+# delayed message's counts from its moment, and a scheduled one has none yet.
 _OUTBOXES = text(
     f"""
     SELECT m.outbox, m.status, count(*) AS messages,
         extract(epoch FROM {LEASE_NOW_SQL}
-            - min(m.created_at) FILTER (WHERE m.status = 'pending'))::float
+            - min(GREATEST(m.deliver_at, m.created_at))
+                FILTER (WHERE m.status = 'pending' AND NOT {SCHEDULED}))::float
             AS oldest_pending_seconds
     FROM outbox_messages m GROUP BY m.outbox, m.status
     """
+)
+# Pending rows waiting for their moment, counted apart from pending.
+_SCHEDULED_COUNTS = text(
+    f"SELECT outbox, count(*) AS messages FROM outbox_messages WHERE {SCHEDULED} GROUP BY outbox"
 )
 _DRAINS = text("SELECT outbox, last_drain_at, delivered, retried, stuck FROM outbox_drains")
 _KNOWN_OUTBOX = text(
@@ -210,15 +217,24 @@ _STUCK = text(
     """
 )
 _PENDING = text(
-    """
+    f"""
     SELECT id, outbox, key, payload, attempts, next_attempt_at, last_error, created_at,
         updated_at
     FROM outbox_messages
-    WHERE status = 'pending' AND (CAST(:outbox AS text) IS NULL OR outbox = :outbox)
+    WHERE status = 'pending' AND NOT {SCHEDULED}
+        AND (CAST(:outbox AS text) IS NULL OR outbox = :outbox)
     ORDER BY next_attempt_at, id LIMIT :limit
     """
 )
-_MESSAGES_BY_STATUS = {"stuck": _STUCK, "pending": _PENDING}
+_SCHEDULED = text(
+    f"""
+    SELECT id, outbox, key, payload, deliver_at, created_at
+    FROM outbox_messages
+    WHERE {SCHEDULED} AND (CAST(:outbox AS text) IS NULL OR outbox = :outbox)
+    ORDER BY deliver_at, id LIMIT :limit
+    """
+)
+_MESSAGES_BY_STATUS = {"stuck": _STUCK, "pending": _PENDING, "scheduled": _SCHEDULED}
 
 
 _LEASE_CLOCK_NOW = text(f"SELECT {LEASE_NOW_SQL}")
@@ -483,8 +499,10 @@ async def outbox_summary(
     engine: AsyncEngine, lease_now: datetime | None = None
 ) -> list[dict[str, Any]]:
     """Per outbox: counts by status, the oldest pending age in seconds, the last drain.
-    The age is read on the lease clock, which rows are stamped on: ``lease_now`` as
-    clock.lease_now gives it, None for the database server's clock."""
+    ``scheduled`` counts the delayed messages whose moment is ahead, apart from
+    ``pending`` (due, or waiting for a retry). The age, and what is scheduled, are read
+    on the lease clock, which rows are stamped on: ``lease_now`` as clock.lease_now
+    gives it, None for the database server's clock."""
     summary: dict[str, dict[str, Any]] = {}
     async with engine.connect() as conn:
         for row in await conn.execute(_OUTBOXES, {"lease_now": lease_now}):
@@ -492,6 +510,10 @@ async def outbox_summary(
             entry["counts"][row.status] = row.messages
             if row.oldest_pending_seconds is not None:
                 entry["oldest_pending_seconds"] = row.oldest_pending_seconds
+        for row in await conn.execute(_SCHEDULED_COUNTS, {"lease_now": lease_now}):
+            counts = summary[row.outbox]["counts"]
+            counts["pending"] -= row.messages
+            counts["scheduled"] = row.messages
         for row in await conn.execute(_DRAINS):
             entry = summary.setdefault(row.outbox, _empty_outbox(row.outbox))
             entry["last_drain_at"] = row.last_drain_at
@@ -501,7 +523,7 @@ async def outbox_summary(
 def _empty_outbox(name: str) -> dict[str, Any]:
     return {
         "name": name,
-        "counts": {"pending": 0, "delivered": 0, "stuck": 0},
+        "counts": {"pending": 0, "scheduled": 0, "delivered": 0, "stuck": 0},
         "oldest_pending_seconds": None,
         "last_drain_at": None,
     }
@@ -528,17 +550,20 @@ async def outbox_messages(
     engine: AsyncEngine,
     outbox: str | None = None,
     *,
-    status: Literal["stuck", "pending"],
+    status: Literal["stuck", "pending", "scheduled"],
     limit: int = 100,
+    lease_now: datetime | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows of one status, of one outbox or all, with their last error: stuck rows oldest
-    first, pending rows in the order the drain takes them. Raises NotFound for an
-    unknown outbox."""
+    """Rows of one status, of one outbox or all: stuck rows oldest first with their last
+    error, pending rows in the order the drain takes them, scheduled rows (delayed
+    messages whose moment, ``deliver_at``, is ahead on the lease clock: ``lease_now``
+    as clock.lease_now gives it) soonest first. Raises NotFound for an unknown outbox."""
     if outbox is not None:
         await _require_outbox(engine, outbox)
     async with engine.connect() as conn:
         query = _MESSAGES_BY_STATUS[status]
-        return _rows(await conn.execute(query, {"outbox": outbox, "limit": limit}))
+        params = {"outbox": outbox, "limit": limit, "lease_now": lease_now}
+        return _rows(await conn.execute(query, params))
 
 
 async def reset_outbox_message(

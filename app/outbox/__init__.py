@@ -1,19 +1,25 @@
 """Regent's outbox: work that must eventually happen, delivered by a drain.
 
 A row is written in the same transaction as the change that promises it
-(``await outbox.enqueue(session, payload, key=...)``); the drain, a scheduler job,
+(``await outbox.enqueue(session, payload, key=...)``), due at once or, with ``at=``
+(an aware datetime) or ``delay=`` (a timedelta), at a later moment on the database's
+clock, never before it; the drain, a scheduler job,
 delivers it with backoff (5, 15, 60, 300, 900, 3600 s), marks a refused or exhausted
 row ``stuck``, and never deletes anything. The receiver gets ``<outbox>:<key>`` as an
 idempotency key on every attempt; a key the deliverer cannot send (HttpTransport: not
 printable ASCII) is refused at enqueue. An enqueue's commit wakes the leader's drain through
-NOTIFY, so delivery does not wait for the next tick.
+NOTIFY, and the drain sleeps until the next row falls due, so delivery waits for no
+tick. A value the outbox cannot store or use is refused at the call, before anything
+is written, with an OutboxArgumentError (or PayloadError) naming the argument.
 """
 
+from .arguments import MAX_KEY_BYTES, MAX_NAME_LENGTH
 from .backoff import DEFAULT_BACKOFF, retry_delay
 from .errors import (
     MessageBusyError,
     MessageDeliveredError,
     MessageInFlightError,
+    OutboxArgumentError,
     OutboxError,
     OutboxNameTakenError,
     PayloadError,
@@ -25,10 +31,14 @@ from .errors import (
 from .http import HEADER_KEY_RULE, HttpTransport, RetryableDeliveryError, header_safe_key
 from .message import DrainReport, Enqueued, Message
 from .outbox import Deliver, Outbox, reset_message
+from .payload import MAX_PAYLOAD_DEPTH
 
 __all__ = [
     "DEFAULT_BACKOFF",
     "HEADER_KEY_RULE",
+    "MAX_KEY_BYTES",
+    "MAX_NAME_LENGTH",
+    "MAX_PAYLOAD_DEPTH",
     "Deliver",
     "DrainReport",
     "Enqueued",
@@ -38,6 +48,7 @@ __all__ = [
     "MessageDeliveredError",
     "MessageInFlightError",
     "Outbox",
+    "OutboxArgumentError",
     "OutboxError",
     "OutboxNameTakenError",
     "PayloadError",

@@ -74,7 +74,7 @@ from .backoff import retry_delay
 from .errors import PermanentDeliveryError
 from .message import DrainReport, Message
 
-__all__ = ["DrainPass", "DrainPolicy", "prepare_connection"]
+__all__ = ["DrainPass", "DrainPolicy", "fetch", "prepare_connection"]
 
 _DIALECT = postgresql.asyncpg.dialect(paramstyle="numeric_dollar")  # type: ignore[no-untyped-call]
 
@@ -90,6 +90,13 @@ def _asyncpg_form(statement: TextClause) -> tuple[str, tuple[str, ...]]:
     """The statement as asyncpg SQL ($1, $2, ...) and its parameter names in order."""
     compiled = statement.compile(dialect=_DIALECT)
     return str(compiled), tuple(compiled.positiontup or ())
+
+
+async def fetch(connection: Any, statement: TextClause, params: dict[str, Any]) -> list[Any]:
+    """Run ``statement`` (SQLAlchemy text, ``:name`` parameters) on a plain asyncpg
+    ``connection`` and return its rows."""
+    query, names = _asyncpg_form(statement)
+    return list(await connection.fetch(query, *(params[name] for name in names)))
 
 
 async def prepare_connection(connection: Any) -> None:
@@ -262,8 +269,7 @@ class DrainPass:
         return report
 
     async def _fetch(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
-        query, names = _asyncpg_form(statement)
-        return list(await self._connection.fetch(query, *(params[name] for name in names)))
+        return await fetch(self._connection, statement, params)
 
     async def _claim(self, statement: TextClause, params: dict[str, Any]) -> Claim:
         # Read before the claim: its start window ends no later than the lease allows.

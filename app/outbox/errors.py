@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from datetime import datetime
 
 from app.printable import printable
@@ -10,6 +11,7 @@ __all__ = [
     "MessageBusyError",
     "MessageDeliveredError",
     "MessageInFlightError",
+    "OutboxArgumentError",
     "OutboxError",
     "OutboxNameTakenError",
     "PayloadError",
@@ -24,13 +26,28 @@ class OutboxError(Exception):
     """Root of every error the outbox raises."""
 
 
+class OutboxArgumentError(OutboxError, ValueError):
+    """Raised at the call (``Outbox(...)``, ``enqueue``) for an argument the outbox
+    cannot store or use, before anything is written. ``argument`` names it, ``value``
+    is what was passed, ``limit`` is the rule it broke; the message says what to pass
+    instead. A ValueError too, for callers that catch those."""
+
+    def __init__(self, argument: str, value: object, limit: str) -> None:
+        self.argument = argument
+        self.value = value
+        self.limit = limit
+        super().__init__(f"{argument}={printable(reprlib.repr(value))} is refused: {limit}")
+
+
 class PermanentDeliveryError(OutboxError):
     """Raised by a ``deliver`` callable when retrying cannot help (a 4xx, a refusal):
     the row becomes ``stuck`` at once. Any other exception means "retry later"."""
 
 
-class PayloadError(OutboxError):
-    """Raised at enqueue when the payload cannot be stored as JSON; names the field."""
+class PayloadError(OutboxError, ValueError):
+    """Raised at enqueue when the payload cannot be stored as JSON (a value that is not
+    JSON, a string PostgreSQL cannot store, a container that holds itself, nesting past
+    MAX_PAYLOAD_DEPTH); names the field and the fix."""
 
 
 class UndeliverableKeyError(OutboxError):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection
@@ -30,12 +30,22 @@ from app.scheduler.clock import lease_now
 from app.scheduler.rowlocks import RowHeldError, patient_write, row_holder
 
 from . import sql
+from .arguments import (
+    check_count,
+    check_deliver,
+    check_key,
+    check_name,
+    check_seconds,
+    check_table,
+    deliver_when,
+)
 from .backoff import DEFAULT_BACKOFF
 from .drain import DrainPass, DrainPolicy
 from .errors import (
     MessageBusyError,
     MessageDeliveredError,
     MessageInFlightError,
+    OutboxArgumentError,
     OutboxError,
     OutboxNameTakenError,
     UndeliverableKeyError,
@@ -66,6 +76,12 @@ class Outbox:
     with (UndeliverableKeyError): that row could never be delivered.
     Pass ``scheduler=`` (or call ``register``) to put its drain job, every minute by
     default, and its NOTIFY wake-up service on that scheduler.
+
+    Raises OutboxArgumentError, naming the argument and its limit, for a name that is
+    not 1 to MAX_NAME_LENGTH ASCII letters, digits and underscores, a ``deliver`` that is
+    not callable, counts that are not ints from 1, seconds that are not finite numbers
+    of at most ten years (``delivery_timeout`` above zero), an empty ``backoff``, or a
+    ``drain_every`` that is not a trigger.
     """
 
     def __init__(
@@ -81,19 +97,17 @@ class Outbox:
         delivery_timeout: float = 30,
         drain_every: Trigger | None = None,
     ) -> None:
-        if not name or not name.replace("_", "").isalnum():
-            raise OutboxError(f"outbox name {name!r} must be letters, digits and underscores")
-        for field, value in (
-            ("batch_size", batch_size),
-            ("concurrency", concurrency),
-            ("delivery_timeout", delivery_timeout),
-        ):
-            if value <= 0:
-                raise OutboxError(f"outbox {name!r}: {field} must be above zero, got {value}")
-        if max_attempts is not None and max_attempts < 1:
-            raise OutboxError(f"outbox {name!r}: max_attempts must be at least 1")
-        if not backoff or any(delay < 0 for delay in backoff):
-            raise OutboxError(f"outbox {name!r}: backoff needs at least one delay >= 0")
+        check_name(name)
+        check_deliver(name, deliver)
+        check_count(name, "max_attempts", max_attempts, optional=True)
+        check_count(name, "batch_size", batch_size)
+        check_count(name, "concurrency", concurrency)
+        check_seconds(name, "delivery_timeout", delivery_timeout, above_zero=True)
+        backoff = check_table(name, "backoff", backoff)
+        if drain_every is not None and not isinstance(drain_every, Trigger):
+            raise OutboxArgumentError(
+                "drain_every", drain_every, "drain_every must be a trigger: every(...) or cron(...)"
+            )
         self.name = name
         self.deliver = deliver
         self.max_attempts = max_attempts
@@ -177,24 +191,49 @@ class Outbox:
             raise OutboxError(f"outbox {self.name!r} is not bound to a database; call bind()")
         return self._engine
 
-    async def enqueue(self, session: AsyncSession, payload: Any, *, key: str) -> Enqueued:
+    async def enqueue(
+        self,
+        session: AsyncSession,
+        payload: Any,
+        *,
+        key: str,
+        at: datetime | None = None,
+        delay: timedelta | None = None,
+    ) -> Enqueued:
         """Add a row inside the caller's transaction; commit is the caller's.
 
-        A key the outbox already has adds nothing and returns that row
-        (``created=False``). The drain is woken by NOTIFY once the caller commits.
-        Raises PayloadError naming a field that is not JSON, UndeliverableKeyError
-        for a key the deliverer cannot send.
+        The row is due at once, or at ``at`` (an aware datetime), or ``delay`` (a
+        timedelta) after the insert; either is read on the lease clock (the database
+        server's: see app/scheduler/clock.py), and the row is never delivered before
+        it. The wake-up sleeps until the earliest such moment, so it is delivered soon
+        after. A key the outbox already has adds nothing and returns that row
+        (``created=False``, its moment unchanged). The drain is woken by NOTIFY once
+        the caller commits.
+
+        Raises, before writing anything: OutboxArgumentError naming ``key`` (not a
+        non-empty str PostgreSQL can store, or past MAX_KEY_BYTES), ``at`` (naive, more
+        than ten years ahead, or given with ``delay``) or ``delay`` (not a timedelta
+        from 0 to ten years); PayloadError naming a field that jsonb cannot store;
+        UndeliverableKeyError for a key the deliverer cannot send.
         """
-        params = self._insert_params(payload, key)
+        params = self._insert_params(payload, key, at, delay)
         row_id = (await session.execute(sql.INSERT, params)).scalar()
         if row_id is None:
             existing = await session.execute(sql.SELECT_EXISTING, params)
             return Enqueued(existing.scalar_one(), created=False)
         return Enqueued(row_id, created=True)
 
-    def enqueue_sync(self, session: Session | Connection, payload: Any, *, key: str) -> Enqueued:
+    def enqueue_sync(
+        self,
+        session: Session | Connection,
+        payload: Any,
+        *,
+        key: str,
+        at: datetime | None = None,
+        delay: timedelta | None = None,
+    ) -> Enqueued:
         """enqueue() for thread jobs and sync code: same contract, sync session."""
-        params = self._insert_params(payload, key)
+        params = self._insert_params(payload, key, at, delay)
         row_id = session.execute(sql.INSERT, params).scalar()
         if row_id is None:
             return Enqueued(session.execute(sql.SELECT_EXISTING, params).scalar_one(), False)
@@ -253,9 +292,9 @@ class Outbox:
         see reset_message for what is refused."""
         await reset_message(self.engine, self.name, message_id, lease_now(self.clock))
 
-    def _insert_params(self, payload: Any, key: str) -> dict[str, Any]:
-        if not isinstance(key, str) or not key:
-            raise OutboxError(f"outbox {self.name!r}: key must be a non-empty string")
+    def _insert_params(self, payload: Any, key: str, at: object, delay: object) -> dict[str, Any]:
+        check_key(self.name, key)
+        deliver_at, after = deliver_when(self.name, at, delay, self.clock)
         key_problem = getattr(self.deliver, "key_problem", None)
         problem = key_problem(key) if callable(key_problem) else None
         if problem is not None:
@@ -265,6 +304,8 @@ class Outbox:
             "key": key,
             "payload": dump_payload(self.name, payload),
             "lease_now": lease_now(self.clock),
+            "deliver_at": deliver_at,
+            "delay": after,
         }
 
     def _policy(self) -> DrainPolicy:
@@ -292,7 +333,7 @@ class Outbox:
     async def _wakeup_service(self, ctx: object) -> None:
         if self._listen_dsn is None:
             raise OutboxError(f"outbox {self.name!r} is not bound to a database; call bind()")
-        await listen_and_drain(self._listen_dsn, self.name, self.drain_on)
+        await listen_and_drain(self._listen_dsn, self.name, self.drain_on, self.clock)
 
 
 async def reset_message(

@@ -21,11 +21,13 @@ __all__ = [
     "LOCK_ROWS",
     "MARK_DELIVERED",
     "MARK_FAILED",
+    "NEXT_DUE",
     "NOTIFY",
     "NOTIFY_CHANNEL",
     "RECORD_DRAIN",
     "RELEASE",
     "RESET",
+    "SCHEDULED",
     "SELECT_EXISTING",
     "SELECT_STATUS",
     "STILL_CLAIMED",
@@ -84,20 +86,46 @@ CLAIM_ONE = text(
 )
 
 # The insert and the wake-up in one round trip: pg_notify runs once per row inserted,
-# so a key the outbox already has (nothing inserted) wakes nobody.
+# so a key the outbox already has (nothing inserted) wakes nobody. A delayed row is
+# due at ``:deliver_at`` (an absolute moment) or ``:delay`` after now on the lease
+# clock, never the host's, and keeps that moment in deliver_at; a row due at once has
+# a delay of zero and no deliver_at.
 INSERT = text(
     f"""
     WITH inserted AS (
         INSERT INTO outbox_messages
-            (outbox, key, payload, status, attempts, next_attempt_at, created_at, updated_at)
-        VALUES (:outbox, :key, CAST(:payload AS jsonb), 'pending', 0, {LEASE_NOW_SQL},
-            {LEASE_NOW_SQL}, {LEASE_NOW_SQL})
+            (outbox, key, payload, status, attempts, next_attempt_at, deliver_at,
+            created_at, updated_at)
+        SELECT :outbox, :key, CAST(:payload AS jsonb), 'pending', 0,
+            COALESCE(moment, {LEASE_NOW_SQL}), moment, {LEASE_NOW_SQL}, {LEASE_NOW_SQL}
+        FROM (SELECT COALESCE(CAST(:deliver_at AS timestamptz),
+            {LEASE_NOW_SQL} + NULLIF(CAST(:delay AS interval), interval '0')) AS moment) AS due
         ON CONFLICT (outbox, key) DO NOTHING
         RETURNING id
     )
     SELECT id, pg_notify('{NOTIFY_CHANNEL}', :outbox) FROM inserted
     """
 )
+
+# Seconds until the outbox's next pending row falls due (a delayed row, a retry, a
+# claim's lease running out), or NULL: what the wake-up sleeps for. One probe of the
+# due index (outbox, next_attempt_at), whatever the number of rows; a row already due
+# is not counted, since the drain that just ran left it (another transaction holds
+# it) and a wake-up for it would spin: the drain job takes it.
+NEXT_DUE = text(
+    f"""
+    SELECT extract(epoch FROM min(next_attempt_at) - (SELECT {LEASE_NOW_SQL}))::float
+    FROM outbox_messages
+    WHERE outbox = :outbox AND status = 'pending' AND next_attempt_at > (SELECT {LEASE_NOW_SQL})
+    """
+)
+
+SCHEDULED = (
+    f"(status = 'pending' AND deliver_at IS NOT NULL AND deliver_at > (SELECT {LEASE_NOW_SQL}))"
+)
+"""The condition (SQL, on ``:lease_now``; never NULL) of a scheduled row: a delayed
+message whose moment is still ahead. Operators' counts and lists show it apart from
+pending."""
 
 SELECT_STATUS = text(
     "SELECT status, next_attempt_at FROM outbox_messages WHERE id = :id AND outbox = :outbox"
@@ -190,14 +218,15 @@ RECORD_DRAIN = text(
     """
 )
 
-# A reset never takes a row from a live claim: the drain holding it is delivering it,
+# A reset makes the row due now, a scheduled one too (its deliver_at is cleared). It
+# never takes a row from a live claim: the drain holding it is delivering it,
 # and a row made due again would be delivered by a second drain as well. A claim whose
 # lease ran out (next_attempt_at <= now, on the lease clock) is dead, as for CLAIM_DUE.
 RESET = text(
     f"""
     UPDATE outbox_messages
     SET status = 'pending', attempts = 0, next_attempt_at = {LEASE_NOW_SQL},
-        updated_at = {LEASE_NOW_SQL}, last_error = NULL, claimed_by = NULL
+        deliver_at = NULL, updated_at = {LEASE_NOW_SQL}, last_error = NULL, claimed_by = NULL
     WHERE id = :id AND outbox = :outbox
         AND (status = 'stuck'
              OR (status = 'pending'

@@ -1,11 +1,19 @@
-"""The NOTIFY wake-up: an enqueue's commit wakes the leader's drain at once.
+"""The wake-up: an enqueue's commit wakes the leader's drain at once, and the drain
+wakes again when the earliest row not yet due falls due.
 
 Runs as a leader-only scheduler service: one LISTEN connection per outbox; a
 notification naming the outbox triggers a drain, on that same connection: a pooled
 connection would cost a checkout and its pre-ping (three round trips on asyncpg)
-before the claim. Notifications that arrive while a
-drain runs fold into one more drain after it, so a burst costs two drains, not one per
-row. A dead connection raises, and the scheduler restarts the service with backoff.
+before the claim. Notifications that arrive while a drain runs fold into one more
+drain after it, so a burst costs two drains, not one per row.
+
+After each drain it reads, in one probe of the due index, how long until the next
+pending row falls due (a delayed message's moment, a retry, a claim's lease running
+out), on the lease clock, and sleeps that long on the outbox's clock unless a
+notification comes first: a delayed message is delivered within a round trip of its
+moment, and nothing polls, whatever the number of rows. An enqueue of an earlier
+moment notifies, so the sleep is cut short and measured again. A dead connection
+raises, and the scheduler restarts the service with backoff.
 """
 
 from __future__ import annotations
@@ -15,18 +23,35 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from .drain import prepare_connection
-from .sql import NOTIFY_CHANNEL
+from app.scheduler import Clock
+from app.scheduler.clock import lease_now
 
-__all__ = ["listen_and_drain"]
+from .drain import fetch, prepare_connection
+from .sql import NEXT_DUE, NOTIFY_CHANNEL
+
+__all__ = ["listen_and_drain", "seconds_until_due"]
+
+
+async def seconds_until_due(
+    connection: asyncpg.Connection, outbox: str, clock: Clock
+) -> float | None:
+    """Seconds until ``outbox``'s earliest pending row not yet due falls due, on the
+    lease clock of ``clock``; None when there is none."""
+    [row] = await fetch(connection, NEXT_DUE, {"outbox": outbox, "lease_now": lease_now(clock)})
+    seconds: float | None = row[0]
+    return seconds
 
 
 async def listen_and_drain(
-    dsn: str, outbox: str, drain: Callable[[asyncpg.Connection], Awaitable[object]]
+    dsn: str,
+    outbox: str,
+    drain: Callable[[asyncpg.Connection], Awaitable[object]],
+    clock: Clock,
 ) -> None:
     """LISTEN for ``outbox``'s notifications and run ``drain(connection)`` on each, on
     the listening connection (asyncpg hands over a notification that arrives while a
-    drain's statement runs, so none is lost); runs until cancelled.
+    drain's statement runs, so none is lost), and once the earliest pending row falls
+    due, waiting on ``clock``; runs until cancelled.
 
     Raises ConnectionError when the listening connection dies.
     """
@@ -45,7 +70,13 @@ async def listen_and_drain(
         # Rows enqueued before we listened are picked up by this first drain.
         await drain(connection)
         while True:
-            waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(lost.wait())]
+            due_in = await seconds_until_due(connection, outbox, clock)
+            waiters: list[asyncio.Future[object]] = [
+                asyncio.ensure_future(wake.wait()),
+                asyncio.ensure_future(lost.wait()),
+            ]
+            if due_in is not None:
+                waiters.append(asyncio.ensure_future(clock.sleep(due_in)))
             try:
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             finally:

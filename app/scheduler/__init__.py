@@ -300,6 +300,7 @@ from .errors import (
     LeadershipLostError,
     ScheduleNameCollisionError,
     SchedulerError,
+    TriggerArgumentError,
 )
 from .events import RunFinished
 from .keys import InvalidScheduleNameError
@@ -326,6 +327,7 @@ __all__ = [
     "ServiceContext",
     "SystemClock",
     "Trigger",
+    "TriggerArgumentError",
     "UnsafeLockConnectionError",
     "cron",
     "every",

@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import reprlib
+
 __all__ = [
     "InvalidJobError",
     "JobRowBusyError",
     "LeadershipLostError",
     "ScheduleNameCollisionError",
     "SchedulerError",
+    "TriggerArgumentError",
 ]
 
 
 class SchedulerError(Exception):
     """Root of every error the scheduler raises."""
+
+
+class TriggerArgumentError(SchedulerError, ValueError):
+    """Raised by ``cron()`` and ``every()`` at the call for an argument no trigger can be
+    made of (``cron(None)``, ``cron('0 6 * * *', tz=5)``, ``every(seconds='5')``).
+    ``argument`` names it, ``value`` is what was passed, ``limit`` what it must be. A
+    ValueError too, as the triggers' other refusals are."""
+
+    def __init__(self, argument: str, value: object, limit: str) -> None:
+        self.argument = argument
+        self.value = value
+        self.limit = limit
+        super().__init__(f"{argument}={reprlib.repr(value)} is refused: {limit}")
 
 
 class InvalidJobError(SchedulerError):

@@ -35,6 +35,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter
 
 from . import cron_grammar
+from .errors import TriggerArgumentError
 
 __all__ = ["COUNTED_SLOTS", "Cron", "Interval", "Trigger", "cron", "every"]
 
@@ -292,14 +293,22 @@ def _gap_end(before: datetime, after: datetime, zone: ZoneInfo) -> datetime:
 def every(*, seconds: float = 0, minutes: float = 0, hours: float = 0, days: float = 0) -> Interval:
     """A trigger due every so much elapsed time; the first slot is one period after the
     job's row is created (or ``first_run`` after it). Validated when the job registers;
-    raises ValueError at once for a part that is not a finite number of at most ten years.
+    raises TriggerArgumentError (a ValueError) at once, naming the part, for one that is
+    not a finite number (int or float) of at most ten years.
     """
     parts = {"seconds": seconds, "minutes": minutes, "hours": hours, "days": days}
     for unit, value in parts.items():
-        if not math.isfinite(value) or abs(value) * _UNIT_SECONDS[unit] > _MAX_PERIOD_SECONDS:
-            raise ValueError(
-                f"every({unit}={value!r}): {unit} must be a finite number and the period at "
-                "most ten years"
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or abs(value) * _UNIT_SECONDS[unit] > _MAX_PERIOD_SECONDS
+        ):
+            raise TriggerArgumentError(
+                unit,
+                value,
+                f"every({unit}=...) takes a finite number (int or float) and a period of at"
+                " most ten years, e.g. every(seconds=5)",
             )
     return Interval(timedelta(seconds=seconds, minutes=minutes, hours=hours, days=days))
 
@@ -307,5 +316,14 @@ def every(*, seconds: float = 0, minutes: float = 0, hours: float = 0, days: flo
 def cron(expression: str, tz: str | None = None) -> Cron:
     """A trigger due at the wall times a five-field cron expression matches in ``tz``
     (default: the TIMEZONE setting); the grammar, and what combined day fields mean,
-    are in cron_grammar.py. Validated when the job registers."""
+    are in cron_grammar.py. Validated when the job registers; raises
+    TriggerArgumentError at once for an expression or a zone that is not a str."""
+    if not isinstance(expression, str):
+        raise TriggerArgumentError(
+            "expression", expression, "cron() takes the expression as a str, e.g. cron('0 6 * * *')"
+        )
+    if tz is not None and not isinstance(tz, str):
+        raise TriggerArgumentError(
+            "tz", tz, "tz is an IANA zone name as a str, e.g. tz='Europe/Zurich', or None"
+        )
     return Cron(expression, tz)

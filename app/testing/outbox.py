@@ -40,7 +40,10 @@ async def drain(
     outbox: Outbox, *, database: Database | None = None, clock: Clock | None = None
 ) -> DrainReport:
     """Run one drain pass of ``outbox`` (binding it to ``database`` first, when given)
-    and return its report: delivered, retried and stuck counts."""
+    and return its report: delivered, retried and stuck counts. Due times are read on
+    the outbox's lease clock: under a FakeClock, a delayed message (``at=``,
+    ``delay=``) is delivered only by a pass after the test has moved the clock past
+    its moment."""
     if database is not None:
         outbox.bind(database.engine, listen_dsn=asyncpg_dsn(database.url), clock=clock)
     return await outbox.drain_once()

@@ -200,7 +200,7 @@ async def test_outboxes_show_counts_and_stuck_rows_can_be_reset(
     reset = await client.post(f"/admin/api/outboxes/grants/messages/{row}/reset", headers=AUTH)
     assert reset.json() == {"status": "pending"}
     summary = (await client.get("/admin/api/outboxes", headers=AUTH)).json()
-    assert summary[0]["counts"] == {"pending": 1, "delivered": 0, "stuck": 0}
+    assert summary[0]["counts"] == {"pending": 1, "scheduled": 0, "delivered": 0, "stuck": 0}
 
 
 async def test_pending_rows_are_listed_with_their_last_error(

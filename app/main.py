@@ -45,6 +45,7 @@ from .scheduler import DuplicateScheduleError, Scheduler, SchedulerConfig, Syste
 from .scheduler.host_lock import default_runtime_dir
 from .settings import Settings, SettingsError, load_settings
 from .stop_signal import on_stop_signal
+from .user_migrations import user_migrations
 
 __all__ = ["app", "create_app", "scheduler_config"]
 
@@ -143,11 +144,14 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     """Build the app. Settings are read from the environment when not given.
 
     Start-up raises DatabaseError when DATABASE_URL is unset, the server cannot be
-    reached (naming host and port), or the schema is not at head (naming both
-    revisions and the command that fixes it).
+    reached (naming host and port), or the schema is not at head: Regent's, or the
+    application's own migrations (REGENT_MIGRATIONS), naming the chain, both revisions
+    and the command that fixes it.
     """
     resolved = settings or load_settings()
     configure_logging(resolved.LOG_LEVEL)
+    # The application's own migrations, found from the directory the app starts in.
+    users = user_migrations(resolved.REGENT_MIGRATIONS)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -165,7 +169,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         )
         try:
             await verify_schema_at_head(
-                database.engine, timeout=resolved.DATABASE_CONNECT_TIMEOUT_SECONDS
+                database.engine, timeout=resolved.DATABASE_CONNECT_TIMEOUT_SECONDS, users=users
             )
         except DatabaseError:
             await database.dispose()
@@ -241,7 +245,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     async def readyz(database: DatabaseDep) -> JSONResponse:
         """200 when the database is reachable and at head; 503 with the reason otherwise."""
         try:
-            await verify_schema_at_head(database.engine, timeout=5)
+            await verify_schema_at_head(database.engine, timeout=5, users=users)
         except DatabaseError as exc:
             return JSONResponse({"status": "unavailable", "reason": str(exc)}, status_code=503)
         return JSONResponse({"status": "ready"})

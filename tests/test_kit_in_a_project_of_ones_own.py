@@ -17,14 +17,14 @@ REPOSITORY = Path(__file__).resolve().parent.parent
 # A fenced Python block of the README whose first line names the file it is.
 _FILE_BLOCK = re.compile(r"```python\n# (?P<path>[\w/]+\.py)\n(?P<code>.*?)```", re.DOTALL)
 
-_SIGNUPS_TEST = '''
+_SIGNUPS_TEST = """
 from sqlalchemy import text
 
 
 async def test_the_signups_table_is_there(regent_database):
     async with regent_database.engine.begin() as conn:
         await conn.execute(text("INSERT INTO signups (email) VALUES ('ada@example.com')"))
-'''
+"""
 
 
 def _pytest(project: Path, server: TestServer) -> subprocess.CompletedProcess[str]:

@@ -44,7 +44,9 @@ _USER_REVISION = """
 
 
 # setuptools' own PEP 517 hook, as `python -m build --sdist` calls it (no download).
-_BUILD_SDIST = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+_BUILD_SDIST = (
+    "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+)
 
 
 def _user_project(root: Path) -> Path:
@@ -125,7 +127,7 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return wheel
 
 
-def test_the_built_wheel_migrates_an_empty_database_on_its_own(
+def test_the_wheel_built_from_the_sdist_migrates_an_empty_database_on_its_own(
     built_wheel: Path, empty_database_url: str, tmp_path: Path
 ) -> None:
     installed = tmp_path / "site"

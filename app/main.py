@@ -47,7 +47,7 @@ from .settings import Settings, SettingsError, load_settings
 from .stop_signal import on_stop_signal
 from .user_migrations import user_migrations
 
-__all__ = ["app", "create_app", "scheduler_config"]
+__all__ = ["DatabaseDep", "app", "create_app", "scheduler_config"]
 
 logger = logging.getLogger("app")
 
@@ -138,6 +138,7 @@ def _database(request: Request) -> Database:
 
 
 DatabaseDep = Annotated[Database, Depends(_database)]
+"""A route's dependency on the app's Database (engines and session factories)."""
 
 
 def create_app(settings: Settings | None = None, scheduler: Scheduler | None = None) -> FastAPI:

@@ -134,3 +134,20 @@ async def test_the_app_refuses_to_start_while_the_users_migrations_are_not_appli
     assert str(user_project / "migrations") in message
     assert users_head_unapplied in message
     assert "python -m app migrate" in message
+
+
+def test_migrate_applies_a_project_that_alembic_init_made(
+    user_project: Path, empty_database_url: str
+) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    # `alembic init migrations` and `alembic revision`: the user's env.py, not Regent's.
+    config = Config(str(user_project / "alembic.ini"))
+    command.init(config, str(user_project / "migrations"))
+    config.set_main_option("script_location", str(user_project / "migrations"))
+    users_head = command.revision(config, message="signups", rev_id="0001").revision  # type: ignore[union-attr]
+
+    _app(user_project, "migrate", database_url=empty_database_url)
+
+    assert _one(empty_database_url, "SELECT version_num FROM alembic_version") == users_head

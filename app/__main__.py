@@ -2,6 +2,7 @@
 
     python -m app [serve] [--host 127.0.0.1] [--port 8000] [--workers 2]
     python -m app migrate
+    python -m app revision -m MESSAGE
     python -m app jobs | jobs run ID | jobs pause ID | jobs resume ID
     python -m app jobs history ID [--limit N] [--full]
         (each takes --schedule NAME, or --app module:attribute: see app/cli_admin.py)
@@ -58,6 +59,7 @@ from .localpg import LocalPostgresError, find_bindir
 from .printable import printable
 from .redact import redact
 from .settings import Settings, SettingsError, load_settings
+from .user_migrations import UserMigrations, user_migrations
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,7 +88,13 @@ def _parser() -> argparse.ArgumentParser:
             help="module:attribute of an ASGI app built with create_app(...) "
             "(default: REGENT_APP, else app.main:app)",
         )
-    commands.add_parser("migrate", help="upgrade the database to head")
+    commands.add_parser(
+        "migrate", help="upgrade the database to head: Regent's migrations, then yours"
+    )
+    revision = commands.add_parser(
+        "revision", help="add a revision of your own tables after the head of your migrations"
+    )
+    revision.add_argument("-m", "--message", required=True, help="what the revision does")
     commands.add_parser(
         "db-url", help="print the database's URL, password included (keep it to yourself)"
     )
@@ -123,10 +131,10 @@ def _database_url(settings: Settings) -> Iterator[tuple[str, bool]]:
         yield server.url, True
 
 
-async def _check_at_head(url: str, timeout: float) -> None:
+async def _check_at_head(url: str, timeout: float, users: UserMigrations | None) -> None:
     engine = create_async_engine(async_url(url))
     try:
-        await verify_schema_at_head(engine, timeout=timeout)
+        await verify_schema_at_head(engine, timeout=timeout, users=users)
     finally:
         await engine.dispose()
 
@@ -195,11 +203,12 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
 
         refuse_logging_gateways(settings, JobDeps())
 
+    users = user_migrations(settings.REGENT_MIGRATIONS)
     with _database_url(settings) as (url, embedded):
         if embedded:
-            migrate(url)
+            migrate(url, users)
         else:
-            asyncio.run(_check_at_head(url, settings.DATABASE_CONNECT_TIMEOUT_SECONDS))
+            asyncio.run(_check_at_head(url, settings.DATABASE_CONNECT_TIMEOUT_SECONDS, users))
         os.environ["DATABASE_URL"] = url
         # Workers share metrics through this directory (prometheus multiprocess mode).
         metrics_dir = None
@@ -231,9 +240,26 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _migrate(settings: Settings) -> None:
+    users = user_migrations(settings.REGENT_MIGRATIONS)
     with _database_url(settings) as (url, _):
         print(f"regent: migrating {describe_target(url)} to head", file=sys.stderr)
-        migrate(url)
+        migrate(url, users)
+        if users is None or not users.exists:
+            where = "REGENT_MIGRATIONS is empty" if users is None else f"none in {users.directory}"
+            print(f"regent: no migrations of your own ({where})", file=sys.stderr)
+        else:
+            heads = ", ".join(sorted(users.heads())) or "<empty>"
+            print(f"regent: your migrations in {users.directory} at head {heads}", file=sys.stderr)
+
+
+def _revision(settings: Settings, message: str) -> None:
+    users = user_migrations(settings.REGENT_MIGRATIONS)
+    if users is None:
+        raise UsageError("REGENT_MIGRATIONS is empty: set it to your migrations' directory")
+    if not users.exists:
+        print(f"regent: starting your migrations in {users.directory}", file=sys.stderr)
+    path = users.revision(message)
+    print(f"regent: wrote {path}; fill in upgrade(), then `python -m app migrate`", file=sys.stderr)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -292,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = load_settings()
         if args.command == "migrate":
             _migrate(settings)
+        elif args.command == "revision":
+            _revision(settings, args.message)
         elif args.command == "db-url":
             return _print(database_url(settings))
         elif args.command == "psql":

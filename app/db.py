@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.orm import Session, sessionmaker
 
 from .redact import redact
+from .user_migrations import UserMigrations
 
 __all__ = [
     "REGENT_VERSION_TABLE",
@@ -60,14 +61,19 @@ class DatabaseUnreachableError(DatabaseError):
 
 
 class SchemaNotAtHeadError(DatabaseError):
-    """The database schema is not at the revision this code expects."""
+    """The database schema is not at the revision this code expects: Regent's, or, with
+    ``project`` set, the application's own migrations in that directory."""
 
-    def __init__(self, current: str | None, head: str, target: str) -> None:
+    def __init__(
+        self, current: str | None, head: str, target: str, project: Path | None = None
+    ) -> None:
         self.current = current
         self.head = head
+        self.project = project
+        schema = "Regent's schema" if project is None else f"your migrations in {project}"
         super().__init__(
-            f"the database at {target} (DATABASE_URL) is at schema revision "
-            f"{current or '<empty>'} but this code needs head {head}; "
+            f"the database at {target} (DATABASE_URL): {schema} at revision "
+            f"{current or '<empty>'} but this code needs head {head or '<empty>'}; "
             "run `python -m app migrate`"
         )
 
@@ -154,14 +160,18 @@ def _connection_error(exc: BaseException, target: str) -> DatabaseError | None:
     return None
 
 
-def migrate(database_url: str) -> None:
-    """Upgrade the database to head, holding the migration advisory lock for the run.
+def migrate(database_url: str, users: UserMigrations | None = None) -> None:
+    """Upgrade the database to head: Regent's migrations, then the application's own
+    (``users``, when its project exists), each run holding the migration advisory lock.
 
     Two runs at once are safe: the second waits for the first, then finds nothing to do.
     Raises DatabaseUnreachableError naming the target when it cannot connect or log in.
     """
     try:
         command.upgrade(alembic_config(database_url), "head")
+        if users is not None and users.exists:
+            # psycopg: an env.py of the user's own making may be sync or async.
+            command.upgrade(users.config(sync_url(database_url)), "heads")
     except Exception as exc:
         error = _connection_error(exc, describe_target(database_url))
         if error is None:
@@ -169,17 +179,22 @@ def migrate(database_url: str) -> None:
         raise error from None
 
 
-async def verify_schema_at_head(engine: AsyncEngine, *, timeout: float = 10) -> None:
-    """Return when the database is at the head revision.
+async def verify_schema_at_head(
+    engine: AsyncEngine, *, timeout: float = 10, users: UserMigrations | None = None
+) -> None:
+    """Return when the database is at the head revision of Regent's migrations and, when
+    ``users`` names an existing project, at the heads of the application's own.
 
-    Raises SchemaNotAtHeadError naming the current and head revisions otherwise, and
-    DatabaseUnreachableError naming host and port when no connection is made in
-    ``timeout`` seconds.
+    Raises SchemaNotAtHeadError naming the chain, the current and head revisions
+    otherwise, and DatabaseUnreachableError naming host and port when no connection is
+    made in ``timeout`` seconds.
     """
     target = describe_target(engine.url.render_as_string())
+    users = users if users is not None and users.exists else None
     try:
         async with asyncio.timeout(timeout), engine.connect() as connection:
             current = await connection.run_sync(_current_revision)
+            users_current = await connection.run_sync(users.current) if users else set()
     except TimeoutError:
         raise DatabaseUnreachableError(
             f"cannot reach PostgreSQL at {target} within {timeout:g} s; "
@@ -193,6 +208,13 @@ async def verify_schema_at_head(engine: AsyncEngine, *, timeout: float = 10) -> 
     head = head_revision()
     if current != head:
         raise SchemaNotAtHeadError(current, head, target)
+    if users is not None and users_current != (users_head := users.heads()):
+        raise SchemaNotAtHeadError(
+            ", ".join(sorted(users_current)),
+            ", ".join(sorted(users_head)),
+            target,
+            users.directory,
+        )
 
 
 @dataclass

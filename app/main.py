@@ -46,8 +46,9 @@ from .scheduler.host_lock import default_runtime_dir
 from .settings import Settings, SettingsError, load_settings
 from .startup_refusal import OneLineStartupRefusal, refuse_start
 from .stop_signal import on_stop_signal
+from .user_migrations import user_migrations
 
-__all__ = ["app", "create_app", "scheduler_config"]
+__all__ = ["DatabaseDep", "app", "create_app", "scheduler_config"]
 
 logger = logging.getLogger("app")
 
@@ -138,18 +139,22 @@ def _database(request: Request) -> Database:
 
 
 DatabaseDep = Annotated[Database, Depends(_database)]
+"""A route's dependency on the app's Database (engines and session factories)."""
 
 
 def create_app(settings: Settings | None = None, scheduler: Scheduler | None = None) -> FastAPI:
     """Build the app. Settings are read from the environment when not given.
 
     Start-up raises DatabaseError when DATABASE_URL is unset, the server cannot be
-    reached (naming host and port), or the schema is not at head (naming the database,
-    both revisions and the command that fixes it); an ASGI server reports such a
-    refusal (and an outbox or schedule set up wrong) as its one-line message.
+    reached (naming host and port), or the schema is not at head: Regent's, or the
+    application's own migrations (REGENT_MIGRATIONS), naming the database, the chain,
+    both revisions and the command that fixes it. An ASGI server reports such a refusal
+    (and an outbox or schedule set up wrong) as its one-line message.
     """
     resolved = settings or load_settings()
     configure_logging(resolved.LOG_LEVEL)
+    # The application's own migrations, found from the directory the app starts in.
+    users = user_migrations(resolved.REGENT_MIGRATIONS)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -177,7 +182,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         )
         try:
             await verify_schema_at_head(
-                database.engine, timeout=resolved.DATABASE_CONNECT_TIMEOUT_SECONDS
+                database.engine, timeout=resolved.DATABASE_CONNECT_TIMEOUT_SECONDS, users=users
             )
         except DatabaseError:
             await database.dispose()
@@ -254,7 +259,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     async def readyz(database: DatabaseDep) -> JSONResponse:
         """200 when the database is reachable and at head; 503 with the reason otherwise."""
         try:
-            await verify_schema_at_head(database.engine, timeout=5)
+            await verify_schema_at_head(database.engine, timeout=5, users=users)
         except DatabaseError as exc:
             return JSONResponse({"status": "unavailable", "reason": str(exc)}, status_code=503)
         return JSONResponse({"status": "ready"})

@@ -67,6 +67,12 @@ class Settings(BaseSettings):
         default="app.main:app",
         description="module:attribute of the ASGI app `python -m app` serves",
     )
+    REGENT_MIGRATIONS: str = Field(
+        default="migrations",
+        description="the alembic project of your own tables, relative to the directory "
+        "the app starts in: `migrate` applies it after Regent's, start-up checks it is at "
+        "head; empty: none",
+    )
     REGENT_PG_PORT: int = Field(
         default=54320,
         ge=1,

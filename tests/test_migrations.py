@@ -43,6 +43,12 @@ _USER_REVISION = """
 """
 
 
+# setuptools' own PEP 517 hook, as `python -m build --sdist` calls it (no download).
+_BUILD_SDIST = (
+    "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+)
+
+
 def _user_project(root: Path) -> Path:
     (root / "versions").mkdir(parents=True)
     (root / "env.py").write_text(textwrap.dedent(_USER_ENV))
@@ -99,21 +105,29 @@ def test_a_database_made_by_an_older_regent_moves_to_its_own_version_table(
 
 @pytest.fixture(scope="module")
 def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Regent's wheel, built from a copy of this checkout as `pip wheel` builds it (the
-    build leaves its work files beside the sources)."""
-    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    """Regent's wheel, built as a release is: the sdist from a copy of this checkout
+    (the build leaves its work files beside the sources), then the wheel from the sdist,
+    so that what either lacks the wheel lacks."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPOSITORY / name, source / name)
     shutil.copytree(
         REPOSITORY / "app", source / "app", ignore=shutil.ignore_patterns("__pycache__")
     )
+    sdist = subprocess.run(
+        [sys.executable, "-c", _BUILD_SDIST, str(out)],
+        cwd=source,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()[-1]
     build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-    subprocess.run([*build, "-w", str(out), str(source)], check=True)
+    subprocess.run([*build, "-w", str(out), str(out / sdist)], check=True)
     (wheel,) = out.glob("regent-*.whl")
     return wheel
 
 
-def test_the_built_wheel_migrates_an_empty_database_on_its_own(
+def test_the_wheel_built_from_the_sdist_migrates_an_empty_database_on_its_own(
     built_wheel: Path, empty_database_url: str, tmp_path: Path
 ) -> None:
     installed = tmp_path / "site"

@@ -1,21 +1,14 @@
-"""Alembic environment: async engine, and session advisory lock 8110731 held for the run.
-
-Two `upgrade head` runs at once: the second waits on the lock, then finds the schema at
-head and does nothing, so both succeed. Regent's revision is kept in its own table
+"""Alembic environment of Regent's own migrations (run through app/migration_env.py,
+under the migration lock). Regent's revision is kept in its own table
 (REGENT_VERSION_TABLE), never in the default alembic_version, which belongs to the
 application's own migrations.
 """
 
-import asyncio
-
 from alembic import context
-from sqlalchemy import Connection, pool, text
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy import Connection, text
 
 from app.db import REGENT_VERSION_TABLE
-from app.scheduler.keys import MIGRATION_LOCK_KEY
-
-config = context.config
+from app.migration_env import run_online
 
 # A Regent from before its own version table kept its revision in alembic_version: the
 # row is Regent's when it names one of Regent's revisions and Regent's tables exist.
@@ -51,41 +44,4 @@ def _move_an_older_regents_version(connection: Connection) -> None:
         connection.execute(text("DROP TABLE alembic_version"))
 
 
-def _run_migrations(connection: Connection) -> None:
-    _move_an_older_regents_version(connection)
-    connection.commit()
-    context.configure(
-        connection=connection,
-        transaction_per_migration=True,
-        version_table=REGENT_VERSION_TABLE,
-    )
-    with context.begin_transaction():
-        context.run_migrations()
-
-
-async def _run_online() -> None:
-    url = config.get_main_option("sqlalchemy.url")
-    if not url:
-        raise RuntimeError("no database URL: run migrations with `python -m app migrate`")
-    engine = create_async_engine(url, poolclass=pool.NullPool)
-    try:
-        async with engine.connect() as connection:
-            await connection.execute(
-                text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
-            )
-            await connection.commit()
-            try:
-                await connection.run_sync(_run_migrations)
-                await connection.commit()
-            finally:
-                await connection.execute(
-                    text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY}
-                )
-                await connection.commit()
-    finally:
-        await engine.dispose()
-
-
-if context.is_offline_mode():
-    raise RuntimeError("offline (--sql) migrations are not supported; run against a database")
-asyncio.run(_run_online())
+run_online(version_table=REGENT_VERSION_TABLE, before=_move_an_older_regents_version)

@@ -1,7 +1,7 @@
 """${message}
 
 Revision ID: ${up_revision}
-Revises: ${down_revision | comma,n}
+Revises: ${comma(down_revision) or "(none)"}
 Create Date: ${create_date}
 """
 

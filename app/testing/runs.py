@@ -10,7 +10,8 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy import text
 
-from app.db import Database
+from app.db import Database, asyncpg_dsn
+from app.outbox import Outbox
 from app.scheduler import Clock, FakeClock, Scheduler, SchedulerError
 from app.scheduler.clock import lease_clock
 from app.scheduler.runner import Runner
@@ -58,7 +59,10 @@ async def run_job(
     as run-now asks for it: a request at ``at`` (default: the clock's now), claimed and
     run at once, recorded as a manual run; the job's next slot stays where the schedule
     put it. The body sees ``ctx.scheduled_at == at`` and ``ctx.clock`` is ``clock`` (a
-    FakeClock set to ``at`` when none is given).
+    FakeClock set to ``at`` when none is given). The scheduler's outboxes are bound to
+    ``database`` and ``clock`` first, as the app binds them at start-up, so a message
+    the body queues is due at ``at`` and a later drain(..., clock=FakeClock(later))
+    finds its retry due.
     A per-worker job (``leader_only=False``) runs as a worker would run it, unclaimed.
     No leadership is taken: the claim takes the leadership term current in the
     database (0 when no leader was ever recorded), so ``ctx.fence`` passes unless a
@@ -83,6 +87,9 @@ async def run_job(
         clock.set(at)
     now = at or clock.now()
     zone = zone or ZoneInfo("UTC")
+    for outbox in Outbox.live():
+        if outbox.scheduler is scheduler:
+            outbox.bind(database.engine, listen_dsn=asyncpg_dsn(database.url), clock=clock)
     schedule = scheduler.name if scheduler.name_is_set else load_settings().SCHEDULER_NAME
     store = JobStore(
         database.engine,

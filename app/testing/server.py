@@ -1,7 +1,8 @@
 """A throwaway PostgreSQL for tests, or the server TEST_DATABASE_URL names.
 
-Each test gets a database of its own, cloned from a template migrated once to head, so
-a test starts from an empty schema at head in a few milliseconds.
+Each test gets a database of its own, cloned from a template migrated once to head
+(Regent's migrations, then the project's own), so a test starts from an empty schema
+at head in a few milliseconds.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlalchemy.engine import make_url
 
 from app.db import migrate
 from app.localpg import LocalPostgres, free_port
+from app.user_migrations import UserMigrations
 
 __all__ = ["TestServer", "start_test_server"]
 
@@ -33,11 +35,12 @@ class TestServer:
     at close(). Tests log in over TCP as a superuser of their own (``regent_test``, its
     password kept in memory only): fault tests need a superuser's powers and a TCP
     address. With ``external_url`` it creates and drops only its own databases there.
+    The template holds Regent's migrations and then ``users``' (when given).
     """
 
     __test__ = False
 
-    def __init__(self, external_url: str | None) -> None:
+    def __init__(self, external_url: str | None, users: UserMigrations | None = None) -> None:
         self.run_id = uuid.uuid4().hex[:8]
         self.external_url = external_url
         self.local: LocalPostgres | None = None
@@ -58,7 +61,7 @@ class TestServer:
         self.template = f"regent_tpl_{self.run_id}"
         try:
             self._execute(f'CREATE DATABASE "{self.template}"')
-            migrate(self.url_for(self.template))
+            migrate(self.url_for(self.template), users)
         except BaseException:
             self.close()
             raise
@@ -138,10 +141,11 @@ class TestServer:
             conn.execute(statement.encode())
 
 
-def start_test_server() -> TestServer:
-    """The server for this session: TEST_DATABASE_URL's when set, else a local one.
+def start_test_server(users: UserMigrations | None = None) -> TestServer:
+    """The server for this session: TEST_DATABASE_URL's when set, else a local one; its
+    template holds Regent's migrations and ``users``' own.
 
     Raises LocalPostgresError when no PostgreSQL binaries can be found (the `embedded`
     extra ships them).
     """
-    return TestServer(os.environ.get("TEST_DATABASE_URL") or None)
+    return TestServer(os.environ.get("TEST_DATABASE_URL") or None, users)

@@ -11,14 +11,8 @@ from app.scheduler import JobContext, Scheduler, every
 
 logger = logging.getLogger("myapp")
 
-# The signups table is the app's own; the job stamps each row it has queued a mail for.
-SIGNUPS_DDL = """
-    CREATE TABLE IF NOT EXISTS signups (
-        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        email text NOT NULL,
-        welcomed_at timestamptz
-    )
-"""
+# The signups table is the app's own (migrations/versions/*_signups.py); the job stamps
+# each row it has queued a mail for.
 _UNWELCOMED = text(
     "SELECT id, email FROM signups WHERE welcomed_at IS NULL ORDER BY id"
     " FOR UPDATE SKIP LOCKED LIMIT 500"

@@ -1,0 +1,97 @@
+"""The application's own migrations: an alembic project beside Regent's.
+
+A project keeps its own tables as alembic revisions in ``migrations/`` (the
+``REGENT_MIGRATIONS`` setting, relative to the directory the app starts in). `python -m
+app revision -m "..."` writes the project the first time and each revision after the
+head of its chain; `python -m app migrate` applies Regent's migrations, then these; the
+app's boot check and ``/readyz`` check both. The chains never meet: Regent's revision is
+kept in ``regent_alembic_version``, the project's in alembic's default
+``alembic_version``, so a project that ran its own alembic before keeps its history.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection
+
+from .migration_env import USER_VERSION_TABLE
+
+__all__ = ["UserMigrations", "user_migrations"]
+
+_SCRIPT_TEMPLATE = Path(__file__).resolve().parent / "migrations" / "script.py.mako"
+
+_ENV_PY = '''"""This project's own migrations: `python -m app migrate` applies them after Regent's
+(under the same migration lock); their revision is kept in alembic_version.
+`python -m app revision -m "..."` adds one after the head."""
+
+from app.migration_env import run_users_migrations
+
+run_users_migrations()
+'''
+
+
+class UserMigrations:
+    """The alembic project of an application's own tables, in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory.resolve()
+
+    def __repr__(self) -> str:
+        return f"UserMigrations({str(self.directory)!r})"
+
+    @property
+    def exists(self) -> bool:
+        """Whether the project has been made (its ``env.py`` is there)."""
+        return (self.directory / "env.py").is_file()
+
+    def config(self, sqlalchemy_url: str | None = None) -> Config:
+        """Alembic configuration of the project, optionally bound to a SQLAlchemy URL."""
+        config = Config()
+        config.set_main_option("script_location", str(self.directory))
+        if sqlalchemy_url is not None:
+            # configparser treats % as interpolation; a password may contain one.
+            config.set_main_option("sqlalchemy.url", sqlalchemy_url.replace("%", "%%"))
+        return config
+
+    def heads(self) -> set[str]:
+        """The head revisions of the project's chain (empty before its first revision)."""
+        return set(ScriptDirectory.from_config(self.config()).get_heads())
+
+    @staticmethod
+    def current(connection: Connection) -> set[str]:
+        """The revisions a database is at in the project's chain (empty: none applied)."""
+        context = MigrationContext.configure(connection, opts={"version_table": USER_VERSION_TABLE})
+        return set(context.get_current_heads())
+
+    def create(self) -> None:
+        """Write the project (env.py, the revision template, versions/) if not there."""
+        if self.exists:
+            return
+        (self.directory / "versions").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_SCRIPT_TEMPLATE, self.directory / "script.py.mako")
+        (self.directory / "env.py").write_text(_ENV_PY)
+
+    def revision(self, message: str) -> Path:
+        """Write an empty revision after the chain's head (making the project first if
+        need be); returns its file. Needs no database."""
+        self.create()
+        script = command.revision(self.config(), message=message)
+        assert script is not None and not isinstance(script, list)
+        return Path(script.path)
+
+
+def user_migrations(setting: str, base: Path | None = None) -> UserMigrations | None:
+    """The project named by the ``REGENT_MIGRATIONS`` setting, a relative path taken
+    from ``base`` (default: the working directory); None when the setting is empty."""
+    if not setting.strip():
+        return None
+    directory = Path(setting).expanduser()
+    if not directory.is_absolute():
+        directory = (base or Path.cwd()) / directory
+    return UserMigrations(directory)

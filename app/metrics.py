@@ -37,7 +37,7 @@ from .admin import queries
 from .scheduler import Clock, RunFinished, Scheduler
 from .scheduler.clock import lease_now
 
-__all__ = ["forget_dead_workers", "instrument", "measure_loop_lag", "router"]
+__all__ = ["RETENTION_REMOVED", "forget_dead_workers", "instrument", "measure_loop_lag", "router"]
 
 JOB_RUNS = Counter("regent_job_runs", "Slots run or skipped, by outcome", ["job", "status"])
 JOB_DURATION = Histogram("regent_job_duration_seconds", "Job body duration", ["job"])
@@ -53,6 +53,11 @@ IS_LEADER = Gauge(
     multiprocess_mode="livesum",
 )
 LEADER_CHANGES = Counter("regent_leader_changes", "Promotions of this deployment's workers")
+RETENTION_REMOVED = Counter(
+    "regent_retention_removed",
+    "Rows the regent_retention job deleted, by table",
+    ["table"],
+)
 LOOP_LAG = Gauge(
     "regent_event_loop_lag_seconds",
     "Worst event-loop lag in the last second, over workers",

@@ -8,6 +8,7 @@
     python -m app outbox list | outbox pending [NAME] | outbox stuck [NAME]
     python -m app outbox reset NAME ID
     python -m app leader [--schedule NAME]
+    python -m app prune [--dry-run] [--schedule NAME]
 
 The read commands take --json (for scripts).
 

@@ -277,8 +277,9 @@ async def _outbox(
         if not summary:
             return "no outboxes"
         rows = [
-            entry["counts"]
+            {"pending": entry["counts"]["pending"], "stuck": entry["counts"]["stuck"]}
             | {
+                "delivered_1h": entry["counts"]["delivered"],
                 "outbox": entry["name"],
                 "oldest_pending_s": ""
                 if entry["oldest_pending_seconds"] is None
@@ -287,7 +288,15 @@ async def _outbox(
             }
             for entry in summary
         ]
-        columns = ["outbox", "pending", "delivered", "stuck", "oldest_pending_s", "last_drain_at"]
+        # Delivered: the last hour's (queries.DELIVERED_WINDOW_SECONDS), not every row kept.
+        columns = [
+            "outbox",
+            "pending",
+            "delivered_1h",
+            "stuck",
+            "oldest_pending_s",
+            "last_drain_at",
+        ]
         return _table(rows, columns)
     status = args.outbox_command
     rows = await queries.outbox_messages(engine, args.name, status=status)

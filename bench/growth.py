@@ -1,7 +1,8 @@
 """What each operator surface costs with a busy deployment's history present: every
 surface's median answer time on an empty database and after a bulk load of run history
-and delivered outbox rows, side by side, from one run; and the lateness of a 1 s job
-in both.
+and delivered outbox rows, side by side, from one run; the lateness of a 1 s job in
+both; and how long one retention batch (a DELETE of 1000 rows) takes on the filled
+database.
 
 The app is `create_app(settings, scheduler)` in this process (served through httpx's
 ASGI transport, so the times are the app's and the database's, not a network's), its
@@ -9,7 +10,8 @@ scheduler leading with a 1 s job and an outbox. Both phases have the same 50 job
 (the load spreads its runs over them) and the same live work; the load only adds
 history: ``--runs`` finished runs started over the last 23 days and ``--delivered``
 rows delivered over the last 7 days (what OUTBOX_DELIVERED_DAYS keeps), then VACUUM
-ANALYZE, as autovacuum would.
+ANALYZE, as autovacuum would. The retention batches are timed last, with a policy that
+makes most of the load prunable (7 days of runs, 3 of deliveries).
 
     python bench/growth.py [--runs 2000000] [--delivered 1000000] [--samples 30]
         [--lateness-seconds 30]
@@ -30,7 +32,10 @@ from sqlalchemy import text
 from app.db import Database
 from app.main import create_app
 from app.outbox import Message, Outbox
+from app.outbox.retention import prune_delivered_batch
+from app.retention import BATCH_SIZE
 from app.scheduler import JobContext, Role, Scheduler, every
+from app.scheduler.store.retention import prune_runs_batch
 from app.settings import load_settings
 
 TOKEN = "growth-bench-admin-token-0123456789abcdef"
@@ -105,6 +110,20 @@ async def _fill(database: Database, runs: int, delivered: int) -> float:
     return time.perf_counter() - began
 
 
+async def _prune_batches(database: Database, batches: int) -> dict[str, list[float]]:
+    """Times of ``batches`` retention batches of each kind on the filled database."""
+    times: dict[str, list[float]] = {"runs": [], "delivered": []}
+    async with database.sessions() as session:
+        for _ in range(batches):
+            began = time.perf_counter()
+            await prune_runs_batch(session, schedule="default", days=7, keep=100, batch=BATCH_SIZE)
+            times["runs"].append(time.perf_counter() - began)
+            began = time.perf_counter()
+            await prune_delivered_batch(session, outbox="mails", days=3, batch=BATCH_SIZE)
+            times["delivered"].append(time.perf_counter() - began)
+    return times
+
+
 async def _measure(url: str, args: argparse.Namespace) -> None:
     lateness: list[float] = []
     scheduler = Scheduler()
@@ -140,6 +159,7 @@ async def _measure(url: str, args: argparse.Namespace) -> None:
             print(f"filled in {took:.0f} s")
             filled_late = await _lateness(lateness, args.lateness_seconds)
             filled = await _surfaces(client, args.samples)
+            pruning = await _prune_batches(database, args.prune_batches)
     await database.dispose()
 
     print(
@@ -160,6 +180,14 @@ async def _measure(url: str, args: argparse.Namespace) -> None:
             f" {percentile(values, 0.99) * 1000:>8.1f}"
         )
 
+    print(f"\nretention batches of {BATCH_SIZE} rows on the filled database; ms")
+    print(f"{'batch':<32} {'count':>8} {'p50':>8} {'max':>8}")
+    for kind, values in pruning.items():
+        print(
+            f"{kind:<32} {len(values):>8} {percentile(values, 0.5) * 1000:>8.1f}"
+            f" {max(values) * 1000:>8.1f}"
+        )
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -167,6 +195,7 @@ def main() -> None:
     parser.add_argument("--delivered", type=int, default=1_000_000)
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--lateness-seconds", type=float, default=30)
+    parser.add_argument("--prune-batches", type=int, default=20)
     args = parser.parse_args()
     with migrated_database() as url:
         asyncio.run(_measure(url, args))

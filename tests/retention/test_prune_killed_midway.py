@@ -18,7 +18,7 @@ from app.retention import BATCH_SIZE, RetentionPolicy, prune
 
 from .conftest import History
 
-OLD = 30_000
+OLD = 60_000
 KEEP = 3
 _FILL = text(
     "INSERT INTO scheduler_runs (schedule, job_id, scope, slot, started_at, finished_at,"

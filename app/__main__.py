@@ -11,6 +11,7 @@
     python -m app leader [--schedule NAME]
     python -m app jobs run ID --wait [--timeout S]
     python -m app db-url | psql [PSQL-ARGS...]
+    python -m app prune [--dry-run] [--schedule NAME]
 
 The read commands take --json (for scripts). `jobs run ID --wait` prints the run once it
 has ended and exits 1 unless it ended ok. `db-url` prints the database's URL, password

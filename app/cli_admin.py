@@ -1,6 +1,6 @@
-"""The operator commands of `python -m app`: jobs, outbox, leader.
+"""The operator commands of `python -m app`: jobs, outbox, leader, prune.
 
-The jobs and leader commands work on one schedule (app/scheduler/keys.py) and touch no
+The jobs, leader and prune commands work on one schedule (app/scheduler/keys.py) and touch no
 other schedule's rows: the one ``--schedule`` names; else the one the app runs, the
 app being ``--app`` or REGENT_APP (the same one `python -m app` serves, found inside
 ASGI middleware too: app/app_target.py): the name its Scheduler is given in code
@@ -25,13 +25,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
 from .admin import display, queries
 from .app_target import DEFAULT_APP, load_scheduler
 from .db import DatabaseUnreachableError, async_url, verify_schema_at_head
 from .embedded import default_data_dir, embedded_url, socket_path
 from .printable import printable
+from .retention import RetentionPolicy, prunable, prune
 from .scheduler import Clock, InvalidScheduleNameError, SystemClock
 from .scheduler.clock import lease_now
 from .scheduler.keys import validate_schedule_name
@@ -104,7 +105,7 @@ def _add_json(parser: argparse.ArgumentParser, *, inner: bool) -> None:
 
 
 def add_commands(commands: Any) -> None:
-    """Add the jobs, outbox and leader sub-commands to an argparse sub-parser set.
+    """Add the jobs, outbox, leader and prune sub-commands to an argparse sub-parser set.
 
     Every read command takes ``--json`` (rows as JSON, timestamps ISO-8601) for scripts,
     before or after its sub-command.
@@ -168,6 +169,16 @@ def add_commands(commands: Any) -> None:
     leader = commands.add_parser("leader", help="show the leader and the standbys waiting")
     _add_json(leader, inner=False)
     _add_schedule_options(leader, inner=False)
+    prune = commands.add_parser(
+        "prune",
+        help="delete the history retention no longer keeps, now (RUN_HISTORY_DAYS, "
+        "RUN_HISTORY_KEEP, OUTBOX_DELIVERED_DAYS), as the regent_retention job does",
+    )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="print what would be deleted; delete nothing"
+    )
+    prune.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    _add_schedule_options(prune, inner=False)
 
 
 OUTBOX_COMMANDS = "{list,pending,scheduled,stuck,reset}"
@@ -357,8 +368,13 @@ async def _outbox(
         if not summary:
             return "no outboxes"
         rows = [
-            entry["counts"]
+            {
+                "pending": entry["counts"]["pending"],
+                "scheduled": entry["counts"]["scheduled"],
+                "stuck": entry["counts"]["stuck"],
+            }
             | {
+                "delivered_1h": entry["counts"]["delivered"],
                 "outbox": entry["name"],
                 "oldest_pending_s": ""
                 if entry["oldest_pending_seconds"] is None
@@ -367,11 +383,12 @@ async def _outbox(
             }
             for entry in summary
         ]
+        # Delivered: the last hour's (queries.DELIVERED_WINDOW_SECONDS), not every row kept.
         columns = [
             "outbox",
             "pending",
             "scheduled",
-            "delivered",
+            "delivered_1h",
             "stuck",
             "oldest_pending_s",
             "last_drain_at",
@@ -405,12 +422,46 @@ async def _leader(
     return _table([info], columns)
 
 
+async def _prune(
+    engine: AsyncEngine, args: argparse.Namespace, settings: Settings, clock: Clock
+) -> str:
+    schedule = schedule_of(args, settings)
+    policy = RetentionPolicy.of(settings)
+    async with AsyncSession(engine) as session:
+        if args.dry_run:
+            report = await prunable(session, schedule, policy, lease_now(clock))
+        else:
+            report = await prune(session, schedule, policy, lease_now(clock))
+    if args.json:
+        return _json(
+            {
+                "schedule": schedule,
+                "dry_run": args.dry_run,
+                "runs": report.runs,
+                "delivered": report.delivered,
+            }
+        )
+    verb = "would delete" if args.dry_run else "deleted"
+    lines = [
+        f"schedule {schedule}: {verb} {report.runs} run(s) started more than "
+        f"{policy.run_history_days} days ago (RUN_HISTORY_DAYS), beyond the last "
+        f"{policy.run_history_keep} of each job (RUN_HISTORY_KEEP)"
+    ]
+    lines += [
+        f"outbox '{printable(name)}': {verb} {count} row(s) delivered more than "
+        f"{policy.outbox_delivered_days} days ago (OUTBOX_DELIVERED_DAYS)"
+        for name, count in report.delivered.items()
+    ]
+    return "\n".join(lines)
+
+
 COMMANDS: dict[
     str, Callable[[AsyncEngine, argparse.Namespace, Settings, Clock], Awaitable[str]]
 ] = {
     "jobs": _jobs,
     "outbox": _outbox,
     "leader": _leader,
+    "prune": _prune,
 }
 
 

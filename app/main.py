@@ -41,6 +41,7 @@ from .metrics import instrument, measure_loop_lag
 from .metrics import router as metrics_router
 from .outbox import Outbox, OutboxError, UnregisteredDrainError
 from .parent_death import worker_dies_with_parent
+from .retention import register as register_retention
 from .scheduler import DuplicateScheduleError, Scheduler, SchedulerConfig, SystemClock
 from .scheduler.host_lock import default_runtime_dir
 from .settings import Settings, SettingsError, load_settings
@@ -244,6 +245,9 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     app.include_router(index_router)
     app.include_router(metrics_router)
     if scheduler is not None:
+        # History stays bounded in every app (RUN_HISTORY_DAYS, ...): app/retention.py.
+        if resolved.RETENTION_ENABLED:
+            register_retention(scheduler, resolved)
         instrument(scheduler)
     app.add_exception_handler(AdminError, admin_error_response)
     app.add_exception_handler(RequestValidationError, validation_error_response)

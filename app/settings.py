@@ -89,6 +89,31 @@ class Settings(BaseSettings):
         default=24, ge=1, le=1000, description="attempts after which an outbox row becomes stuck"
     )
     TRACKING_EVENT_RETENTION_DAYS: int = Field(default=365, ge=1, le=36500)
+    RETENTION_ENABLED: bool = Field(
+        default=True,
+        description="whether every app prunes its history (the regent_retention job); "
+        "off: nothing is ever deleted, as before retention (prune it yourself)",
+    )
+    RUN_HISTORY_DAYS: int = Field(
+        default=30,
+        ge=1,
+        le=36500,
+        description="days a job's run history is kept (the regent_retention job deletes "
+        "older runs, but never one of the last RUN_HISTORY_KEEP of a job, nor a running one)",
+    )
+    RUN_HISTORY_KEEP: int = Field(
+        default=100,
+        ge=1,
+        le=1_000_000,
+        description="runs of each job kept whatever their age, so a rare job keeps its history",
+    )
+    OUTBOX_DELIVERED_DAYS: int = Field(
+        default=7,
+        ge=1,
+        le=36500,
+        description="days a delivered outbox row is kept (its key deduplicates enqueues "
+        "that long); pending and stuck rows are never deleted",
+    )
     BOOKING_REMINDERS_ENABLED: bool = Field(
         default=True, description="the booking_reminders job (it needs JobDeps(sms=...))"
     )

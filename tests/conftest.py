@@ -74,11 +74,13 @@ def empty_database_url(pg_server: TestServer) -> Iterator[str]:
 
 @pytest.fixture
 def settings(database_url: str) -> Settings:
-    """Test settings bound to this test's database, ignoring any .env file."""
+    """Test settings bound to this test's database, ignoring any .env file. Without the
+    retention job (tests/retention turns it on), so a test's app has only its own jobs."""
     return load_settings(
         _env_file=None,
         DATABASE_URL=database_url,
         ENVIRONMENT="test",
+        RETENTION_ENABLED=False,
         LEASE_SECONDS=6,
         LEADER_TICK_SECONDS=1,
         HANDOVER_GRACE_SECONDS=0,

@@ -3,14 +3,15 @@
 A row is written in the same transaction as the change that promises it
 (``await outbox.enqueue(session, payload, key=...)``), due at once or, with ``at=``
 (an aware datetime) or ``delay=`` (a timedelta), at a later moment on the database's
-clock, never before it; the drain, a scheduler job,
-delivers it with backoff (5, 15, 60, 300, 900, 3600 s), marks a refused or exhausted
-row ``stuck``, and never deletes anything. The receiver gets ``<outbox>:<key>`` as an
-idempotency key on every attempt; a key the deliverer cannot send (HttpTransport: not
-printable ASCII) is refused at enqueue. An enqueue's commit wakes the leader's drain through
-NOTIFY, and the drain sleeps until the next row falls due, so delivery waits for no
-tick. A value the outbox cannot store or use is refused at the call, before anything
-is written, with an OutboxArgumentError (or PayloadError) naming the argument.
+clock, never before it; the drain, a scheduler job, delivers it with backoff (5, 15,
+60, 300, 900, 3600 s) and marks a refused or exhausted row ``stuck``; only retention
+deletes rows, delivered ones (retention.py). The receiver gets ``<outbox>:<key>`` as
+an idempotency key on every attempt; a key the deliverer cannot send (HttpTransport:
+not printable ASCII) is refused at enqueue. An enqueue's commit wakes the leader's
+drain through NOTIFY, and the drain sleeps until the next row falls due, so delivery
+waits for no tick. A value the outbox cannot store or use is refused at the call,
+before anything is written, with an OutboxArgumentError (or PayloadError) naming the
+argument.
 """
 
 from .arguments import MAX_KEY_BYTES, MAX_NAME_LENGTH

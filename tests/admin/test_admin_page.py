@@ -413,7 +413,7 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
             assert "grant-9" in await stuck_row.inner_text()
             await page.screenshot(path=screenshots / "admin-1280.png", full_page=True)
             assert await _page_width(page) <= 1280
-            assert await _lines_per_trigger(page) == [1, 1]
+            assert set(await _lines_per_trigger(page)) == {1}
             await stuck_row.locator("button").click()
             await page.wait_for_selector("#flash")
             assert f"Message {row} is pending" in await page.inner_text("#flash")

@@ -191,7 +191,7 @@ def test_outbox_list_counts_each_outbox_per_status(seeded: str) -> None:
     result = _app(seeded, "outbox", "list")
     assert result.returncode == 0, result.stderr
     header, row = result.stdout.strip().splitlines()
-    assert header.split()[:5] == ["outbox", "pending", "scheduled", "delivered", "stuck"]
+    assert header.split()[:5] == ["outbox", "pending", "scheduled", "delivered_1h", "stuck"]
     # The seed: g-1 stuck, g-2 pending (held by a drain).
     assert row.split()[:5] == ["grants", "1", "0", "0", "1"]
 

@@ -25,7 +25,11 @@ __all__ = ["regent_clock", "regent_database", "regent_database_url", "regent_ser
 
 @pytest.fixture(scope="session")
 def regent_server() -> Iterator[TestServer]:
-    """The session's PostgreSQL: started once, removed at the end of the session."""
+    """The session's PostgreSQL: started once, removed at the end of the session.
+
+    Under pytest-xdist every worker is a session of its own, so each worker starts its
+    own server (and on TEST_DATABASE_URL's, its own template): workers share nothing.
+    """
     server = start_test_server()
     try:
         yield server

@@ -303,7 +303,8 @@ def serve_user_app() -> Iterator[ServeUserApp]:
                 stderr=stderr,
             )
         started.append((process, tmp_path))
-        deadline = time.monotonic() + 60
+        # Start-up is not what these tests bound (see test_cli's embedded_app).
+        deadline = time.monotonic() + 180
         while True:
             assert process.poll() is None, f"python -m app exited: {served.log.read_text()[-600:]}"
             try:

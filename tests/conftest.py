@@ -41,6 +41,20 @@ def _forget_dead_outboxes() -> Iterator[None]:
 
 pytest_plugins = ["app.testing.plugin"]
 
+# The lanes of the README's test command: these markers' tests run one at a time, after
+# the others (which run on several worker processes). Their bounds ("another process
+# fires within 3 s", a server back within its restart) are what they test, and a real
+# process's start-up is CPU the parallel lane would take from them.
+_SERIAL_LANE = ("multiprocess", "restarts_server")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test of the serial lane ``serial`` before ``-m`` selects a lane."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in _SERIAL_LANE):
+            item.add_marker(pytest.mark.serial)
+
 
 @pytest.fixture(scope="session")
 def pg_server(regent_server: TestServer) -> TestServer:
@@ -291,7 +305,8 @@ def serve_user_app() -> Iterator[ServeUserApp]:
                 stderr=stderr,
             )
         started.append((process, tmp_path))
-        deadline = time.monotonic() + 60
+        # Start-up is not what these tests bound (see test_cli's embedded_app).
+        deadline = time.monotonic() + 180
         while True:
             assert process.poll() is None, f"python -m app exited: {served.log.read_text()[-600:]}"
             try:

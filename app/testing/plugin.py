@@ -61,7 +61,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def regent_server(pytestconfig: pytest.Config) -> Iterator[TestServer]:
     """The session's PostgreSQL: started once, removed at the end of the session. Its
     template database holds Regent's migrations, then the project's own
-    (REGENT_MIGRATIONS, default ``migrations``, from the pytest root directory)."""
+    (REGENT_MIGRATIONS, default ``migrations``, from the pytest root directory).
+
+    Under pytest-xdist every worker is a session of its own, so each worker starts its
+    own server (and on TEST_DATABASE_URL's, its own template): workers share nothing.
+    """
     setting = os.environ.get(
         "REGENT_MIGRATIONS", Settings.model_fields["REGENT_MIGRATIONS"].default
     )

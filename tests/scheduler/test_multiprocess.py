@@ -40,9 +40,11 @@ def cluster(database_url: str, tmp_path: Path, layout: str) -> Iterator[Cluster]
     cluster = Cluster(database_url, tmp_path)
     cluster.start(runtime_dir=tmp_path / "host" if layout == "one-host" else None)
     try:
-        cluster.leader()
+        # Start-up is not what these tests bound (three interpreters importing the app
+        # at once take 20 s on a loaded 2-core machine): wait long for it.
+        cluster.leader(timeout=60)
         # Wait until the schedule runs: the probe has fired at least once.
-        cluster.wait_for(lambda: cluster.query("SELECT 1 FROM probe_fires LIMIT 1"), 20, "a fire")
+        cluster.wait_for(lambda: cluster.query("SELECT 1 FROM probe_fires LIMIT 1"), 60, "a fire")
         yield cluster
     finally:
         cluster.stop()
@@ -166,7 +168,7 @@ def gated_cluster(
     cluster = Cluster(database_url, tmp_path, app="tests.procs.gated_app:app")
     cluster.start()
     try:
-        cluster.wait_for(lambda: cluster.query("SELECT 1 FROM gated_bodies"), 20, "a body")
+        cluster.wait_for(lambda: cluster.query("SELECT 1 FROM gated_bodies"), 60, "a body")
         yield cluster
     finally:
         gate.execute("SELECT pg_advisory_unlock_all()")

@@ -20,6 +20,7 @@ from sqlalchemy import text
 
 from app.after_response import run_after_response
 from app.db import Database
+from app.http_errors import error_response
 from app.outbox import (
     HttpTransport,
     Message,
@@ -76,7 +77,16 @@ def build(settings: Settings, scheduler: Scheduler) -> tuple[Outbox, APIRouter]:
     outbox = Outbox("credit_grants", deliver, scheduler=scheduler)
     router = APIRouter(prefix="/api/credits", tags=["credits"])
 
-    @router.post("/grants", status_code=202, response_model=GrantOut)
+    @router.post(
+        "/grants",
+        status_code=202,
+        response_model=GrantOut,
+        responses={
+            200: {"model": GrantOut, "description": "the existing grant of a reused reference"},
+            404: error_response("API_TOKEN is unset, or no workspace of that workspace_id"),
+            409: error_response("the reference was used for another grant"),
+        },
+    )
     async def create_grant(
         grant: GrantIn, request: Request, response: Response, background: BackgroundTasks
     ) -> GrantOut:

@@ -7,8 +7,9 @@ and a validation error lists where and what, never the input.
 
 The models below are those bodies, so the OpenAPI schema documents what is answered:
 ``ErrorBody`` for every refusal (401, 404, 409, 429), ``ValidationErrorBody`` for 422
-(``documented_validation_errors`` puts it in place of FastAPI's default, which names
-``input`` and ``ctx`` this handler never sends).
+(``documented_error_bodies`` puts it in place of FastAPI's default, which names
+``input`` and ``ctx`` this handler never sends, and documents the 400 FastAPI answers
+for a body it cannot parse).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ __all__ = [
     "FieldError",
     "SafeJSONResponse",
     "ValidationErrorBody",
-    "documented_validation_errors",
+    "documented_error_bodies",
     "error_response",
     "validation_error_response",
 ]
@@ -89,14 +90,25 @@ async def validation_error_response(request: Request, exc: Exception) -> SafeJSO
     return SafeJSONResponse(body.model_dump(), status_code=422)
 
 
-def documented_validation_errors(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` (an app's OpenAPI document) with FastAPI's 422 body replaced by the
-    ValidationErrorBody that validation_error_response answers, for every route
-    (FastAPI documents a 422 on each route that takes parameters, by reference)."""
-    schemas = schema.get("components", {}).get("schemas", {})
+def documented_error_bodies(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (an app's OpenAPI document) with the error answers every route gives
+    whatever it declares: FastAPI's 422 body replaced by the ValidationErrorBody that
+    validation_error_response answers (FastAPI documents a 422, by reference, on each
+    route that takes parameters), and a 400 ErrorBody on each route that takes a body
+    (FastAPI answers 400 for one it cannot parse: not JSON, not UTF-8)."""
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
     if "HTTPValidationError" in schemas:
         body = ValidationErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(body.pop("$defs"))
         schemas.pop("ValidationError", None)
         schemas["HTTPValidationError"] = body
+    unparseable = {
+        "description": "the body cannot be parsed",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+    }
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if "requestBody" in operation:
+                operation["responses"].setdefault("400", unparseable)
+                schemas.setdefault("ErrorBody", ErrorBody.model_json_schema())
     return schema

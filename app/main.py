@@ -36,7 +36,7 @@ from .admin import (
 )
 from .admin.headers import AdminHeaders
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
-from .http_errors import documented_validation_errors, validation_error_response
+from .http_errors import documented_error_bodies, validation_error_response
 from .logging import configure_logging
 from .metrics import instrument, measure_loop_lag
 from .metrics import router as metrics_router
@@ -155,8 +155,8 @@ class RegentAPI(FastAPI):
     answer them (app/http_errors.py), on every route, a user's own included."""
 
     def openapi(self) -> dict[str, Any]:
-        """The schema, with the 422 body validation_error_response answers."""
-        return documented_validation_errors(super().openapi())
+        """The schema, with the 400 and 422 bodies as app/http_errors.py documents them."""
+        return documented_error_bodies(super().openapi())
 
 
 def create_app(settings: Settings | None = None, scheduler: Scheduler | None = None) -> FastAPI:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
+from fastapi import FastAPI
 from pydantic import SecretStr
 
 from app.jobs import build
@@ -35,27 +37,36 @@ CONTRACT: dict[tuple[str, str], set[int]] = {
     ("get", "/metrics"): {200},
     ("get", "/healthz"): {200},
     ("get", "/readyz"): {200, 503},
-    ("post", "/api/credits/grants"): {200, 202, 409, 422} | API,
+    ("post", "/api/credits/grants"): {200, 202, 400, 409, 422} | API,
     ("get", "/api/stats"): {200, 422} | API,
 }
 TOKEN_OF = {"/admin/api/": "ADMIN_TOKEN", "/api/": "API_TOKEN"}
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
+API_TOKEN = "contract-api-token-0123456789abcdefgh"
+
+
 @pytest.fixture(scope="module")
-def schema() -> dict[str, Any]:
-    """The default app's schema (its jobs' routes too), both tokens set."""
+def default_app() -> FastAPI:
+    """The default app (its jobs' routes too), both tokens set, not started: what is
+    looked at here is answered before any query."""
     settings = load_settings(
         _env_file=None,
         ENVIRONMENT="test",
         ADMIN_TOKEN=SecretStr("contract-admin-token-0123456789abcdef"),
-        API_TOKEN=SecretStr("contract-api-token-0123456789abcdefgh"),
+        API_TOKEN=SecretStr(API_TOKEN),
     )
     jobs = build(settings)
     app = create_app(settings, jobs.scheduler)
     app.include_router(jobs.router)
-    openapi: dict[str, Any] = app.openapi()
-    return openapi
+    return app
+
+
+@pytest.fixture(scope="module")
+def schema(default_app: FastAPI) -> dict[str, Any]:
+    """The default app's schema."""
+    return default_app.openapi()
 
 
 def _operations(schema: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -150,3 +161,28 @@ def test_metrics_is_documented_as_prometheus_text(schema: dict[str, Any]) -> Non
     content = _operations(schema)[("get", "/metrics")]["responses"]["200"]["content"]
     assert list(content) == [PROMETHEUS_TEXT]
     assert content[PROMETHEUS_TEXT]["schema"] == {"type": "string"}
+
+
+def test_a_route_taking_a_body_documents_the_400_of_one_that_cannot_be_parsed(
+    schema: dict[str, Any],
+) -> None:
+    for key, operation in _operations(schema).items():
+        if "requestBody" in operation:
+            response = operation["responses"]["400"]
+            body = _resolve(schema, response["content"]["application/json"]["schema"])
+            assert body["properties"]["detail"]["type"] == "string", key
+
+
+async def test_an_unparseable_body_is_answered_with_the_documented_400(
+    default_app: FastAPI,
+) -> None:
+    transport = httpx.ASGITransport(app=default_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        answer = await client.post(
+            "/api/credits/grants",
+            content=b"\xff",
+            headers={"Authorization": f"Bearer {API_TOKEN}", "Content-Type": "application/json"},
+        )
+    assert answer.status_code == 400
+    assert answer.headers["content-type"] == "application/json"
+    assert isinstance(answer.json()["detail"], str)

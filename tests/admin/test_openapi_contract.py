@@ -17,7 +17,7 @@ from pydantic import SecretStr
 
 from app.jobs import build
 from app.main import create_app
-from app.settings import load_settings
+from app.settings import Settings, load_settings
 
 ADMIN = {401, 404, 429}  # the admin guard: wrong token, routes off, too many wrong ones
 API = {401, 404, 429}  # the example routes' guard, the same with API_TOKEN
@@ -186,3 +186,14 @@ async def test_an_unparseable_body_is_answered_with_the_documented_400(
     assert answer.status_code == 400
     assert answer.headers["content-type"] == "application/json"
     assert isinstance(answer.json()["detail"], str)
+
+
+async def test_metrics_answers_the_documented_prometheus_text(settings: Settings) -> None:
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            answer = await client.get("/metrics")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == PROMETHEUS_TEXT
+    assert "# TYPE regent_outbox_messages gauge" in answer.text

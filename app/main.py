@@ -17,13 +17,14 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import multiprocess
+from pydantic import BaseModel
 
 from .admin import (
     AdminError,
@@ -35,7 +36,7 @@ from .admin import (
 )
 from .admin.headers import AdminHeaders
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
-from .http_errors import validation_error_response
+from .http_errors import documented_error_bodies, validation_error_response
 from .logging import configure_logging
 from .metrics import instrument, measure_loop_lag
 from .metrics import router as metrics_router
@@ -49,7 +50,7 @@ from .startup_refusal import OneLineStartupRefusal, refuse_start
 from .stop_signal import on_stop_signal
 from .user_migrations import user_migrations
 
-__all__ = ["DatabaseDep", "app", "create_app", "scheduler_config"]
+__all__ = ["DatabaseDep", "Readiness", "RegentAPI", "app", "create_app", "scheduler_config"]
 
 logger = logging.getLogger("app")
 
@@ -143,6 +144,22 @@ DatabaseDep = Annotated[Database, Depends(_database)]
 """A route's dependency on the app's Database (engines and session factories)."""
 
 
+class Readiness(BaseModel):
+    """The body of GET /readyz: ``ready``, or ``unavailable`` with the ``reason``."""
+
+    status: Literal["ready", "unavailable"]
+    reason: str | None = None
+
+
+class RegentAPI(FastAPI):
+    """FastAPI whose OpenAPI schema documents the error bodies as Regent's handlers
+    answer them (app/http_errors.py), on every route, a user's own included."""
+
+    def openapi(self) -> dict[str, Any]:
+        """The schema, with the 400 and 422 bodies as app/http_errors.py documents them."""
+        return documented_error_bodies(super().openapi())
+
+
 def create_app(settings: Settings | None = None, scheduler: Scheduler | None = None) -> FastAPI:
     """Build the app. Settings are read from the environment when not given.
 
@@ -229,7 +246,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     # Swagger UI and ReDoc load their scripts from a CDN, without integrity: off unless
     # asked for (API_DOCS_ENABLED); /openapi.json is served either way.
     docs = resolved.API_DOCS_ENABLED
-    app = FastAPI(
+    app = RegentAPI(
         title="Regent",
         lifespan=lifespan,
         docs_url="/docs" if docs else None,
@@ -259,13 +276,20 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         """200 while the process lives."""
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get(
+        "/readyz",
+        responses={
+            200: {"model": Readiness, "description": "the database is reachable and at head"},
+            503: {"model": Readiness, "description": "it is not: the reason"},
+        },
+    )
     async def readyz(database: DatabaseDep) -> JSONResponse:
         """200 when the database is reachable and at head; 503 with the reason otherwise."""
         try:
             await verify_schema_at_head(database.engine, timeout=5, users=users)
         except DatabaseError as exc:
-            return JSONResponse({"status": "unavailable", "reason": str(exc)}, status_code=503)
+            body = Readiness(status="unavailable", reason=str(exc))
+            return JSONResponse(body.model_dump(), status_code=503)
         return JSONResponse({"status": "ready"})
 
     return app

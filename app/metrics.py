@@ -23,7 +23,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     REGISTRY,
     CollectorRegistry,
     Counter,
@@ -33,13 +32,21 @@ from prometheus_client import (
     multiprocess,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from .admin import queries
 from .scheduler import Clock, RunFinished, Scheduler
 from .scheduler.clock import lease_now
 
-__all__ = ["RETENTION_REMOVED", "forget_dead_workers", "instrument", "measure_loop_lag", "router"]
+__all__ = [
+    "RETENTION_REMOVED",
+    "PrometheusText",
+    "forget_dead_workers",
+    "instrument",
+    "measure_loop_lag",
+    "router",
+]
 
 JOB_RUNS = Counter("regent_job_runs", "Slots run or skipped, by outcome", ["job", "status"])
 JOB_DURATION = Histogram("regent_job_duration_seconds", "Job body duration", ["job"])
@@ -161,10 +168,17 @@ class _OutboxCollector(Collector):
         yield oldest
 
 
+class PrometheusText(Response):
+    """The Prometheus text exposition format, version 0.0.4: the one every Prometheus
+    server scrapes (the series' names need nothing of the newer formats)."""
+
+    media_type = CONTENT_TYPE_PLAIN_0_0_4
+
+
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PrometheusText)
 async def metrics(request: Request) -> Response:
     """Prometheus text: job, leader and loop series from every worker; outbox series from
     the database."""
@@ -179,4 +193,4 @@ async def metrics(request: Request) -> Response:
     summary = await queries.outbox_summary(request.app.state.database.engine, lease_now(clock))
     outboxes = CollectorRegistry()
     outboxes.register(_OutboxCollector(summary))
-    return Response(body + generate_latest(outboxes), media_type=CONTENT_TYPE_LATEST)
+    return PrometheusText(body + generate_latest(outboxes))

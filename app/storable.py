@@ -17,9 +17,11 @@ from pydantic import AfterValidator
 __all__ = [
     "INT32_MAX",
     "INT64_MAX",
+    "JSON_INT_MAX",
     "Int32Id",
     "Int64Id",
     "PositiveInt64",
+    "PositiveJsonInt",
     "StorableText",
     "escape_unstorable",
     "is_int64",
@@ -72,3 +74,11 @@ Int64Id = Annotated[int, Interval(ge=1, le=INT64_MAX)]
 
 PositiveInt64 = Annotated[int, Interval(gt=0, le=INT64_MAX)]
 """A positive amount in a ``bigint`` column."""
+
+JSON_INT_MAX = 2**53 - 1
+"""The largest integer every JSON reader holds exactly (RFC 8259, section 6): past it a
+client that reads numbers as doubles (JavaScript, and many schema validators) rounds."""
+
+PositiveJsonInt = Annotated[int, Interval(gt=0, le=JSON_INT_MAX)]
+"""A positive amount in a JSON body (so in a ``bigint`` column too) that every client
+sends and reads back exactly."""

@@ -5,23 +5,44 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.responses import JSONResponse
 
 from app.db import Database
-from app.http_errors import SafeJSONResponse
+from app.http_errors import SafeJSONResponse, error_response
 from app.scheduler import Clock, Scheduler
 from app.scheduler.clock import lease_now
 from app.storable import INT64_MAX
 
 from . import display, queries
-from .auth import require_admin
+from .auth import bearer_scheme, guard_responses, require_admin
 from .errors import AdminError
 from .params import JobId, MessageId, OutboxName
 
 __all__ = ["admin_error_response", "lease_now_of", "router", "schedule_name"]
 
-router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[Depends(require_admin)])
+router = APIRouter(
+    prefix="/admin/api",
+    tags=["admin"],
+    dependencies=[Security(bearer_scheme("ADMIN_TOKEN")), Depends(require_admin)],
+    responses=guard_responses("ADMIN_TOKEN"),
+)
+
+# What a route naming a job or a message answers besides the guard's own refusals.
+Responses = dict[int | str, dict[str, Any]]
+_UNKNOWN_JOB: Responses = {
+    404: error_response("ADMIN_TOKEN is unset, or no job of that id in this schedule")
+}
+_UNKNOWN_OUTBOX: Responses = {
+    404: error_response("ADMIN_TOKEN is unset, or no outbox of that name")
+}
+_UNKNOWN_MESSAGE: Responses = {
+    404: error_response("ADMIN_TOKEN is unset, or no outbox of that name or message of that id")
+}
+_ROW_HELD = error_response(
+    "the job's row stayed held by another transaction past the wait (the message names "
+    "its backend pid); try again"
+)
 
 
 def _engine(request: Request) -> Any:
@@ -81,7 +102,7 @@ async def jobs(
     ]
 
 
-@router.get("/jobs/{job_id}/runs")
+@router.get("/jobs/{job_id}/runs", responses=_UNKNOWN_JOB)
 async def runs(
     request: Request,
     job_id: JobId,
@@ -103,7 +124,17 @@ async def runs(
     return {"runs": page, "next_before": next_before}
 
 
-@router.post("/jobs/{job_id}/run", status_code=202)
+@router.post(
+    "/jobs/{job_id}/run",
+    status_code=202,
+    responses=_UNKNOWN_JOB
+    | {
+        409: error_response(
+            "the job is running, paused, retired or per-worker; or its row stayed held "
+            "past the wait"
+        )
+    },
+)
 async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
     """Fire now, through the same slot claim; 409 while the job runs (its running lease
     holds), while it is paused, and for a per-worker job (each worker runs that on its
@@ -117,7 +148,16 @@ async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
     return {"status": "queued"}
 
 
-@router.delete("/jobs/{job_id}")
+@router.delete(
+    "/jobs/{job_id}",
+    responses=_UNKNOWN_JOB
+    | {
+        409: error_response(
+            "the job is still registered by its schedule's leader, or running; or its row "
+            "stayed held past the wait"
+        )
+    },
+)
 async def forget(request: Request, job_id: JobId) -> dict[str, Any]:
     """Forget a retired job: its row and its whole run history are deleted. 409 for a
     job its schedule's leader still registers (remove it from the code first)."""
@@ -125,7 +165,7 @@ async def forget(request: Request, job_id: JobId) -> dict[str, Any]:
     return {"status": "forgotten", "runs_deleted": runs}
 
 
-@router.post("/jobs/{job_id}/pause")
+@router.post("/jobs/{job_id}/pause", responses=_UNKNOWN_JOB | {409: _ROW_HELD})
 async def pause(request: Request, job_id: JobId) -> dict[str, str]:
     """Pause the job: no slot is claimed (per-worker jobs: no worker runs a slot) until
     it is resumed."""
@@ -133,7 +173,7 @@ async def pause(request: Request, job_id: JobId) -> dict[str, str]:
     return {"status": "paused"}
 
 
-@router.post("/jobs/{job_id}/resume")
+@router.post("/jobs/{job_id}/resume", responses=_UNKNOWN_JOB | {409: _ROW_HELD})
 async def resume(request: Request, job_id: JobId) -> dict[str, str]:
     """Resume a paused job."""
     await queries.set_paused(_engine(request), job_id, False, schedule=schedule_name(request))
@@ -156,7 +196,7 @@ async def outboxes(request: Request) -> list[dict[str, Any]]:
     return await queries.outbox_summary(_engine(request), lease_now_of(request))
 
 
-@router.get("/outboxes/{name}/messages")
+@router.get("/outboxes/{name}/messages", responses=_UNKNOWN_OUTBOX)
 async def messages(
     request: Request,
     name: OutboxName,
@@ -170,7 +210,16 @@ async def messages(
     )
 
 
-@router.post("/outboxes/{name}/messages/{message_id}/reset")
+@router.post(
+    "/outboxes/{name}/messages/{message_id}/reset",
+    responses=_UNKNOWN_MESSAGE
+    | {
+        409: error_response(
+            "the message is delivered, or a drain is delivering it, or its row stayed held "
+            "past the wait"
+        )
+    },
+)
 async def reset(request: Request, name: OutboxName, message_id: MessageId) -> dict[str, str]:
     """Set the row pending, attempts 0, due now; 404 unknown, 409 delivered or held by
     a drain that is delivering it."""

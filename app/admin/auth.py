@@ -4,17 +4,24 @@ time and throttled per client (throttle.py).
 With no token configured the guarded routes answer 404: there is never a default
 credential. A token too short to be a key (settings refuse one; a Settings built past
 validation could still carry it) counts as none. The token is never logged.
+
+A guarded router declares its token as a bearer security scheme named after the
+setting (``bearer_scheme``) and the guard's answers (``guard_responses``), so the
+OpenAPI schema tells a client which token each route takes and what a refusal looks
+like.
 """
 
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPBearer
 from pydantic import SecretStr
 
 from app.db import Database
+from app.http_errors import error_response
 from app.scheduler import Clock
 from app.scheduler.clock import lease_now
 from app.settings import ADMIN_TOKEN_MIN_LENGTH, Settings
@@ -24,13 +31,40 @@ from . import throttle
 __all__ = [
     "AdminDep",
     "admin_key",
+    "bearer_scheme",
     "client_address",
+    "guard_responses",
     "key_of",
     "refuse_wrong_token",
     "require_admin",
     "require_bearer",
     "token_matches",
 ]
+
+
+def bearer_scheme(setting: str) -> HTTPBearer:
+    """The OpenAPI security scheme of ``Authorization: Bearer <setting>``, named after
+    the setting. As a dependency it only declares the scheme: require_bearer checks."""
+    return HTTPBearer(
+        scheme_name=setting,
+        description=f"Authorization: Bearer <{setting}>",
+        auto_error=False,
+    )
+
+
+def guard_responses(setting: str) -> dict[int | str, dict[str, Any]]:
+    """The answers of require_bearer for ``setting``, as a router's ``responses=``."""
+    return {
+        401: error_response(
+            f"no Authorization: Bearer <{setting}>, or a wrong token",
+            headers={"WWW-Authenticate": "Bearer"},
+        ),
+        404: error_response(f"{setting} is unset: the routes are off"),
+        429: error_response(
+            "too many wrong tokens from this client; wait before the next try",
+            headers={"Retry-After": "seconds to wait"},
+        ),
+    }
 
 
 def key_of(token: SecretStr | None) -> bytes | None:

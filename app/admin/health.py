@@ -35,10 +35,11 @@ is read for this app's schedule (``schedule``, app/scheduler/keys.py) only.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from app.db import Database
 from app.scheduler import Scheduler, Trigger
@@ -48,11 +49,25 @@ from . import queries
 from .api import lease_now_of, schedule_name
 from .display import is_never
 
-__all__ = ["last_due_slots", "router", "stale_jobs", "unclaimed_jobs"]
+__all__ = ["SchedulerHealth", "last_due_slots", "router", "stale_jobs", "unclaimed_jobs"]
 
 router = APIRouter(tags=["health"])
 
 GRACE_FLOOR = timedelta(minutes=10)
+
+
+class SchedulerHealth(BaseModel):
+    """The body of GET /health/scheduler, 200 and 503 alike (see the module docstring)."""
+
+    status: Literal["ok", "unhealthy"]
+    schedule: str
+    refusal: str | None
+    leader: bool
+    firing: bool
+    broken_jobs: list[str]
+    unclaimed_jobs: list[str]
+    stale_jobs: list[str]
+    jobs_not_led: list[str]
 
 
 def last_due_slots(
@@ -146,7 +161,13 @@ def _not_led(scheduler: Scheduler, holder: dict[str, Any]) -> list[str]:
     return sorted(jobs | services)
 
 
-@router.get("/health/scheduler")
+@router.get(
+    "/health/scheduler",
+    responses={
+        200: {"model": SchedulerHealth, "description": "the schedule fires"},
+        503: {"model": SchedulerHealth, "description": "what fails, named in the body"},
+    },
+)
 async def scheduler_health(request: Request) -> JSONResponse:
     """200 with a firing leader and no broken, unclaimed or stale job; 503 with the
     reasons."""
@@ -174,15 +195,15 @@ async def scheduler_health(request: Request) -> JSONResponse:
     healthy = (
         firing and not stale and not broken and not unclaimed and not unled and refusal is None
     )
-    body = {
-        "status": "ok" if healthy else "unhealthy",
-        "schedule": schedule,
-        "refusal": refusal,
-        "leader": leads,
-        "firing": firing,
-        "broken_jobs": broken,
-        "unclaimed_jobs": unclaimed,
-        "stale_jobs": stale,
-        "jobs_not_led": unled,
-    }
-    return JSONResponse(body, status_code=200 if healthy else 503)
+    body = SchedulerHealth(
+        status="ok" if healthy else "unhealthy",
+        schedule=schedule,
+        refusal=refusal,
+        leader=leads,
+        firing=firing,
+        broken_jobs=broken,
+        unclaimed_jobs=unclaimed,
+        stale_jobs=stale,
+        jobs_not_led=unled,
+    )
+    return JSONResponse(body.model_dump(), status_code=200 if healthy else 503)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Security
 
+from app.admin.auth import bearer_scheme, guard_responses
 from app.outbox import Outbox
 from app.scheduler import Scheduler
 from app.settings import Settings, SettingsError
@@ -125,7 +126,10 @@ def build(settings: Settings, deps: JobDeps | None = None) -> AppJobs:
         updates_consumer.register(scheduler, deps.updates)
     grants, grants_router = credit_grants.build(settings, scheduler)
     # They move money and read any workspace: never open, and off until configured.
-    router = APIRouter(dependencies=[Depends(require_api_token)])
+    router = APIRouter(
+        dependencies=[Security(bearer_scheme("API_TOKEN")), Depends(require_api_token)],
+        responses=guard_responses("API_TOKEN"),
+    )
     router.include_router(grants_router)
     router.include_router(report_warm.router)
     return AppJobs(scheduler, grants, router)

@@ -20,7 +20,9 @@ from sqlalchemy import text
 
 from app.after_response import run_after_response
 from app.db import Database
+from app.http_errors import error_response
 from app.outbox import (
+    HEADER_KEY_PATTERN,
     HttpTransport,
     Message,
     Outbox,
@@ -29,7 +31,7 @@ from app.outbox import (
 )
 from app.scheduler import Scheduler
 from app.settings import Settings
-from app.storable import Int32Id, PositiveInt64, StorableText
+from app.storable import Int32Id, PositiveJsonInt, StorableText
 
 __all__ = ["GrantIn", "GrantOut", "build"]
 
@@ -49,9 +51,15 @@ class GrantIn(BaseModel):
     """A grant request; ``reference`` makes it idempotent."""
 
     workspace_id: Int32Id
-    amount: Annotated[PositiveInt64, Field(description="credits to grant; above zero")]
+    amount: Annotated[
+        PositiveJsonInt,
+        Field(description="credits to grant; above zero, at most 2**53 - 1 (JSON_INT_MAX)"),
+    ]
+    # The schema states the header rule as a pattern; the validator answers its words.
     reference: Annotated[
-        StorableText, Field(min_length=1, max_length=200), AfterValidator(header_safe_key)
+        StorableText,
+        Field(min_length=1, max_length=200, json_schema_extra={"pattern": HEADER_KEY_PATTERN}),
+        AfterValidator(header_safe_key),
     ]
 
 
@@ -76,7 +84,16 @@ def build(settings: Settings, scheduler: Scheduler) -> tuple[Outbox, APIRouter]:
     outbox = Outbox("credit_grants", deliver, scheduler=scheduler)
     router = APIRouter(prefix="/api/credits", tags=["credits"])
 
-    @router.post("/grants", status_code=202, response_model=GrantOut)
+    @router.post(
+        "/grants",
+        status_code=202,
+        response_model=GrantOut,
+        responses={
+            200: {"model": GrantOut, "description": "the existing grant of a reused reference"},
+            404: error_response("API_TOKEN is unset, or no workspace of that workspace_id"),
+            409: error_response("the reference was used for another grant"),
+        },
+    )
     async def create_grant(
         grant: GrantIn, request: Request, response: Response, background: BackgroundTasks
     ) -> GrantOut:

@@ -17,6 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import Database
+from app.http_errors import error_response
 from app.scheduler import JobContext, Scheduler, every
 from app.storable import Int32Id
 
@@ -80,7 +81,13 @@ def register(scheduler: Scheduler, interval_minutes: float) -> None:
 router = APIRouter(prefix="/api", tags=["stats"])
 
 
-@router.get("/stats", response_model=Stats)
+@router.get(
+    "/stats",
+    response_model=Stats,
+    responses={
+        404: error_response("API_TOKEN is unset, or no stats of that workspace_id computed yet")
+    },
+)
 async def read_stats(request: Request, workspace_id: Annotated[Int32Id, Query()]) -> Stats:
     """The warmed stats of a workspace; 404 until the warm job has computed them."""
     database: Database = request.app.state.database

@@ -29,13 +29,20 @@ from .errors import (
     UnknownMessageError,
     UnregisteredDrainError,
 )
-from .http import HEADER_KEY_RULE, HttpTransport, RetryableDeliveryError, header_safe_key
+from .http import (
+    HEADER_KEY_PATTERN,
+    HEADER_KEY_RULE,
+    HttpTransport,
+    RetryableDeliveryError,
+    header_safe_key,
+)
 from .message import DrainReport, Enqueued, Message
 from .outbox import Deliver, Outbox, reset_message
 from .payload import MAX_PAYLOAD_DEPTH
 
 __all__ = [
     "DEFAULT_BACKOFF",
+    "HEADER_KEY_PATTERN",
     "HEADER_KEY_RULE",
     "MAX_KEY_BYTES",
     "MAX_NAME_LENGTH",

@@ -27,7 +27,13 @@ from app.redact import redact
 from .errors import PermanentDeliveryError
 from .message import Message
 
-__all__ = ["HEADER_KEY_RULE", "HttpTransport", "RetryableDeliveryError", "header_safe_key"]
+__all__ = [
+    "HEADER_KEY_PATTERN",
+    "HEADER_KEY_RULE",
+    "HttpTransport",
+    "RetryableDeliveryError",
+    "header_safe_key",
+]
 
 _RETRYABLE_4XX = frozenset({408, 429})
 
@@ -36,8 +42,10 @@ HEADER_KEY_RULE = (
     "punctuation, and spaces between them): no accents, no control characters, no space "
     "at either end"
 )
-# Visible ASCII, with spaces only inside: a receiver trims a header value's ends.
-_HEADER_SAFE = re.compile(r"[!-~](?:[ -~]*[!-~])?")
+HEADER_KEY_PATTERN = r"^[!-~](?:[ -~]*[!-~])?$"
+"""HEADER_KEY_RULE as a regular expression (anchored, so a JSON Schema ``pattern`` too):
+visible ASCII, with spaces only inside, as a receiver trims a header value's ends."""
+_HEADER_SAFE = re.compile(HEADER_KEY_PATTERN)
 
 
 def header_safe_key(key: str) -> str:

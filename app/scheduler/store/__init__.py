@@ -50,8 +50,8 @@ cleared, by the leader every tick and by the claim that takes the job over. A pr
 never reaps a lease it renews itself (the runs its caller gives as ``renewing``): the
 body runs there.
 
-A service copy holds a running lease on its service's row (``scheduler_services``),
-taken as it starts, only while no other copy's lease holds, renewed with every other
+A service copy holds a running lease on its own row (``scheduler_service_runs``, named
+on its service's row in ``scheduler_services``), taken as it starts, only while no other copy's lease holds, renewed with every other
 lease of its process and released (with a NOTIFY that wakes a leader waiting for it)
 once the copy's task and every thread it started ended. Every lease's token is a run
 id, so the leases a process renews are told apart by token alone.

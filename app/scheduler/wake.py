@@ -9,7 +9,6 @@ bodies it started and whether a prepared claim under way has begun to commit."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 from collections.abc import Set
@@ -65,8 +64,6 @@ class JobTimer:
         self._config = config
         self._claim_ahead = timedelta(seconds=config.claim_ahead_seconds)
         self._bodies: set[asyncio.Task[None]] = set()
-        # A prepared claim under way that has not begun to commit (a step-down rolls it back).
-        self._uncommitted = False
 
     @property
     def bodies(self) -> Set[asyncio.Task[None]]:
@@ -195,7 +192,7 @@ class JobTimer:
                     repaired.append(spec.id)
                 moved.append(spec.id)
             if prepared is not None:
-                self._committing.learn(len(gated))
+                self._committing.learn(len(gated), prepared.began_at)
             if starts_at is not None and gate is not None and gated:
                 try:
                     # Checked again after each sleep: a wall clock slewed or stepped
@@ -248,22 +245,15 @@ class JobTimer:
         # Committed just early enough that its bodies are started, each waiting for the
         # slot, by the slot: then they all begin on time, back to back.
         commit_at = starts_at - self._committing.margin(len(dues), self._claim_ahead / 2)
+        # A leadership lost by the commit drops it (rolled back: the next leader runs
+        # its slots).
         return PreparedCommit(
             starts_at,
-            functools.partial(self._until_commit, commit_at),
-            self._clock.now,
+            commit_at,
+            self._clock,
             (commit_at - now).total_seconds(),
+            dropped=self._tenure.lost,
         )
-
-    async def _until_commit(self, commit_at: datetime) -> None:
-        """The wait of a prepared claim: until its commit; a leadership lost meanwhile
-        drops it (rolled back: the next leader runs its slots)."""
-        while (ahead := (commit_at - self._clock.now()).total_seconds()) > 0:
-            await self._clock.sleep(ahead)
-        if self._tenure.lost.is_set():
-            raise PreparedClaimDropped
-        self._uncommitted = False
-        self._committing.began()
 
     async def _claim_to_its_answer(
         self, dues: list[Due], prepared: PreparedCommit | None
@@ -276,12 +266,11 @@ class JobTimer:
         hold up the step-down, and its runs are then left to their lease. A prepared
         claim that has not begun to commit is rolled back at once instead: the next
         leader runs its slots."""
-        self._uncommitted = prepared is not None
         claiming = asyncio.ensure_future(self._claim(dues, prepared))
         try:
             return await asyncio.shield(claiming)
         except asyncio.CancelledError:
-            if self._uncommitted:
+            if prepared is not None and not prepared.committing.is_set():
                 claiming.cancel()
                 await asyncio.wait({claiming})
                 raise

@@ -50,9 +50,7 @@ async def test_a_service_whose_row_was_held_past_its_lease_does_not_start_a_seco
             await holder.rollback()
         # The row is free, and the next leader tries to start its copy before the
         # keeper tries again.
-        second = await successor.take_service_lease(
-            "consumer", LEASE_SECONDS, leader_key_backend
-        )
+        second = await successor.take_service_lease("consumer", LEASE_SECONDS, leader_key_backend)
         assert second.run_id is None, (
             f"a second copy of 'consumer' took the lease ({second}) while the first copy, "
             "alive and renewing in its process, still runs"

@@ -41,9 +41,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.add_column(
-        "scheduler_services", sa.Column("running_until", sa.DateTime(timezone=True))
-    )
+    op.add_column("scheduler_services", sa.Column("running_until", sa.DateTime(timezone=True)))
     op.execute(
         "UPDATE scheduler_services s SET running_until = r.running_until"
         " FROM scheduler_service_runs r WHERE r.id = s.running_run_id"

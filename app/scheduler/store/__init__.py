@@ -51,10 +51,11 @@ never reaps a lease it renews itself (the runs its caller gives as ``renewing``)
 body runs there.
 
 A service copy holds a running lease on its own row (``scheduler_service_runs``, named
-on its service's row in ``scheduler_services``), taken as it starts, only while no other copy's lease holds, renewed with every other
-lease of its process and released (with a NOTIFY that wakes a leader waiting for it)
-once the copy's task and every thread it started ended. Every lease's token is a run
-id, so the leases a process renews are told apart by token alone.
+on its service's row in ``scheduler_services``), taken as it starts, only while no other
+copy's lease holds, renewed with every other lease of its process and released (with a
+NOTIFY that wakes a leader waiting for it) once the copy's task and every thread it
+started ended. Every lease's token is a run id, so the leases a process renews are told
+apart by token alone.
 
 A per-worker run (``scope = 'replica'``) holds its lease on its own run row instead
 (``scheduler_runs.running_until``): every worker runs the job at once, so the job row

@@ -199,13 +199,15 @@ class LeaseStore(StoreBase):
     """The renewal of running leases and the service leases (part of JobStore)."""
 
     async def renew_leases(self, leases: Sequence[HeldLease], lease_seconds: float) -> set[int]:
-        """Renew the running lease of every run in ``leases`` for ``lease_seconds``, in
-        one commit of at most one statement per kind however many there are (leader
-        and per-worker runs' leases are on their own run rows, service copies' on their
-        own rows; none is kept out by a job's or a service's row held elsewhere). Returns the tokens of the leases still
-        held; a lease left out was lost (it ran out and another run took the job or the
-        service, or the run was reaped). Raises what the database raises, after at most
-        a second's wait for a row another transaction holds; nothing is renewed then."""
+        """Renew the running lease of every run in ``leases`` for ``lease_seconds``, in one
+        commit of at most one statement per kind however many there are (leader
+        and per-worker runs' leases are on their own run rows, service copies'
+        on their own rows; none is kept out by a job's or a service's row held
+        elsewhere). Returns the tokens of the leases still held; a lease left
+        out was lost (it ran out and another run took the job or the service, or
+        the run was reaped). Raises what the database raises, after at most a
+        second's wait for a row another transaction holds; nothing is renewed
+        then."""
         steps = renew_steps(self.schedule, leases, lease_seconds, lease_reading(self.lease_clock))
         async with self.engine.begin() as conn:
             await conn.execute(ROW_LOCK_PATIENCE)

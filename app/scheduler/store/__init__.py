@@ -80,16 +80,17 @@ written) until a later registration or claim of it succeeds.
 The store speaks SQL and nothing else, one module per noun (JobStore, in job_store.py,
 is made of their parts): rows.py, the job rows read (a promotion's, the changes since a
 horizon); registration.py, the job rows written at registration and the broken marks;
-busy.py, a claim's free rows locked and the held ones named; claims.py, the claim;
-prepared.py, a claim held open until its slot; runs.py, the outcomes (the one writer,
-for the loop and for threads) and a per-worker run's start; leases.py, the renewal of
-running leases and the service leases; reap.py, the one reaper; schedule.py, the
-schedule's name and leadership rows; thread_store.py, the same writes from a thread
-(ThreadStore); base.py, what they share: the store's binding, the text arrays, and the
-one runner of a sequence of statements on either engine.
+busy.py, a claim's free rows locked and the held ones named; slots.py, what a claim is
+asked for and answers; claims.py, the claim's steps; claim_runs.py, the run rows it
+records; prepared.py, a claim held open until its slot (it waits on the clock itself);
+runs.py, the outcomes (the one writer, for the loop and for threads) and a per-worker
+run's start; leases.py, the renewal of running leases and the service leases; reap.py,
+the one reaper; schedule.py, the schedule's name and leadership rows; thread_store.py,
+the same writes from a thread (ThreadStore); base.py, what they share: the store's
+binding, the text arrays, and the one runner of a sequence of statements on either
+engine.
 """
 
-from .claims import ClaimedSlot, SlotClaim
 from .job_store import JobStore
 from .leases import HeldLease, LeaseKind, ServiceTake
 from .prepared import PreparedClaimDropped, PreparedCommit
@@ -98,6 +99,7 @@ from .registration import LeaderRow
 from .rows import ChangedRows, JobRow, StoredJob, StoredJobs
 from .runs import Outcome, format_error
 from .schedule import LeaderJobs
+from .slots import ClaimedSlot, SlotClaim
 from .thread_store import ThreadStore
 
 __all__ = [

@@ -21,13 +21,13 @@ from .claiming import Claim, Due
 from .clock import Clock
 from .config import SchedulerConfig
 from .faults import database_answers
+from .loop import run_loop
 from .registry import JobSpec
 from .rows import LeaderRows, fire_time
 from .runner import Runner
 from .setbacks import Setbacks
 from .store import JobRow, JobStore, PreparedClaimDropped, PreparedCommit
 from .tenure import Tenure
-from .waits import first
 
 __all__ = ["JobTimer"]
 
@@ -86,7 +86,10 @@ class JobTimer:
         failed wake is logged and its jobs retried a tick later."""
         timetable = self.rows.timetable
         self.rows.plan_all(self._specs)
-        while True:
+
+        async def step() -> float:
+            # Cleared before the timetable is read: a change made after is not missed.
+            timetable.changed.clear()
             due = timetable.pop_due(self._clock.now())
             if due:
                 try:
@@ -97,17 +100,15 @@ class JobTimer:
                     for job_id in due:
                         if timetable.planned(job_id) is None:
                             timetable.plan(job_id, retry)
-                continue
+                return 0.0
             soonest = timetable.soonest()
             # With nothing planned (every job paused) it still parks on the clock, a
             # tick at a time, as every waiting part of a leader does.
-            delay = (
-                self._config.leader_tick_seconds
-                if soonest is None
-                else (soonest - self._clock.now()).total_seconds()
-            )
-            await first(self._clock.sleep(delay), timetable.changed.wait())
-            timetable.changed.clear()
+            if soonest is None:
+                return self._config.leader_tick_seconds
+            return (soonest - self._clock.now()).total_seconds()
+
+        await run_loop(step, self._clock, wakes=[timetable.changed.wait])
 
     async def _wake(self, specs: list[JobSpec]) -> None:
         """One wake of the timer: register the jobs that have no row, and claim every

@@ -58,6 +58,11 @@ States::
   period without the key, the claims still firing each slot once; it starts no
   service, since services (long-poll consumers) must run on one process at most.
 
+Every loop of these roles that acts, then waits (the supervisor's passes, the leader
+tick, the job timer, the standby's watch, the lease keeper, the per-worker loops, a
+service's restarts) is one step that returns its next delay, run by one driver
+(``loop.run_loop``); a failed step answers its own retry policy's delay (retry.py).
+
 The lease and what happens on each fault:
 
 - *kill -9 of the leader*: its connection drops, the server releases the key, a

@@ -21,6 +21,7 @@ from .errors import ScheduleNameCollisionError
 from .faults import UNREACHABLE
 from .host_lock import Holder, HostLock, HostLockError
 from .lock_target import UnsafeLockConnectionError, engine_identity
+from .loop import Stop, run_loop
 from .old_terms import end_old_term_transactions, lock_connection_listed
 from .store import JobStore
 from .waits import first
@@ -303,16 +304,21 @@ class Tenure:
                 await self._tick_while_bodies_run(bodies)
 
     async def _tick_while_bodies_run(self, bodies: Set[asyncio.Task[None]]) -> None:
-        while bodies:
-            woken = await first(
-                asyncio.wait(bodies),
-                self.clock.sleep(self.config.leader_tick_seconds),
-                self.lost.wait(),
-            )
-            if woken == 2:
-                return
-            if woken == 1 and not await self.holds_lock():
-                return
+        if not bodies:
+            return
+
+        async def check() -> float | Stop[None]:
+            # Woken by the tick while bodies run and the lock was not seen lost.
+            if not bodies or self.lost.is_set() or not await self.holds_lock():
+                return Stop(None)
+            return self.config.leader_tick_seconds
+
+        await run_loop(
+            check,
+            self.clock,
+            first_delay=self.config.leader_tick_seconds,
+            wakes=[lambda: asyncio.wait(bodies), self.lost.wait],
+        )
 
     async def end(self) -> None:
         """Give the key back: release it, or close a connection already lost."""

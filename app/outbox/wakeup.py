@@ -25,6 +25,7 @@ import asyncpg
 
 from app.scheduler import Clock
 from app.scheduler.clock import lease_now
+from app.scheduler.loop import run_loop
 
 from .drain import fetch, prepare_connection
 from .sql import NEXT_DUE, NOTIFY_CHANNEL
@@ -67,24 +68,16 @@ async def listen_and_drain(
     try:
         await prepare_connection(connection)
         await connection.add_listener(NOTIFY_CHANNEL, on_notify)
-        # Rows enqueued before we listened are picked up by this first drain.
-        await drain(connection)
-        while True:
-            due_in = await seconds_until_due(connection, outbox, clock)
-            waiters: list[asyncio.Future[object]] = [
-                asyncio.ensure_future(wake.wait()),
-                asyncio.ensure_future(lost.wait()),
-            ]
-            if due_in is not None:
-                waiters.append(asyncio.ensure_future(clock.sleep(due_in)))
-            try:
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
+
+        # One drain (the first picks up rows enqueued before we listened), then wait
+        # for a NOTIFY or the earliest row's moment (none pending: a NOTIFY only).
+        async def step() -> float | None:
             if lost.is_set():
                 raise ConnectionError(f"the LISTEN connection of outbox {outbox!r} was lost")
             wake.clear()
             await drain(connection)
+            return await seconds_until_due(connection, outbox, clock)
+
+        await run_loop(step, clock, wakes=[wake.wait, lost.wait])
     finally:
         connection.terminate()

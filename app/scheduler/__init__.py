@@ -58,6 +58,11 @@ States::
   period without the key, the claims still firing each slot once; it starts no
   service, since services (long-poll consumers) must run on one process at most.
 
+Every loop of these roles that acts, then waits (the supervisor's passes, the leader
+tick, the job timer, the standby's watch, the lease keeper, the per-worker loops, a
+service's restarts) is one step that returns its next delay, run by one driver
+(``loop.run_loop``); a failed step answers its own retry policy's delay (retry.py).
+
 The lease and what happens on each fault:
 
 - *kill -9 of the leader*: its connection drops, the server releases the key, a
@@ -177,9 +182,11 @@ worker threads) are not seen and hold nothing.
   returned while a thread or a task it started runs is recorded at once (``cancelled``,
   ...), but its run keeps the lease, and its job stays busy here, until they end
   (``job.outlived_by_threads``).
-- *A service copy* holds a lease on its service's row (``scheduler_services``), which
-  the leader takes before it starts the copy, fenced like a claim, and only while no
-  other copy's lease holds. While one does (a stopped leader's copy whose thread runs
+- *A service copy* holds a lease on a row of its own (``scheduler_service_runs``,
+  named on its service's row in ``scheduler_services``, as a job run's is on its run
+  row: a service row held elsewhere keeps no renewal out), which the leader takes
+  before it starts the copy, fenced like a claim, and only while no other copy's lease
+  holds. While one does (a stopped leader's copy whose thread runs
   on; a dead leader's copy until its lease runs out) the new leader waits, logged once
   as ``service.waiting_for_previous_copy``, and starts its copy the moment the lease is
   released (the release NOTIFYs the leader's lock connection) or has run out (it asks

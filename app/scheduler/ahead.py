@@ -22,22 +22,16 @@ class CommitCost:
 
     def __init__(self) -> None:
         self._per_job = self._FIRST_GUESS
-        self._began: float | None = None
 
     def margin(self, jobs: int, most: timedelta) -> timedelta:
         """How long before the slot to commit the claim of ``jobs`` jobs: half again
         what they took last, and a couple of milliseconds for the commit itself."""
         return min(most, timedelta(seconds=0.002 + 1.5 * self._per_job * jobs))
 
-    def began(self) -> None:
-        """A prepared claim commits now."""
-        self._began = time.perf_counter()
-
-    def learn(self, jobs: int) -> None:
-        """The claim that last began committing is in and its ``jobs`` bodies are
-        started: average the cost per job with the earlier ones (none started: the
-        claim taught nothing)."""
-        began, self._began = self._began, None
+    def learn(self, jobs: int, began: float | None) -> None:
+        """A claim that began committing at ``began`` (time.perf_counter; None: it never
+        did) is in and its ``jobs`` bodies are started: average the cost per job with
+        the earlier ones (none started: the claim taught nothing)."""
         if began is None or not jobs:
             return
         self._per_job = (self._per_job + (time.perf_counter() - began) / jobs) / 2

@@ -16,6 +16,7 @@ import asyncio
 import logging
 
 from .clock import Clock
+from .loop import Stop, run_loop
 from .retry import renewal_delay
 from .start_window import StartWindow
 from .store import JobStore
@@ -172,14 +173,21 @@ class LeaseKeeper:
         period = self.lease_seconds / 3
         failures = 0
         began = self.clock.monotonic()
-        while self._held:
-            waited = self.clock.monotonic() - began
-            await self.clock.sleep(max(0.0, renewal_delay(period, failures) - waited))
+
+        def until_next() -> float:
+            # Counted from the start of the last round, on the monotonic clock.
+            return max(0.0, renewal_delay(period, failures) - (self.clock.monotonic() - began))
+
+        async def renewal_round() -> float | Stop[None]:
+            nonlocal failures, began
+            if not self._held:
+                return Stop(None)
             began = self.clock.monotonic()
-            leases = list(self._held.values())
-            if not leases:
-                continue
-            failures = failures + 1 if await self._round(leases, period) else 0
+            failed = await self._round(list(self._held.values()), period)
+            failures = failures + 1 if failed else 0
+            return until_next()
+
+        await run_loop(renewal_round, self.clock, first_delay=until_next())
 
     async def _round(self, leases: list[HeldLease], period: float) -> bool:
         """Renew ``leases``; log and drop those found lost. True when any renewal failed."""

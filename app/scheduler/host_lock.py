@@ -47,6 +47,7 @@ from pathlib import Path
 
 from .clock import Clock
 from .errors import SchedulerError
+from .loop import Stop, run_loop
 
 __all__ = [
     "HOST_POLL_SECONDS",
@@ -194,7 +195,11 @@ class HostLock:
         polls = 0
         seen: Holder | None = None
         unlisted_since: datetime | None = None
-        while not self.try_acquire():
+
+        async def poll() -> float | Stop[bool]:
+            nonlocal polls, seen, unlisted_since
+            if self.try_acquire():
+                return Stop(True)
             polls += 1
             if polls % polls_per_check == 0:
                 holder = self.holder()
@@ -208,9 +213,10 @@ class HostLock:
                     elif unlisted_since is None:
                         unlisted_since = now
                     elif (now - unlisted_since).total_seconds() >= lease_seconds:
-                        return False
-            await clock.sleep(HOST_POLL_SECONDS)
-        return True
+                        return Stop(False)
+            return HOST_POLL_SECONDS
+
+        return await run_loop(poll, clock)
 
     def release(self) -> None:
         """Let go of the flock (closing the file releases it); idempotent."""

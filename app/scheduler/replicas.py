@@ -37,6 +37,7 @@ from zoneinfo import ZoneInfo
 from .broken import BrokenJobs
 from .clock import Clock
 from .faults import blames_job
+from .loop import run_loop
 from .registry import JobSpec
 from .retry import BROKEN_JOB, DATABASE, log_retry
 from .runner import Runner
@@ -95,7 +96,9 @@ class _ReplicaLoop:
         if spec.first_run is not None:
             slot = now + timedelta(seconds=spec.first_run)
         registered, failures = False, 0
-        while True:
+
+        async def step() -> float:
+            nonlocal slot, registered, failures
             try:
                 if not registered:
                     await self.store.register_replica_job(spec, self.clock.now(), self.zone)
@@ -106,16 +109,18 @@ class _ReplicaLoop:
                 failures = 0
                 if spec.id in self.broken:
                     await self.broken.repaired([spec.id])
+                return 0.0
             except Exception as exc:
                 slot = None
                 if await blames_job(self.store.engine, exc):
                     await self.broken.mark(spec.id, format_error(exc))
-                    await self.clock.sleep(BROKEN_JOB.delay(1))
-                    continue
+                    return BROKEN_JOB.delay(1)
                 failures += 1
                 delay = DATABASE.delay(failures)
                 log_retry("scheduler.replica_job_waiting", exc, delay)
-                await self.clock.sleep(delay)
+                return delay
+
+        await run_loop(step, self.clock)
 
     async def run_once(self, slot: datetime) -> datetime:
         """Show ``slot``, wait for its jittered fire time, run it unless the job is

@@ -31,8 +31,8 @@ The same watch (``Outlast.outlast``: the one rule for work that outlives its can
 keeps the lease of an async body, and of a service copy, whose threads
 (``asyncio.to_thread``, seen through threads.RunThreads) run on after its task ended:
 renewed until they end, then released; handed over the same way if the loop ends
-first. A service copy's lease is on its service's row, taken by the leader before the
-copy starts (``ServiceCopies.take_lease``).
+first. A service copy's lease is on its own row (named on its service's row), taken
+by the leader before the copy starts (``ServiceCopies.take_lease``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from .errors import SchedulerError
 from .events import Observers, RunFinished
 from .keys import DEFAULT_SCHEDULE, validate_schedule_name
 from .lock_target import DatabaseIdentity, engine_identity
+from .loop import Stop, run_loop
 from .registry import JobSpec, Registry, ServiceSpec
 from .retry import SUPERVISOR_RESTART
 from .runner import Runner
@@ -305,10 +306,11 @@ class Scheduler:
     async def _supervise(self, supervisor: Supervisor) -> None:
         # A scheduler failure is logged, never reaches the API, and is retried.
         crashes = 0
-        while True:
+
+        async def supervise() -> float | Stop[None]:
+            nonlocal crashes
             try:
                 await supervisor.run()
-                return
             except Exception:
                 crashes += 1
                 delay = SUPERVISOR_RESTART.delay(crashes)
@@ -318,4 +320,7 @@ class Scheduler:
                     os.getpid(),
                     extra={"action": "scheduler.crashed", "pid": os.getpid()},
                 )
-            await supervisor.clock.sleep(delay)
+                return delay
+            return Stop(None)
+
+        await run_loop(supervise, supervisor.clock)

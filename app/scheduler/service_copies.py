@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from .batching import LeaseKeeper
 from .clock import Clock
 from .context import ServiceContext, service_log
+from .loop import run_loop
 from .outlast import Outlast, Outliving
 from .recording import Recorder
 from .registry import ServiceSpec
@@ -134,7 +135,10 @@ class ServiceCopies:
     async def _serve(self, spec: ServiceSpec, leading: asyncio.Event, threads: RunThreads) -> None:
         log = service_log(spec.id, self._pid)
         failures = 0
-        while True:
+
+        # One copy's life: the delay before the next (a restart), or the stop it raised.
+        async def copy() -> float:
+            nonlocal failures
             if threads.running:
                 # A copy that crashed may leave a thread running: the next one waits.
                 logger.warning(
@@ -189,4 +193,6 @@ class ServiceCopies:
                     extra={"action": "service.crashed"},
                 )
             failures += 1
-            await self._clock.sleep(SERVICE_RESTART.delay(failures))
+            return SERVICE_RESTART.delay(failures)
+
+        await run_loop(copy, self._clock)

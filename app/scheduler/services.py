@@ -9,10 +9,10 @@ import os
 
 from .clock import Clock
 from .election import LockConnection
+from .loop import Stop, run_loop
 from .registry import ServiceSpec
 from .service_copies import ServiceCopies
 from .store import HeldLease
-from .waits import first
 
 __all__ = ["run_service_after"]
 
@@ -54,11 +54,13 @@ async def _take_service_lease(
     released = asyncio.Event()
     await lock.on_wake(released.set)
     waiting = False
-    while True:
+
+    async def take() -> float | Stop[HeldLease]:
+        nonlocal waiting
         released.clear()
         took = await copies.take_lease(spec, lock.backend_pid)
         if took.run_id is not None:
-            return HeldLease(spec.id, took.run_id, "service")
+            return Stop(HeldLease(spec.id, took.run_id, "service"))
         if took.pid is not None and not waiting:
             waiting = True
             logger.warning(
@@ -79,5 +81,6 @@ async def _take_service_lease(
             )
         # No holder: released meanwhile (its NOTIFY is on its way) or this leader
         # lost the key (it steps down): a tick at most.
-        wait = tick if took.pid is None else min(tick, max(took.left, 0.0))
-        await first(clock.sleep(wait), released.wait())
+        return tick if took.pid is None else min(tick, max(took.left, 0.0))
+
+    return await run_loop(take, clock, wakes=[released.wait])

@@ -8,10 +8,10 @@ import os
 
 from .clock import Clock
 from .config import Role
+from .loop import run_loop
 from .registry import Registry
 from .roles import RoleState
 from .store import JobStore, LeaderJobs
-from .waits import first
 
 __all__ = ["LeaderJobsWatch"]
 
@@ -52,9 +52,12 @@ class LeaderJobsWatch:
         services = set(self._registry.services)
         if not jobs and not services:
             return
-        while True:
-            # Only a standby asks (and sleeps on the clock): a leader fires its own jobs.
-            await self._roles.until(lambda role: role is Role.STANDBY)
+
+        async def step() -> float:
+            if self._roles.role is not Role.STANDBY:
+                self._set_unled([], None)
+                # Only a standby asks (and sleeps on the clock): a leader fires its own.
+                await self._roles.until(lambda role: role is Role.STANDBY)
             unled, leader = self.unled_jobs, None
             try:
                 leader = await self._store.leader_jobs()
@@ -66,12 +69,13 @@ class LeaderJobsWatch:
                 led_services = services if leader.service_ids is None else leader.service_ids
                 unled = sorted((jobs - leader.job_ids) | (services - led_services))
             self._set_unled(unled, leader)
-            await first(
-                self._clock.sleep(self._tick_seconds),
-                self._roles.until(lambda role: role is not Role.STANDBY),
-            )
-            if self._roles.role is not Role.STANDBY:
-                self._set_unled([], None)
+            return self._tick_seconds
+
+        await run_loop(
+            step,
+            self._clock,
+            wakes=[lambda: self._roles.until(lambda role: role is not Role.STANDBY)],
+        )
 
     def _set_unled(self, unled: list[str], leader: LeaderJobs | None) -> None:
         if unled != self.unled_jobs:

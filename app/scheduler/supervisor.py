@@ -55,6 +55,7 @@ from .faults import UNREACHABLE
 from .host_lock import HostLock
 from .leadership import Leadership
 from .lock_target import UnsafeLockConnectionError
+from .loop import Stop, run_loop
 from .registry import JobSpec, Registry
 from .replicas import run_replica_jobs
 from .retry import DATABASE, log_retry
@@ -63,7 +64,6 @@ from .runner import Runner
 from .standby import LeaderJobsWatch
 from .store import JobStore
 from .tenure import LeadershipEnd, LockCheckError, acquire_key
-from .waits import first
 
 __all__ = ["LeadershipEnd", "Supervisor"]
 
@@ -165,9 +165,14 @@ class Supervisor:
         )
         watch = asyncio.create_task(self._watch.run(), name="leader-jobs-watch")
         follow = asyncio.create_task(self._follow_server_clock(), name="server-clock")
+
+        async def step() -> float | Stop[None]:
+            if self._stopping.is_set():
+                return Stop(None)
+            return await self.run_once()
+
         try:
-            while not self._stopping.is_set():
-                await self.run_once()
+            await run_loop(step, self.clock, wakes=[self._stopping.wait])
         finally:
             for task in (replicas, watch, follow):
                 task.cancel()
@@ -177,8 +182,9 @@ class Supervisor:
                 self._host_lock.release()
             await self._set_role(Role.STOPPED)
 
-    async def run_once(self) -> None:
-        """One pass: become leader (or fail open, or back off), lead until that ends."""
+    async def run_once(self) -> float:
+        """One pass: become leader (or fail open, or back off), lead until that ends.
+        Returns the seconds to wait before the next pass (a backoff after a failure)."""
         try:
             self._acquiring = asyncio.ensure_future(
                 acquire_key(self.store, self.config, self.clock, self._host_lock, self._standby)
@@ -186,11 +192,10 @@ class Supervisor:
             lock = await self._acquiring
         except asyncio.CancelledError:
             if self._stopping.is_set():
-                return
+                return 0.0
             raise
         except UNREACHABLE as exc:
-            await self._back_off("scheduler.lock_unreachable", exc)
-            return
+            return await self._back_off("scheduler.lock_unreachable", exc)
         except (UnsafeLockConnectionError, ScheduleNameCollisionError) as exc:
             # A set-up error, not a passing fault: stop, loudly; the API keeps serving.
             logger.error(
@@ -201,13 +206,12 @@ class Supervisor:
             )
             self.refusal = str(exc)
             self._stopping.set()
-            return
+            return 0.0
         except LockCheckError as exc:
             if self._stopping.is_set():
-                return
+                return 0.0
             if self.config.fail_closed:
-                await self._back_off("scheduler.fail_closed", exc)
-                return
+                return await self._back_off("scheduler.fail_closed", exc)
             logger.warning(
                 "scheduler.fail_open: the lock check failed (%s); firing unguarded for %s s "
                 "before checking again; slot claims still fire each slot once",
@@ -216,7 +220,7 @@ class Supervisor:
                 extra={"action": "scheduler.fail_open", "pid": os.getpid()},
             )
             await self._lead(None, until=self.clock.monotonic() + _FAIL_OPEN_SECONDS)
-            return
+            return 0.0
         finally:
             self._acquiring = None
         if self._stopping.is_set():
@@ -224,14 +228,15 @@ class Supervisor:
             # same moment): leading now would promote and demote at once, so the key
             # goes straight back to whoever waits next.
             await lock.release()
-            return
+            return 0.0
         failure = await self._lead(lock)
         if failure is None:
             self._failures = 0
         elif not self._stopping.is_set():
             # A leadership that could not start (a read-only database, a missing
             # migration) would otherwise be retried as fast as the server answers.
-            await self._back_off("scheduler.leading_failed", failure)
+            return await self._back_off("scheduler.leading_failed", failure)
+        return 0.0
 
     async def stop(self) -> None:
         """Stop firing; wait up to the shutdown grace for running jobs; release the key."""
@@ -320,24 +325,29 @@ class Supervisor:
         (when slots come due on it, a ServerClock): a host clock that drifts or steps
         moves when slots fire for at most a tick. Never raises; a failed reading keeps
         the last offset."""
-        if not isinstance(self.clock, ServerClock):
+        clock = self.clock
+        if not isinstance(clock, ServerClock):
             return
-        while True:
+
+        async def measure() -> float:
             try:
-                await self.clock.measure(self.store.server_now)
+                await clock.measure(self.store.server_now)
             except Exception:
                 logger.debug("scheduler: could not read the database's clock", exc_info=True)
-            await self.clock.sleep(self.config.leader_tick_seconds)
+            return self.config.leader_tick_seconds
+
+        await run_loop(measure, clock)
 
     async def _standby(self) -> None:
         await self._set_role(Role.STANDBY)
 
-    async def _back_off(self, action: str, exc: BaseException) -> None:
+    async def _back_off(self, action: str, exc: BaseException) -> float:
+        """Log the failure, stand by, and return the next pass's delay."""
         self._failures += 1
         delay = DATABASE.delay(self._failures)
         log_retry(action, exc, delay)
         await self._set_role(Role.STANDBY)
-        await first(self.clock.sleep(delay), self._stopping.wait())
+        return delay
 
     async def _set_role(self, role: Role) -> None:
         if await self._roles.set(role):

@@ -21,9 +21,9 @@ from .errors import ScheduleNameCollisionError
 from .faults import UNREACHABLE
 from .host_lock import Holder, HostLock, HostLockError
 from .lock_target import UnsafeLockConnectionError, engine_identity
+from .loop import Stop, run_loop
 from .old_terms import end_old_term_transactions, lock_connection_listed
 from .store import JobStore
-from .waits import first
 
 __all__ = ["LeadershipEnd", "LockCheckError", "Tenure", "acquire_key"]
 
@@ -226,7 +226,15 @@ class Tenure:
         lock = self.lock
         checked = self.clock.monotonic()
         tick = self.config.leader_tick_seconds
-        while (left := deadline - self.clock.monotonic()) > 0:
+
+        # Stop(True): the grace is over (run out, skipped, or a stop); Stop(False): lost.
+        async def step() -> float | Stop[bool]:
+            nonlocal checked
+            if self.lost.is_set():
+                return Stop(False)
+            left = deadline - self.clock.monotonic()
+            if self.stopping.is_set() or left <= 0:
+                return Stop(True)
             if lock is not None:
                 if await lock.previous_leader_gone(tick):
                     logger.info(
@@ -235,20 +243,15 @@ class Tenure:
                         os.getpid(),
                         extra={"action": "scheduler.handover_skipped", "pid": os.getpid()},
                     )
-                    break
+                    return Stop(True)
                 if self.clock.monotonic() - checked >= tick:
                     checked = self.clock.monotonic()
                     if not await lock.holds_lock(tick):
-                        return False
-            woken = await first(
-                self.clock.sleep(min(left, _GONE_POLL_SECONDS if lock is not None else tick)),
-                self.lost.wait(),
-                self.stopping.wait(),
-            )
-            if woken == 2:
-                break
-            if woken == 1:
-                return False
+                        return Stop(False)
+            return min(left, _GONE_POLL_SECONDS if lock is not None else tick)
+
+        if not await run_loop(step, self.clock, wakes=[self.lost.wait, self.stopping.wait]):
+            return False
         return lock is None or (not self.lost.is_set() and await lock.holds_lock(tick))
 
     async def begin_term(self, now: datetime, job_ids: list[str], service_ids: list[str]) -> bool:
@@ -271,26 +274,30 @@ class Tenure:
             )
         )
         tick = self.config.leader_tick_seconds
-        began, patience = self.clock.monotonic(), tick
+        began = self.clock.monotonic()
+
+        async def step() -> float | Stop[bool]:
+            if recording.done():
+                return Stop(recording.result() is not None)
+            if self.stopping.is_set() or self.lost.is_set():
+                return Stop(False)
+            waited = self.clock.monotonic() - began
+            await end_old_term_transactions(
+                self.store.engine, lock.backend_pid, waited=waited, timeout=tick
+            )
+            # Asked again soon: the row's next holder (several fences) shows only once
+            # the one ended has let go.
+            return _GONE_POLL_SECONDS
+
         try:
-            while (
-                woken := await first(
-                    asyncio.shield(recording),
-                    self.stopping.wait(),
-                    self.lost.wait(),
-                    self.clock.sleep(patience),
-                )
-            ) == 3:
-                waited = self.clock.monotonic() - began
-                await end_old_term_transactions(
-                    self.store.engine, lock.backend_pid, waited=waited, timeout=tick
-                )
-                # Asked again soon: the row's next holder (several fences) shows only
-                # once the one ended has let go.
-                patience = _GONE_POLL_SECONDS
+            return await run_loop(
+                step,
+                self.clock,
+                first_delay=tick,
+                wakes=[lambda: asyncio.shield(recording), self.stopping.wait, self.lost.wait],
+            )
         finally:
             recording.cancel()
-        return woken == 0 and recording.result() is not None
 
     async def shutdown_grace(self, bodies: Set[asyncio.Task[None]]) -> None:
         """Let running ``bodies`` (a set their owner empties as they end) finish for up
@@ -303,16 +310,21 @@ class Tenure:
                 await self._tick_while_bodies_run(bodies)
 
     async def _tick_while_bodies_run(self, bodies: Set[asyncio.Task[None]]) -> None:
-        while bodies:
-            woken = await first(
-                asyncio.wait(bodies),
-                self.clock.sleep(self.config.leader_tick_seconds),
-                self.lost.wait(),
-            )
-            if woken == 2:
-                return
-            if woken == 1 and not await self.holds_lock():
-                return
+        if not bodies:
+            return
+
+        async def check() -> float | Stop[None]:
+            # Woken by the tick while bodies run and the lock was not seen lost.
+            if not bodies or self.lost.is_set() or not await self.holds_lock():
+                return Stop(None)
+            return self.config.leader_tick_seconds
+
+        await run_loop(
+            check,
+            self.clock,
+            first_delay=self.config.leader_tick_seconds,
+            wakes=[lambda: asyncio.wait(bodies), self.lost.wait],
+        )
 
     async def end(self) -> None:
         """Give the key back: release it, or close a connection already lost."""

@@ -10,11 +10,11 @@ import logging
 from .broken import BrokenJobs
 from .clock import Clock
 from .config import SchedulerConfig
+from .loop import Stop, run_loop
 from .rows import LeaderRows
 from .runner import Runner
 from .store import JobStore, format_error
 from .tenure import LeadershipEnd, Tenure
-from .waits import first
 
 __all__ = ["LeaderTick"]
 
@@ -53,25 +53,19 @@ class LeaderTick:
         Never raises for a failed reload (logged, retried a tick later). When the job
         ``timer`` has died, every leader job is marked broken."""
         tenure = self._tenure
-        while True:
-            woken = await first(
-                self._clock.sleep(self._config.leader_tick_seconds),
-                tenure.lost.wait(),
-                tenure.stopping.wait(),
-                self.reload.wait(),
-            )
+        tick = self._config.leader_tick_seconds
+
+        async def step() -> float | Stop[LeadershipEnd]:
             self.reload.clear()
-            if woken in (1, 2):
-                return (
-                    LeadershipEnd.CONNECTION_LOST if tenure.lost.is_set() else LeadershipEnd.STOPPED
-                )
+            if tenure.lost.is_set():
+                return Stop(LeadershipEnd.CONNECTION_LOST)
+            if tenure.stopping.is_set():
+                return Stop(LeadershipEnd.STOPPED)
             if until is not None and self._clock.monotonic() >= until:
-                return LeadershipEnd.UNGUARDED_PERIOD_OVER
+                return Stop(LeadershipEnd.UNGUARDED_PERIOD_OVER)
             if not await tenure.holds_lock():
-                return LeadershipEnd.NO_LONGER_HELD
-            if not await self.run_once():
-                continue
-            if timer.done():
+                return Stop(LeadershipEnd.NO_LONGER_HELD)
+            if await self.run_once() and timer.done():
                 # A bug, not a passing fault (a wake's failure is retried): no leader
                 # job fires for the rest of this leadership, so each is marked broken
                 # (health says so) until a later registration or claim of it succeeds.
@@ -79,6 +73,14 @@ class LeaderTick:
                 for job_id in self._job_ids:
                     if job_id not in self._broken:
                         await self._broken.mark(job_id, death)
+            return tick
+
+        return await run_loop(
+            step,
+            self._clock,
+            first_delay=tick,
+            wakes=[tenure.lost.wait, tenure.stopping.wait, self.reload.wait],
+        )
 
     async def run_once(self) -> bool:
         """Pick up what others changed (pause, resume, run now) since the last tick,

@@ -9,7 +9,6 @@ bodies it started and whether a prepared claim under way has begun to commit."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 from collections.abc import Set
@@ -22,13 +21,13 @@ from .claiming import Claim, Due
 from .clock import Clock
 from .config import SchedulerConfig
 from .faults import database_answers
+from .loop import run_loop
 from .registry import JobSpec
 from .rows import LeaderRows, fire_time
 from .runner import Runner
 from .setbacks import Setbacks
 from .store import JobRow, JobStore, PreparedClaimDropped, PreparedCommit
 from .tenure import Tenure
-from .waits import first
 
 __all__ = ["JobTimer"]
 
@@ -65,8 +64,6 @@ class JobTimer:
         self._config = config
         self._claim_ahead = timedelta(seconds=config.claim_ahead_seconds)
         self._bodies: set[asyncio.Task[None]] = set()
-        # A prepared claim under way that has not begun to commit (a step-down rolls it back).
-        self._uncommitted = False
 
     @property
     def bodies(self) -> Set[asyncio.Task[None]]:
@@ -89,7 +86,10 @@ class JobTimer:
         failed wake is logged and its jobs retried a tick later."""
         timetable = self.rows.timetable
         self.rows.plan_all(self._specs)
-        while True:
+
+        async def step() -> float:
+            # Cleared before the timetable is read: a change made after is not missed.
+            timetable.changed.clear()
             due = timetable.pop_due(self._clock.now())
             if due:
                 try:
@@ -100,17 +100,15 @@ class JobTimer:
                     for job_id in due:
                         if timetable.planned(job_id) is None:
                             timetable.plan(job_id, retry)
-                continue
+                return 0.0
             soonest = timetable.soonest()
             # With nothing planned (every job paused) it still parks on the clock, a
             # tick at a time, as every waiting part of a leader does.
-            delay = (
-                self._config.leader_tick_seconds
-                if soonest is None
-                else (soonest - self._clock.now()).total_seconds()
-            )
-            await first(self._clock.sleep(delay), timetable.changed.wait())
-            timetable.changed.clear()
+            if soonest is None:
+                return self._config.leader_tick_seconds
+            return (soonest - self._clock.now()).total_seconds()
+
+        await run_loop(step, self._clock, wakes=[timetable.changed.wait])
 
     async def _wake(self, specs: list[JobSpec]) -> None:
         """One wake of the timer: register the jobs that have no row, and claim every
@@ -195,7 +193,7 @@ class JobTimer:
                     repaired.append(spec.id)
                 moved.append(spec.id)
             if prepared is not None:
-                self._committing.learn(len(gated))
+                self._committing.learn(len(gated), prepared.began_at)
             if starts_at is not None and gate is not None and gated:
                 try:
                     # Checked again after each sleep: a wall clock slewed or stepped
@@ -248,22 +246,15 @@ class JobTimer:
         # Committed just early enough that its bodies are started, each waiting for the
         # slot, by the slot: then they all begin on time, back to back.
         commit_at = starts_at - self._committing.margin(len(dues), self._claim_ahead / 2)
+        # A leadership lost by the commit drops it (rolled back: the next leader runs
+        # its slots).
         return PreparedCommit(
             starts_at,
-            functools.partial(self._until_commit, commit_at),
-            self._clock.now,
+            commit_at,
+            self._clock,
             (commit_at - now).total_seconds(),
+            dropped=self._tenure.lost,
         )
-
-    async def _until_commit(self, commit_at: datetime) -> None:
-        """The wait of a prepared claim: until its commit; a leadership lost meanwhile
-        drops it (rolled back: the next leader runs its slots)."""
-        while (ahead := (commit_at - self._clock.now()).total_seconds()) > 0:
-            await self._clock.sleep(ahead)
-        if self._tenure.lost.is_set():
-            raise PreparedClaimDropped
-        self._uncommitted = False
-        self._committing.began()
 
     async def _claim_to_its_answer(
         self, dues: list[Due], prepared: PreparedCommit | None
@@ -276,12 +267,11 @@ class JobTimer:
         hold up the step-down, and its runs are then left to their lease. A prepared
         claim that has not begun to commit is rolled back at once instead: the next
         leader runs its slots."""
-        self._uncommitted = prepared is not None
         claiming = asyncio.ensure_future(self._claim(dues, prepared))
         try:
             return await asyncio.shield(claiming)
         except asyncio.CancelledError:
-            if self._uncommitted:
+            if prepared is not None and not prepared.committing.is_set():
                 claiming.cancel()
                 await asyncio.wait({claiming})
                 raise

@@ -10,7 +10,6 @@ job from it."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -81,12 +80,9 @@ async def test_on_the_servers_clock_a_late_prepared_commit_gives_a_whole_lease_f
         await store.register_leader_jobs(scheduler.jobs.values(), clock.now(), ZoneInfo("UTC"))
     ).values()
     late = 1.5
-
-    async def until_a_late_commit() -> None:
-        await asyncio.sleep(late)
-
-    # Planned to commit at once; the server's idle limit is the plan plus a few seconds.
-    prepared = PreparedCommit(clock.now(), until_a_late_commit, clock.now, 0.0)
+    # Planned to start at once, it commits 1.5 s later (a busy loop); the server's idle
+    # limit is the plan plus a few seconds.
+    prepared = PreparedCommit(clock.now(), clock.now() + timedelta(seconds=late), clock, 0.0)
     item = SlotClaim(
         "held",
         row.next_run_at,
@@ -140,9 +136,11 @@ async def test_a_body_that_starts_a_renewal_period_after_its_claim_took_its_leas
         await holder.rollback()
     await bodies.entered()
 
-    async def lease_is_live() -> bool:
-        return await _running_until(engine) > clock.now()
+    async def lease_is_renewed() -> bool:
+        # A whole lease from now (the claim's lease, taken as of the slot, ends sooner).
+        renewed = clock.now() + timedelta(seconds=config.lease_seconds)
+        return await _running_until(engine) >= renewed
 
     # Renewed without the clock moving on: not a renewal period after the body began.
-    await eventually(lease_is_live, what="the body's lease to be renewed")
+    await eventually(lease_is_renewed, what="the body's lease to be renewed")
     assert await _running_until(engine) == clock.now() + timedelta(seconds=config.lease_seconds)

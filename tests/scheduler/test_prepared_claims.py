@@ -171,7 +171,8 @@ def test_a_claim_lead_of_more_than_a_quarter_of_the_lease_is_refused_naming_the_
 async def test_a_prepared_claim_whose_leader_lost_the_key_while_it_waited_claims_nothing(
     database: Database, database_url: str
 ) -> None:
-    store = JobStore(database.engine, pid=4242, host="here", lease_clock=FakeClock(T0))
+    clock = FakeClock(T0)
+    store = JobStore(database.engine, pid=4242, host="here", lease_clock=clock)
     scheduler = Scheduler()
     minutely_recording(scheduler, [])
     [row] = (
@@ -182,11 +183,7 @@ async def test_a_prepared_claim_whose_leader_lost_the_key_while_it_waited_claims
         await holder.execute(store.key.call("pg_advisory_lock"), *store.key.args)
         fence_pid = await holder.fetchval("SELECT pg_backend_pid()")
 
-        async def key_lost_meanwhile() -> None:
-            # Lost without the leader noticing (a partition): only the fence can tell.
-            await holder.execute(store.key.call("pg_advisory_unlock"), *store.key.args)
-
-        prepared = PreparedCommit(row.next_run_at, key_lost_meanwhile, lambda: T0, 1.0)
+        prepared = PreparedCommit(row.next_run_at, T0 + timedelta(seconds=1), clock, 1.0)
         item = SlotClaim(
             "minutely",
             row.next_run_at,
@@ -195,8 +192,16 @@ async def test_a_prepared_claim_whose_leader_lost_the_key_while_it_waited_claims
             "running",
             lease_seconds=30,
         )
+        claim = asyncio.ensure_future(
+            store.claim_many([item], now=T0, fence_pid=fence_pid, prepared=prepared)
+        )
+        # The claim waits for its commit; meanwhile the key is lost without the leader
+        # noticing (a partition): only the fence can tell.
+        await clock.wait_for_sleepers(1, timeout=10)
+        await holder.execute(store.key.call("pg_advisory_unlock"), *store.key.args)
+        clock.advance(1)
         with pytest.raises(PreparedClaimDropped):
-            await store.claim_many([item], now=T0, fence_pid=fence_pid, prepared=prepared)
+            await claim
     finally:
         await holder.close()
     assert await _next_run_at(database.engine, "minutely") == row.next_run_at

@@ -50,11 +50,12 @@ cleared, by the leader every tick and by the claim that takes the job over. A pr
 never reaps a lease it renews itself (the runs its caller gives as ``renewing``): the
 body runs there.
 
-A service copy holds a running lease on its service's row (``scheduler_services``),
-taken as it starts, only while no other copy's lease holds, renewed with every other
-lease of its process and released (with a NOTIFY that wakes a leader waiting for it)
-once the copy's task and every thread it started ended. Every lease's token is a run
-id, so the leases a process renews are told apart by token alone.
+A service copy holds a running lease on its own row (``scheduler_service_runs``, named
+on its service's row in ``scheduler_services``), taken as it starts, only while no other
+copy's lease holds, renewed with every other lease of its process and released (with a
+NOTIFY that wakes a leader waiting for it) once the copy's task and every thread it
+started ended. Every lease's token is a run id, so the leases a process renews are told
+apart by token alone.
 
 A per-worker run (``scope = 'replica'``) holds its lease on its own run row instead
 (``scheduler_runs.running_until``): every worker runs the job at once, so the job row
@@ -79,16 +80,17 @@ written) until a later registration or claim of it succeeds.
 The store speaks SQL and nothing else, one module per noun (JobStore, in job_store.py,
 is made of their parts): rows.py, the job rows read (a promotion's, the changes since a
 horizon); registration.py, the job rows written at registration and the broken marks;
-busy.py, a claim's free rows locked and the held ones named; claims.py, the claim;
-prepared.py, a claim held open until its slot; runs.py, the outcomes (the one writer,
-for the loop and for threads) and a per-worker run's start; leases.py, the renewal of
-running leases and the service leases; reap.py, the one reaper; schedule.py, the
-schedule's name and leadership rows; thread_store.py, the same writes from a thread
-(ThreadStore); base.py, what they share: the store's binding, the text arrays, and the
-one runner of a sequence of statements on either engine.
+busy.py, a claim's free rows locked and the held ones named; slots.py, what a claim is
+asked for and answers; claims.py, the claim's steps; claim_runs.py, the run rows it
+records; prepared.py, a claim held open until its slot (it waits on the clock itself);
+runs.py, the outcomes (the one writer, for the loop and for threads) and a per-worker
+run's start; leases.py, the renewal of running leases and the service leases; reap.py,
+the one reaper; schedule.py, the schedule's name and leadership rows; thread_store.py,
+the same writes from a thread (ThreadStore); base.py, what they share: the store's
+binding, the text arrays, and the one runner of a sequence of statements on either
+engine.
 """
 
-from .claims import ClaimedSlot, SlotClaim
 from .job_store import JobStore
 from .leases import HeldLease, LeaseKind, ServiceTake
 from .prepared import PreparedClaimDropped, PreparedCommit
@@ -97,6 +99,7 @@ from .registration import LeaderRow
 from .rows import ChangedRows, JobRow, StoredJob, StoredJobs
 from .runs import Outcome, format_error
 from .schedule import LeaderJobs
+from .slots import ClaimedSlot, SlotClaim
 from .thread_store import ThreadStore
 
 __all__ = [

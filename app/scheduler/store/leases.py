@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 
 from ..clock import LEASE_END_SQL as _LEASE_END
 from ..clock import LEASE_NOW_SQL
@@ -41,8 +41,8 @@ def leader_run_leased_sql(job: str) -> str:
 
 
 # Where a running lease is held: on a run's own row, named by its job's row (a leader
-# run, which holds the job), on a run's own row alone (a per-worker run), on a
-# service's row (a service copy).
+# run, which holds the job), on a run's own row alone (a per-worker run), on a copy's
+# own row, named by its service's row (a service copy).
 LeaseKind = Literal["job", "run", "service"]
 
 
@@ -50,8 +50,9 @@ LeaseKind = Literal["job", "run", "service"]
 class HeldLease:
     """A running lease a run of this process holds, by its token ``run_id`` (a run id),
     on the row ``kind`` names: the run's own row, named by ``job_id``'s row, for a
-    leader run (``job``), the run's own row for a per-worker run (``run``), the row of
-    the service ``job_id`` for a service copy (``service``)."""
+    leader run (``job``), the run's own row for a per-worker run (``run``), the copy's
+    own row, named by the row of the service ``job_id``, for a service copy
+    (``service``)."""
 
     job_id: str
     run_id: int
@@ -100,69 +101,97 @@ _RENEW_LEASES = text(
     SELECT run_id FROM runs
     """
 )
-_RENEW_REPLICA_LEASES = text(
-    f"""
-    UPDATE scheduler_runs r SET running_until = {_LEASE_END}
-    FROM {_LEASES}
-    WHERE r.id = l.run_id AND r.running_until IS NOT NULL
-    RETURNING l.run_id
+
+
+def _renew_run_rows(table: str) -> TextClause:
+    """The renewal of leases held on runs' own rows in ``table`` (a run whose lease was
+    reaped or taken over has none left to renew)."""
+    return text(
+        f"""
+        UPDATE {table} r SET running_until = {_LEASE_END}
+        FROM {_LEASES}
+        WHERE r.id = l.run_id AND r.running_until IS NOT NULL
+        RETURNING l.run_id
+        """
+    )
+
+
+# A service copy's lease, on its own row in scheduler_service_runs (taken as the copy
+# is about to start, its token a run id), named on its service's row (s). No one but
+# the copy's renewal, a take that judges it lapsed, and its release locks the copy's
+# row, so another transaction holding the service's row cannot keep the renewal out.
+# The take: the service's row, locked (written first if it is the first copy's), names
+# the holder; the holder's lease row is read locked (a renewal under way commits
+# first, and is then read), so that a take never judges a lease lapsed that a renewal
+# keeps; a lapsed one is removed, so the old copy's next renewal finds it lost.
+_ENSURE_SERVICE_ROW = text(
+    """
+    INSERT INTO scheduler_services (schedule, id) VALUES (:schedule, :service_id)
+    ON CONFLICT (schedule, id) DO NOTHING
     """
 )
-# A service copy's lease, on its service's row (s): taken only while no other copy's
-# lease holds, and only while this leader's lock connection holds the key; its token is
-# a run id. A take that finds the lease held matches nothing.
+_SERVICE_HOLDER = text(
+    """
+    SELECT running_run_id, running_pid, running_host FROM scheduler_services
+    WHERE schedule = :schedule AND id = :service_id
+    FOR UPDATE
+    """
+)
+_HOLDERS_LEASE_LEFT = text(
+    f"""
+    SELECT EXTRACT(epoch FROM running_until - {LEASE_NOW_SQL}) AS left_seconds
+    FROM scheduler_service_runs WHERE id = :run_id
+    FOR UPDATE
+    """
+)
+_DROP_LAPSED_SERVICE_RUN = text("DELETE FROM scheduler_service_runs WHERE id = :run_id")
+# Only while this leader's lock connection holds the key.
 _TAKE_SERVICE_LEASE = text(
     f"""
-    INSERT INTO scheduler_services AS s
-        (schedule, id, running_run_id, running_since, running_until, running_pid, running_host)
-    SELECT CAST(:schedule AS text), CAST(:service_id AS text),
-        nextval(pg_get_serial_sequence('scheduler_runs', 'id')), {LEASE_NOW_SQL}, {_LEASE_END},
-        CAST(:pid AS integer), CAST(:host AS text)
-    WHERE EXISTS (
-        SELECT 1 FROM pg_locks WHERE {LEADER_KEY_LOCKS_BOUND} AND granted AND pid = :fence_pid)
-    ON CONFLICT (schedule, id) DO UPDATE
-    SET running_run_id = excluded.running_run_id, running_since = excluded.running_since,
-        running_until = excluded.running_until, running_pid = excluded.running_pid,
-        running_host = excluded.running_host
-    WHERE s.running_until IS NULL OR s.running_until <= {LEASE_NOW_SQL}
-    RETURNING s.running_run_id
+    WITH taken AS (
+        INSERT INTO scheduler_service_runs (id, schedule, service_id, running_until)
+        SELECT nextval(pg_get_serial_sequence('scheduler_runs', 'id')),
+            CAST(:schedule AS text), CAST(:service_id AS text), {_LEASE_END}
+        WHERE EXISTS (
+            SELECT 1 FROM pg_locks
+            WHERE {LEADER_KEY_LOCKS_BOUND} AND granted AND pid = :fence_pid)
+        RETURNING id
+    )
+    UPDATE scheduler_services s
+    SET running_run_id = taken.id, running_since = {LEASE_NOW_SQL},
+        running_pid = CAST(:pid AS integer), running_host = CAST(:host AS text)
+    FROM taken
+    WHERE s.schedule = :schedule AND s.id = :service_id
+    RETURNING taken.id
     """
 )
-# Who holds a service's lease, and for how many more seconds on the lease clock.
-_SERVICE_HOLDER = text(
-    f"""
-    SELECT running_pid, running_host,
-        EXTRACT(epoch FROM running_until - {LEASE_NOW_SQL}) AS left_seconds
-    FROM scheduler_services
-    WHERE schedule = :schedule AND id = :service_id AND running_until > {LEASE_NOW_SQL}
-    """
-)
-_RENEW_SERVICE_LEASES = text(
-    f"""
-    UPDATE scheduler_services s SET running_until = {_LEASE_END}
-    FROM {_LEASES}
-    WHERE s.schedule = :schedule AND s.id = l.job_id AND s.running_run_id = l.run_id
-    RETURNING l.run_id
-    """
-)
-# Released by its token; the NOTIFY (sent at commit) wakes a leader waiting to start
+# Released by its token: its lease row goes; the service's row stops naming it where
+# no other transaction holds that row (a row that names a copy without a lease row
+# names none that holds). The NOTIFY (sent at commit) wakes a leader waiting to start
 # the next copy.
 _RELEASE_SERVICE_LEASE = text(
     f"""
     WITH released AS (
-        UPDATE scheduler_services
-        SET running_run_id = NULL, running_since = NULL, running_until = NULL,
-            running_pid = NULL, running_host = NULL
-        WHERE schedule = :schedule AND id = :service_id AND running_run_id = :run_id
-        RETURNING id)
-    SELECT pg_notify('{WAKE_CHANNEL}', id) FROM released
+        DELETE FROM scheduler_service_runs WHERE id = :run_id RETURNING id
+    ), free AS (
+        SELECT s.id FROM scheduler_services s
+        WHERE s.schedule = :schedule AND s.id = :service_id AND s.running_run_id = :run_id
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), cleared AS (
+        UPDATE scheduler_services s
+        SET running_run_id = NULL, running_since = NULL, running_pid = NULL,
+            running_host = NULL
+        FROM free
+        WHERE s.schedule = :schedule AND s.id = free.id
+    )
+    SELECT pg_notify('{WAKE_CHANNEL}', CAST(:service_id AS text)) FROM released
     """
 )
 # Every lease kind's renewal, by the row that holds the lease.
 _RENEWALS = {
     "job": _RENEW_LEASES,
-    "run": _RENEW_REPLICA_LEASES,
-    "service": _RENEW_SERVICE_LEASES,
+    "run": _renew_run_rows("scheduler_runs"),
+    "service": _renew_run_rows("scheduler_service_runs"),
 }
 
 
@@ -170,13 +199,15 @@ class LeaseStore(StoreBase):
     """The renewal of running leases and the service leases (part of JobStore)."""
 
     async def renew_leases(self, leases: Sequence[HeldLease], lease_seconds: float) -> set[int]:
-        """Renew the running lease of every run in ``leases`` for ``lease_seconds``, in
-        one commit of at most one statement per kind however many there are (leader
-        runs' leases are on their job rows, per-worker runs' on their own run rows,
-        service copies' on their services' rows). Returns the tokens of the leases still
-        held; a lease left out was lost (it ran out and another run took the job or the
-        service, or the run was reaped). Raises what the database raises, after at most
-        a second's wait for a row another transaction holds; nothing is renewed then."""
+        """Renew the running lease of every run in ``leases`` for ``lease_seconds``, in one
+        commit of at most one statement per kind however many there are (leader
+        and per-worker runs' leases are on their own run rows, service copies'
+        on their own rows; none is kept out by a job's or a service's row held
+        elsewhere). Returns the tokens of the leases still held; a lease left
+        out was lost (it ran out and another run took the job or the service, or
+        the run was reaped). Raises what the database raises, after at most a
+        second's wait for a row another transaction holds; nothing is renewed
+        then."""
         steps = renew_steps(self.schedule, leases, lease_seconds, lease_reading(self.lease_clock))
         async with self.engine.begin() as conn:
             await conn.execute(ROW_LOCK_PATIENCE)
@@ -202,15 +233,16 @@ class LeaseStore(StoreBase):
             | self.lease_params()
         )
         async with self.engine.begin() as conn:
+            await conn.execute(_ENSURE_SERVICE_ROW, params)
+            holder = (await conn.execute(_SERVICE_HOLDER, params)).one()
+            if holder.running_run_id is not None:
+                named = params | {"run_id": holder.running_run_id}
+                left = (await conn.execute(_HOLDERS_LEASE_LEFT, named)).scalar_one_or_none()
+                if left is not None and left > 0:
+                    return ServiceTake(None, holder.running_pid, holder.running_host, float(left))
+                await conn.execute(_DROP_LAPSED_SERVICE_RUN, named)
             taken = (await conn.execute(_TAKE_SERVICE_LEASE, params)).scalar_one_or_none()
-            if taken is not None:
-                return ServiceTake(int(taken))
-            holder = (await conn.execute(_SERVICE_HOLDER, params)).first()
-        if holder is None:
-            return ServiceTake(None)
-        return ServiceTake(
-            None, holder.running_pid, holder.running_host, float(holder.left_seconds)
-        )
+        return ServiceTake(None if taken is None else int(taken))
 
     async def release_service_lease(self, lease: HeldLease) -> None:
         """Release service copy ``lease`` if it still holds it, as the copy's task and

@@ -3,14 +3,16 @@ transaction holds the claimed rows until the slot; only the commit is left for t
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ..clock import LEASE_NOW_SQL
+from ..clock import LEASE_NOW_SQL, Clock
 from ..keys import LEADER_KEY_LOCKS_BOUND
 from .base import StoreBase
 
@@ -60,27 +62,48 @@ class PreparedClaimDropped(Exception):
     for ended while it waited. It claimed nothing; the next leader claims its slots."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class PreparedCommit:
     """When a prepared claim commits: its statements run at once, then its transaction
-    stays open until ``wait()`` returns (the slot), and commits; an exception from
-    ``wait()`` (a cancel, a lost leadership) rolls it back, claiming nothing.
+    stays open until ``commit_at`` on ``clock`` (wait()), and commits; a cancel
+    meanwhile, or ``dropped`` set by then (the leadership it was made for ended), rolls
+    it back, claiming nothing. What the waiter needs to know it reads here, and nothing
+    is called back: ``committing`` is set (and ``began_at``, on time.perf_counter, the
+    cost of a commit being measured) once the wait is over and the claim commits.
 
     ``starts_at``: the instant the bodies are meant to start, written as the runs'
-    start (``now()`` gives the clock, read before each write, so that a preparation
-    that outlasts its lead records when the runs really start). ``seconds``: about how
-    long the transaction waits: the server ends its session when it idles in the
-    transaction a second longer (a frozen process must not hold job rows for good).
+    start (the clock is read before each write, so that a preparation that outlasts its
+    lead records when the runs really start). ``seconds``: about how long the
+    transaction waits: the server ends its session when it idles in the transaction a
+    second longer (a frozen process must not hold job rows for good).
     """
 
     starts_at: datetime
-    wait: Callable[[], Awaitable[None]]
-    now: Callable[[], datetime]
+    commit_at: datetime
+    clock: Clock
     seconds: float
+    dropped: asyncio.Event = field(default_factory=asyncio.Event)
+    committing: asyncio.Event = field(default_factory=asyncio.Event)
+    began_at: float | None = None
+
+    def now(self) -> datetime:
+        """The clock's reading now."""
+        return self.clock.now()
 
     def start(self) -> datetime:
         """The runs' start as of now: the planned instant, or later if it passed."""
         return max(self.starts_at, self.now())
+
+    async def wait(self) -> None:
+        """Wait until ``commit_at`` (checked again after each sleep: a wall clock
+        slewed or stepped back ends a sleep early), then raise PreparedClaimDropped if
+        ``dropped`` is set, else mark the commit begun."""
+        while (ahead := (self.commit_at - self.clock.now()).total_seconds()) > 0:
+            await self.clock.sleep(ahead)
+        if self.dropped.is_set():
+            raise PreparedClaimDropped
+        self.began_at = time.perf_counter()
+        self.committing.set()
 
 
 async def begin_prepared(

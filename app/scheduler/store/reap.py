@@ -94,17 +94,29 @@ _REAP = text(
 # status while it still says 'running' (no outcome was recorded since the last start,
 # and no leader run of it holds the job's lease); every expired lease is cleared.
 # Statuses decide, never times: a finish is stamped on its worker's own clock, which
-# cannot be compared with a lease's end on the lease clock.
+# cannot be compared with a lease's end on the lease clock. A job whose row another
+# transaction holds is passed by, its runs with it (reaped by a later reap), and so is
+# a run row held elsewhere: skipped, never waited on (job rows first, as claims lock
+# them), for the reap runs in the tick and in every per-worker start.
 _REAP_REPLICA_RUNS = text(
     f"""
-    WITH expired AS (
+    WITH lapsed AS (
+        SELECT id, job_id FROM scheduler_runs
+        WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL} AND scope = 'replica'
+            AND (CAST(:job_id AS text) IS NULL OR job_id = CAST(:job_id AS text))
+            AND id <> ALL({_RENEWING})
+    ), free_jobs AS (
+        SELECT id FROM scheduler_jobs
+        WHERE schedule = :schedule AND id IN (SELECT job_id FROM lapsed)
+        ORDER BY id
+        FOR NO KEY UPDATE SKIP LOCKED
+    ), expired AS (
         SELECT id, job_id, status AS was, running_until AS lapsed_at,
             format('abandoned: the worker that ran it (pid %s on %s) stopped renewing its '
                    'running lease, which ran out at %s', pid, host, running_until) AS note
         FROM scheduler_runs
-        WHERE schedule = :schedule AND running_until <= {LEASE_NOW_SQL} AND scope = 'replica'
-            AND (CAST(:job_id AS text) IS NULL OR job_id = CAST(:job_id AS text))
-            AND id <> ALL({_RENEWING})
+        WHERE id IN (SELECT id FROM lapsed) AND job_id IN (SELECT id FROM free_jobs)
+            AND running_until <= {LEASE_NOW_SQL}
         FOR UPDATE SKIP LOCKED
     ), reaped AS (
         UPDATE scheduler_runs r

@@ -27,7 +27,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from .admin import display, queries
+from .admin import display, outboxes, queries
 from .app_target import DEFAULT_APP, load_scheduler
 from .db import DatabaseUnreachableError, async_url, verify_schema_at_head
 from .embedded import default_data_dir, embedded_url, socket_path
@@ -161,10 +161,18 @@ def add_commands(commands: Any) -> None:
     stuck.add_argument("name", nargs="?")
     for reader in (listing, pending, scheduled, stuck):
         _add_json(reader, inner=True)
-    reset = outbox_commands.add_parser("reset", help="make a stuck row pending and due now")
+    reset = outbox_commands.add_parser(
+        "reset", help="make a stuck row (or with --all-stuck every one) pending and due now"
+    )
     reset.add_argument("name")
     # Any whole number: one past the column type is a "no such message", not a crash.
-    reset.add_argument("message_id", type=int)
+    reset.add_argument("message_id", type=int, nargs="?")
+    reset.add_argument(
+        "--all-stuck",
+        action="store_true",
+        help="reset every stuck row of the outbox in one statement (rows another "
+        "transaction holds are left alone and counted)",
+    )
     leader = commands.add_parser("leader", help="show the leader and the standbys waiting")
     _add_json(leader, inner=False)
     _add_schedule_options(leader, inner=False)
@@ -346,6 +354,18 @@ async def _wait_for_run(
 async def _outbox(
     engine: AsyncEngine, args: argparse.Namespace, settings: Settings, clock: Clock
 ) -> str:
+    if args.outbox_command == "reset" and args.all_stuck:
+        done = await outboxes.reset_all_stuck(engine, args.name, lease_now(clock))
+        told = (
+            f"{done['reset']} stuck message(s) of outbox '{printable(args.name)}' are "
+            "pending again, due now"
+        )
+        if done["held"]:
+            told += (
+                f"; {done['held']} held by another transaction were left stuck (run it "
+                "again once that transaction has ended)"
+            )
+        return told
     if args.outbox_command == "reset":
         await queries.reset_outbox_message(engine, args.name, args.message_id, lease_now(clock))
         name = printable(args.name)
@@ -433,10 +453,17 @@ async def run_command(
     request; every lease and due time is read on the lease clock (app/scheduler/clock.py),
     the database server's under the system clock, never on the operator's machine."""
     clock = clock or SystemClock()
+    if args.command == "outbox" and args.outbox_command == "reset":
+        if (args.message_id is None) == (not args.all_stuck):
+            raise UsageError(
+                "`python -m app outbox reset NAME` takes a message ID or --all-stuck "
+                "(one of them, not both)"
+            )
     if args.command == "outbox" and args.outbox_command is None:
         raise UsageError(
             f"`python -m app outbox` needs a sub-command, one of {OUTBOX_COMMANDS}: list "
-            "(counts per status), pending [NAME], scheduled [NAME], stuck [NAME], reset NAME ID"
+            "(counts per status), pending [NAME], scheduled [NAME], stuck [NAME], reset NAME "
+            "(ID | --all-stuck)"
         )
     url = database_url(settings)
     engine = create_async_engine(async_url(url))

@@ -15,6 +15,7 @@ from app.scheduler.clock import lease_now
 from app.storable import INT64_MAX
 
 from . import display, queries
+from .outboxes import reset_all_stuck
 from .auth import require_admin
 from .errors import AdminError
 from .params import JobId, MessageId, OutboxName
@@ -176,3 +177,12 @@ async def reset(request: Request, name: OutboxName, message_id: MessageId) -> di
     a drain that is delivering it."""
     await queries.reset_outbox_message(_engine(request), name, message_id, lease_now_of(request))
     return {"status": "pending"}
+
+
+@router.post("/outboxes/{name}/reset-stuck")
+async def reset_stuck(request: Request, name: OutboxName) -> dict[str, int]:
+    """Set every stuck row of the outbox pending, attempts 0, due now, in one
+    statement: ``reset`` counts them; ``held`` counts the stuck rows another
+    transaction held, left alone (never waited on; reset again once it has ended).
+    404 for an unknown outbox."""
+    return await reset_all_stuck(_engine(request), name, lease_now_of(request))

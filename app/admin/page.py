@@ -28,7 +28,7 @@ from fastapi.templating import Jinja2Templates
 from app.db import Database
 from app.storable import INT64_MAX
 
-from . import display, queries, session
+from . import display, outboxes, queries, session
 from .api import lease_now_of, schedule_name
 from .auth import admin_key, refuse_wrong_token, token_matches
 from .errors import AdminError, NotFound
@@ -48,6 +48,8 @@ _FLASHES = {
     "resume": "Job {} is resumed.",
     "forget": "Job {} is forgotten, with its history.",
 }
+# A bulk reset's flash carries its counts: rows reset, rows held, the outbox.
+_RESET_STUCK_FLASH = re.compile(r"^resetstuck-([0-9]{1,19})-([0-9]{1,19})-([A-Za-z0-9_]{1,200})$")
 # Seconds between the page's own reloads: fresh enough to watch a run, calm enough to read.
 REFRESH_SECONDS = 30
 _PENDING_SHOWN = 50
@@ -83,6 +85,13 @@ def _check_csrf(key: bytes, cookie: str, offered: str) -> None:
 
 
 def _flash(code: str | None) -> str | None:
+    counted = _RESET_STUCK_FLASH.match(code or "")
+    if counted is not None:
+        reset, held, name = counted.groups()
+        told = f"{reset} stuck message(s) of outbox {name} are pending again and due now."
+        if held != "0":
+            told += f" {held} held by another transaction were left stuck; reset them again."
+        return told
     match = _FLASH.match(code or "")
     if match is None:
         return None
@@ -274,8 +283,8 @@ async def logout(request: Request, csrf: Annotated[str, Form()]) -> Response:
 async def _act(
     request: Request,
     csrf: str,
-    flash: str,
-    action: Callable[[], Awaitable[object]],
+    flash: str | Callable[[Any], str],
+    action: Callable[[], Awaitable[Any]],
     back: str = "/admin",
 ) -> Response:
     key = _key(request)
@@ -284,10 +293,11 @@ async def _act(
         raise HTTPException(401, "sign in first")
     _check_csrf(key, cookie, csrf)
     try:
-        await action()
+        done = await action()
     except AdminError as exc:
         return await _page(request, csrf, str(exc), status_code=exc.status)
-    return RedirectResponse(f"{back}?flash={flash}", status_code=303)
+    code = flash if isinstance(flash, str) else flash(done)
+    return RedirectResponse(f"{back}?flash={code}", status_code=303)
 
 
 def _back(job_id: str, page: str | None) -> str:
@@ -307,6 +317,17 @@ async def reset(
         lambda: queries.reset_outbox_message(
             _engine(request), name, message_id, lease_now_of(request)
         ),
+    )
+
+
+@router.post("/outboxes/{name}/reset-stuck")
+async def reset_stuck(request: Request, name: OutboxName, csrf: Annotated[str, Form()]) -> Response:
+    """Reset every stuck row of an outbox, then back to the page, saying how many."""
+    return await _act(
+        request,
+        csrf,
+        lambda done: f"resetstuck-{done['reset']}-{done['held']}-{name}",
+        lambda: outboxes.reset_all_stuck(_engine(request), name, lease_now_of(request)),
     )
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "manual_run",
     "outbox_messages",
     "outbox_summary",
+    "require_outbox",
     "reset_outbox_message",
     "run_job_now",
     "set_paused",
@@ -529,7 +530,8 @@ def _empty_outbox(name: str) -> dict[str, Any]:
     }
 
 
-async def _require_outbox(engine: AsyncEngine, outbox: str) -> None:
+async def require_outbox(engine: AsyncEngine, outbox: str) -> None:
+    """Raise NotFound, naming the outbox, unless it has rows or a drain's record."""
     async with engine.connect() as conn:
         known = (
             is_storable_text(outbox)
@@ -559,7 +561,7 @@ async def outbox_messages(
     messages whose moment, ``deliver_at``, is ahead on the lease clock: ``lease_now``
     as clock.lease_now gives it) soonest first. Raises NotFound for an unknown outbox."""
     if outbox is not None:
-        await _require_outbox(engine, outbox)
+        await require_outbox(engine, outbox)
     async with engine.connect() as conn:
         query = _MESSAGES_BY_STATUS[status]
         params = {"outbox": outbox, "limit": limit, "lease_now": lease_now}
@@ -575,7 +577,7 @@ async def reset_outbox_message(
     unknown outbox or id; Conflict for a delivered row, one a drain is delivering (the
     message says to wait for it), and one another transaction holds past the wait of
     an operator's write (the message names its backend pid)."""
-    await _require_outbox(engine, outbox)
+    await require_outbox(engine, outbox)
     if not is_int64(message_id):
         raise NotFound(f"outbox {outbox!r} has no message {message_id}; no id is that large")
     try:

@@ -29,8 +29,8 @@ from .errors import (
     UnregisteredDrainError,
 )
 from .http import HEADER_KEY_RULE, HttpTransport, RetryableDeliveryError, header_safe_key
-from .message import DrainReport, Enqueued, Message
-from .outbox import Deliver, Outbox, reset_message
+from .message import DrainReport, Enqueued, Message, StuckReset
+from .outbox import Deliver, Outbox, reset_message, reset_stuck
 from .payload import MAX_PAYLOAD_DEPTH
 
 __all__ = [
@@ -54,10 +54,12 @@ __all__ = [
     "PayloadError",
     "PermanentDeliveryError",
     "RetryableDeliveryError",
+    "StuckReset",
     "UndeliverableKeyError",
     "UnknownMessageError",
     "UnregisteredDrainError",
     "header_safe_key",
     "reset_message",
+    "reset_stuck",
     "retry_delay",
 ]

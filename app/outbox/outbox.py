@@ -51,11 +51,11 @@ from .errors import (
     UndeliverableKeyError,
     UnknownMessageError,
 )
-from .message import DrainReport, Enqueued, Message
+from .message import DrainReport, Enqueued, Message, StuckReset
 from .payload import dump_payload
 from .wakeup import listen_and_drain
 
-__all__ = ["Deliver", "Outbox", "reset_message"]
+__all__ = ["Deliver", "Outbox", "reset_message", "reset_stuck"]
 
 logger = logging.getLogger("app.outbox")
 
@@ -370,3 +370,16 @@ async def reset_message(
             f"outbox {outbox!r} message {message_id} was delivered; it is never sent again"
         )
     raise MessageInFlightError(outbox, message_id, found.next_attempt_at)
+
+
+async def reset_stuck(
+    engine: AsyncEngine, outbox: str, lease_now: datetime | None = None
+) -> StuckReset:
+    """Make every stuck row of ``outbox`` pending, attempts 0 and due now, as
+    reset_message makes one, in one statement, and wake the drain. A row another
+    transaction holds is never waited on: it is left stuck and counted as ``held``.
+    "Now" is read on the lease clock (``lease_now`` as clock.lease_now gives it, None
+    for the database server's clock)."""
+    async with engine.begin() as conn:
+        row = (await conn.execute(sql.RESET_STUCK, {"outbox": outbox, "lease_now": lease_now})).one()
+    return StuckReset(reset=row.reset, held=row.held)

@@ -28,6 +28,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from .admin import display, outboxes, queries
+from .admin.run_status import RUN_STATUSES
 from .app_target import DEFAULT_APP, load_scheduler
 from .db import DatabaseUnreachableError, async_url, verify_schema_at_head
 from .embedded import default_data_dir, embedded_url, socket_path
@@ -144,6 +145,12 @@ def add_commands(commands: Any) -> None:
     _add_json(run, inner=True)
     history.add_argument("--limit", type=int_between(1, 500), default=20)
     history.add_argument("--full", action="store_true", help="print each error whole")
+    history.add_argument(
+        "--status",
+        choices=RUN_STATUSES,
+        metavar="STATUS",
+        help=f"only the runs of this status, one of {', '.join(RUN_STATUSES)}",
+    )
     _add_json(history, inner=True)
     outbox = commands.add_parser(
         "outbox", help="outboxes and their rows: list, pending, scheduled, stuck, reset"
@@ -291,7 +298,9 @@ async def _jobs(
         deleted = await queries.forget_job(engine, args.job_id, schedule=schedule)
         return f"forgot {printable(args.job_id)} (schedule {schedule}) and its {deleted} run(s)"
     if args.jobs_command == "history":
-        runs = await queries.job_runs(engine, args.job_id, limit=args.limit, schedule=schedule)
+        runs = await queries.job_runs(
+            engine, args.job_id, limit=args.limit, schedule=schedule, status=args.status
+        )
         return _json(runs) if args.json else _history(runs, args.full)
     jobs = await queries.list_jobs(engine, lease_now(clock), schedule=schedule, retired=args.all)
     if args.json:

@@ -19,6 +19,7 @@ from .outboxes import reset_all_stuck
 from .auth import require_admin
 from .errors import AdminError
 from .params import JobId, MessageId, OutboxName
+from .run_status import RunStatus
 
 __all__ = ["admin_error_response", "lease_now_of", "router", "schedule_name"]
 
@@ -90,14 +91,22 @@ async def runs(
     before: Annotated[
         int | None, Query(ge=1, le=INT64_MAX, description="id of the last run seen")
     ] = None,
+    status: Annotated[RunStatus | None, Query(description="only the runs of this status")] = None,
 ) -> dict[str, Any]:
-    """A page of the run history, newest first; pass ``next_before`` to get the next.
+    """A page of the run history, newest first (only the runs of ``status`` when it is
+    given; 422 naming the statuses for one no run can have); pass ``next_before`` to get
+    the next.
     ``manual`` marks a run an operator asked for; ``error_summary`` is the line of
     ``error`` that says what went wrong."""
     page = [
         run | {"error_summary": display.error_summary(run["error"])}
         for run in await queries.job_runs(
-            _engine(request), job_id, limit=limit, before=before, schedule=schedule_name(request)
+            _engine(request),
+            job_id,
+            limit=limit,
+            before=before,
+            schedule=schedule_name(request),
+            status=status,
         )
     ]
     next_before = page[-1]["id"] if len(page) == limit else None

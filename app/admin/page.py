@@ -33,6 +33,7 @@ from .api import lease_now_of, schedule_name
 from .auth import admin_key, refuse_wrong_token, token_matches
 from .errors import AdminError, NotFound
 from .params import JobId, MessageId, OutboxName
+from .run_status import RUN_STATUSES, RunStatus
 
 __all__ = ["router"]
 
@@ -141,14 +142,27 @@ async def _page(
 
 
 async def _job_page(
-    request: Request, csrf: str, job_id: str, before: int | None, limit: int, flash: str | None
+    request: Request,
+    csrf: str,
+    job_id: str,
+    before: int | None,
+    limit: int,
+    flash: str | None,
+    status: str | None = None,
 ) -> HTMLResponse:
     engine = _engine(request)
+    filtered = f"&status={status}" if status is not None else ""
     query = f"?before={before}&limit={limit}" if before is not None else f"?limit={limit}"
-    context = await _common(request, csrf, flash, f"/admin/jobs/{job_id}{query}")
+    context = await _common(request, csrf, flash, f"/admin/jobs/{job_id}{query}{filtered}")
+    context |= {"statuses": RUN_STATUSES, "status": status}
     try:
         runs = await queries.job_runs(
-            engine, job_id, limit=limit, before=before, schedule=schedule_name(request)
+            engine,
+            job_id,
+            limit=limit,
+            before=before,
+            schedule=schedule_name(request),
+            status=status,
         )
     except NotFound as exc:
         context |= {"job": None, "flash": str(exc), "failed": True, "runs": [], "older": None}
@@ -159,7 +173,7 @@ async def _job_page(
     job = next((job for job in jobs if job["id"] == job_id), None)
     older = None
     if len(runs) == limit:
-        older = f"/admin/jobs/{job_id}?before={runs[-1]['id']}&limit={limit}"
+        older = f"/admin/jobs/{job_id}?before={runs[-1]['id']}&limit={limit}{filtered}"
     context |= {"job": job, "runs": runs, "older": older}
     return templates.TemplateResponse(request, "job.html", context)
 
@@ -212,15 +226,17 @@ async def job_page(
     before: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     flash: str | None = None,
+    status: RunStatus | None = None,
 ) -> Response:
     """A job's page: its state and its runs, newest first, ``limit`` per page, older
-    ones from ``before`` (a run id) on. The sign-in form when not signed in."""
+    ones from ``before`` (a run id) on, only those of ``status`` when it is given. The
+    sign-in form when not signed in."""
     key = _key(request)
     cookie = await _session(request, key)
     if cookie is None:
         return _login_form(request, key, None)
     csrf = session.csrf_for(key, cookie)
-    return await _job_page(request, csrf, job_id, before, limit, _flash(flash))
+    return await _job_page(request, csrf, job_id, before, limit, _flash(flash), status)
 
 
 @router.post("/login")

@@ -30,6 +30,7 @@ from app.scheduler.store.leases import leader_run_leased_sql
 from app.storable import is_int64, is_storable_text
 
 from .errors import AdminError, Conflict, NotFound, UnknownJobError
+from .run_status import check_run_status
 
 __all__ = [
     "AdminError",
@@ -113,6 +114,7 @@ _RUNS = text(
     FROM scheduler_runs r
     WHERE r.schedule = :schedule AND r.job_id = :job_id
         AND (CAST(:before AS bigint) IS NULL OR r.id < :before)
+        AND (CAST(:status AS text) IS NULL OR r.status = :status)
     ORDER BY r.id DESC LIMIT :limit
     """
 )
@@ -330,12 +332,22 @@ async def job_runs(
     limit: int = 50,
     before: int | None = None,
     schedule: str = DEFAULT_SCHEDULE,
+    status: str | None = None,
 ) -> list[dict[str, Any]]:
-    """A page of the job's runs, newest first; ``before`` is the last id of the previous
-    page. Raises UnknownJobError (a NotFound) for an unknown job."""
+    """A page of the job's runs, newest first, only those of ``status`` when it is
+    given; ``before`` is the last id of the previous page. Raises UnknownJobError (a
+    NotFound) for an unknown job, UnknownRunStatusError (a 400) for a status no run can
+    have (run_status.RUN_STATUSES)."""
+    check_run_status(status)
     async with engine.connect() as conn:
         await _require_job(conn, job_id, schedule)
-        params = {"job_id": job_id, "limit": limit, "before": before, "schedule": schedule}
+        params = {
+            "job_id": job_id,
+            "limit": limit,
+            "before": before,
+            "schedule": schedule,
+            "status": status,
+        }
         result = await conn.execute(_RUNS, params)
         return _rows(result)
 

@@ -158,6 +158,9 @@ def add_commands(commands: Any) -> None:
     _add_json(outbox, inner=False)
     outbox_commands = outbox.add_subparsers(dest="outbox_command", metavar=OUTBOX_COMMANDS)
     listing = outbox_commands.add_parser("list", help="each outbox with its counts per status")
+    listing.add_argument(
+        "--all", action="store_true", help="list retired outboxes too (no app drains them)"
+    )
     pending = outbox_commands.add_parser("pending", help="list pending rows and their last error")
     pending.add_argument("name", nargs="?")
     scheduled = outbox_commands.add_parser(
@@ -168,6 +171,10 @@ def add_commands(commands: Any) -> None:
     stuck.add_argument("name", nargs="?")
     for reader in (listing, pending, scheduled, stuck):
         _add_json(reader, inner=True)
+    forget_outbox = outbox_commands.add_parser(
+        "forget", help="delete a retired outbox's rows (refused while an app drains it)"
+    )
+    forget_outbox.add_argument("name")
     reset = outbox_commands.add_parser(
         "reset", help="make a stuck row (or with --all-stuck every one) pending and due now"
     )
@@ -185,7 +192,7 @@ def add_commands(commands: Any) -> None:
     _add_schedule_options(leader, inner=False)
 
 
-OUTBOX_COMMANDS = "{list,pending,scheduled,stuck,reset}"
+OUTBOX_COMMANDS = "{list,pending,scheduled,stuck,reset,forget}"
 
 
 class UsageError(Exception):
@@ -379,8 +386,11 @@ async def _outbox(
         await queries.reset_outbox_message(engine, args.name, args.message_id, lease_now(clock))
         name = printable(args.name)
         return f"outbox '{name}' message {args.message_id} is pending again, due now"
+    if args.outbox_command == "forget":
+        deleted = await outboxes.forget_outbox(engine, args.name)
+        return f"forgot outbox '{printable(args.name)}' and its {deleted} message(s)"
     if args.outbox_command == "list":
-        summary = await queries.outbox_summary(engine, lease_now(clock))
+        summary = await outboxes.list_outboxes(engine, lease_now(clock), retired=args.all)
         if args.json:
             return _json(summary)
         if not summary:
@@ -393,6 +403,7 @@ async def _outbox(
                 if entry["oldest_pending_seconds"] is None
                 else f"{entry['oldest_pending_seconds']:.1f}",
                 "last_drain_at": entry["last_drain_at"] or "never",
+                "drained": "retired" if entry["retired"] else "yes",
             }
             for entry in summary
         ]
@@ -404,6 +415,7 @@ async def _outbox(
             "stuck",
             "oldest_pending_s",
             "last_drain_at",
+            "drained",
         ]
         return _table(rows, columns)
     status = args.outbox_command
@@ -472,7 +484,7 @@ async def run_command(
         raise UsageError(
             f"`python -m app outbox` needs a sub-command, one of {OUTBOX_COMMANDS}: list "
             "(counts per status), pending [NAME], scheduled [NAME], stuck [NAME], reset NAME "
-            "(ID | --all-stuck)"
+            "(ID | --all-stuck), forget NAME"
         )
     url = database_url(settings)
     engine = create_async_engine(async_url(url))

@@ -15,7 +15,7 @@ from app.scheduler.clock import lease_now
 from app.storable import INT64_MAX
 
 from . import display, queries
-from .outboxes import reset_all_stuck
+from .outboxes import forget_outbox, list_outboxes, reset_all_stuck
 from .auth import require_admin
 from .errors import AdminError
 from .params import JobId, MessageId, OutboxName
@@ -160,10 +160,27 @@ async def leader(request: Request) -> dict[str, Any]:
 
 
 @router.get("/outboxes")
-async def outboxes(request: Request) -> list[dict[str, Any]]:
+async def outboxes(
+    request: Request,
+    retired: Annotated[
+        bool, Query(description="list retired outboxes too (no app drains them: see retired)")
+    ] = False,
+) -> list[dict[str, Any]]:
     """Each outbox: counts by status (scheduled: delayed messages not yet due), oldest
-    pending age, last drain."""
-    return await queries.outbox_summary(_engine(request), lease_now_of(request))
+    pending age, last drain, the schedule that claimed its name. An outbox no app
+    drains any more (its drain job retired, or forgotten) is ``retired`` (with its drain
+    job's ``retired_at``) and listed only with ``retired=true``."""
+    return await list_outboxes(_engine(request), lease_now_of(request), retired=retired)
+
+
+@router.delete("/outboxes/{name}")
+async def forget_outbox_rows(request: Request, name: OutboxName) -> dict[str, Any]:
+    """Forget a retired outbox: its messages, drain record and name's claim are
+    deleted. 404 unknown; 409 while an app drains it (remove it from the code first),
+    while a drain still delivers one of its rows, or for an outbox no schedule
+    claimed."""
+    messages = await forget_outbox(_engine(request), name)
+    return {"status": "forgotten", "messages_deleted": messages}
 
 
 @router.get("/outboxes/{name}/messages")

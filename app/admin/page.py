@@ -28,7 +28,7 @@ from fastapi.templating import Jinja2Templates
 from app.db import Database
 from app.storable import INT64_MAX
 
-from . import display, outboxes, queries, session
+from . import chart, display, outboxes, queries, session
 from .api import lease_now_of, schedule_name
 from .auth import admin_key, refuse_wrong_token, token_matches
 from .errors import AdminError, NotFound
@@ -41,13 +41,16 @@ router = APIRouter(prefix="/admin", include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.globals["display"] = display
 
-_FLASH = re.compile(r"^(reset|run|pause|resume|forget)-([A-Za-z0-9_.:-]{1,200})$")
+_FLASH = re.compile(
+    r"^(reset|run|pause|resume|forget|forgetoutbox)-([A-Za-z0-9_.:-]{1,200})$"
+)
 _FLASHES = {
     "reset": "Message {} is pending again and due now.",
     "run": "Job {} is queued to run now.",
     "pause": "Job {} is paused.",
     "resume": "Job {} is resumed.",
     "forget": "Job {} is forgotten, with its history.",
+    "forgetoutbox": "Outbox {} is forgotten, with its messages.",
 }
 # A bulk reset's flash carries its counts: rows reset, rows held, the outbox.
 _RESET_STUCK_FLASH = re.compile(r"^resetstuck-([0-9]{1,19})-([0-9]{1,19})-([A-Za-z0-9_]{1,200})$")
@@ -122,13 +125,15 @@ async def _page(
     listed = await queries.list_jobs(
         engine, lease_now_of(request), schedule=schedule_name(request), retired=True
     )
+    listed_outboxes = await outboxes.list_outboxes(engine, lease_now_of(request), retired=True)
     context = await _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
         "leader": await queries.leader(
             engine, lease_now=lease_now_of(request), schedule=schedule_name(request)
         ),
         "jobs": [job for job in listed if job["retired_at"] is None],
         "retired_jobs": [job for job in listed if job["retired_at"] is not None],
-        "outboxes": await queries.outbox_summary(engine, lease_now_of(request)),
+        "outboxes": [outbox for outbox in listed_outboxes if not outbox["retired"]],
+        "retired_outboxes": [outbox for outbox in listed_outboxes if outbox["retired"]],
         "pending": await queries.outbox_messages(
             engine, status="pending", limit=_PENDING_SHOWN, lease_now=lease_now_of(request)
         ),
@@ -174,7 +179,7 @@ async def _job_page(
     older = None
     if len(runs) == limit:
         older = f"/admin/jobs/{job_id}?before={runs[-1]['id']}&limit={limit}{filtered}"
-    context |= {"job": job, "runs": runs, "older": older}
+    context |= {"job": job, "runs": runs, "older": older, "chart": chart.runs_chart(runs)}
     return templates.TemplateResponse(request, "job.html", context)
 
 
@@ -344,6 +349,17 @@ async def reset_stuck(request: Request, name: OutboxName, csrf: Annotated[str, F
         csrf,
         lambda done: f"resetstuck-{done['reset']}-{done['held']}-{name}",
         lambda: outboxes.reset_all_stuck(_engine(request), name, lease_now_of(request)),
+    )
+
+
+@router.post("/outboxes/{name}/forget")
+async def forget_outbox(request: Request, name: OutboxName, csrf: Annotated[str, Form()]) -> Response:
+    """Forget a retired outbox (its messages deleted), then back to the page."""
+    return await _act(
+        request,
+        csrf,
+        f"forgetoutbox-{name}",
+        lambda: outboxes.forget_outbox(_engine(request), name),
     )
 
 

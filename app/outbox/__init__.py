@@ -30,7 +30,7 @@ from .errors import (
 )
 from .http import HEADER_KEY_RULE, HttpTransport, RetryableDeliveryError, header_safe_key
 from .message import DrainReport, Enqueued, Message, StuckReset
-from .outbox import Deliver, Outbox, reset_message, reset_stuck
+from .outbox import Deliver, Outbox, drain_job_id, reset_message, reset_stuck
 from .payload import MAX_PAYLOAD_DEPTH
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "UndeliverableKeyError",
     "UnknownMessageError",
     "UnregisteredDrainError",
+    "drain_job_id",
     "header_safe_key",
     "reset_message",
     "reset_stuck",

@@ -9,8 +9,9 @@ still holds the row. Leases and due times are read on the database server's cloc
 mid-delivery or before writing a batch leaves its rows to be retried when the lease
 runs out; the receiver deduplicates on the idempotency key. A row another transaction
 holds delays no other row's outcome. A reset never takes a row from a live claim, and
-answers MessageBusyError for a row held elsewhere past its wait. Nothing is ever
-deleted.
+answers MessageBusyError for a row held elsewhere past its wait; reset_stuck resets
+every stuck row of an outbox at once, skipping (and counting) the rows held elsewhere.
+The outbox deletes nothing (an operator may forget a retired outbox: app/admin).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from .message import DrainReport, Enqueued, Message, StuckReset
 from .payload import dump_payload
 from .wakeup import listen_and_drain
 
-__all__ = ["Deliver", "Outbox", "reset_message", "reset_stuck"]
+__all__ = ["Deliver", "Outbox", "drain_job_id", "reset_message", "reset_stuck"]
 
 logger = logging.getLogger("app.outbox")
 
@@ -64,6 +65,12 @@ Deliver = Callable[[Message], Awaitable[None]]
 _LIVE: weakref.WeakValueDictionary[str, Outbox] = weakref.WeakValueDictionary()
 
 _RESET_ROW_HOLDER = row_holder("outbox_messages", "id = :id AND outbox = :outbox")
+
+
+def drain_job_id(name: str) -> str:
+    """The id of the drain job of the outbox named ``name``, ``outbox_<name>_drain``:
+    while the schedule that claimed the name registers it, an app drains the outbox."""
+    return f"outbox_{name}_drain"
 
 
 class Outbox:
@@ -129,8 +136,8 @@ class Outbox:
 
     @property
     def drain_job_id(self) -> str:
-        """``outbox_<name>_drain``."""
-        return f"outbox_{self.name}_drain"
+        """``outbox_<name>_drain`` (drain_job_id(name))."""
+        return drain_job_id(self.name)
 
     @classmethod
     def live(cls) -> list[Outbox]:

@@ -440,10 +440,11 @@ async def _leader(
     )
     if args.json:
         return _json(info)
+    waiting = display.standbys(info["standbys_on_key"], info["standbys_behind_host_lock"])
     if info["backend_pid"] is None:
-        return f"no leader of schedule {info['schedule']}; {info['standbys']} standby(s) waiting"
-    columns = ["schedule", "pid", "host", "application_name", "since", "standbys"]
-    return _table([info], columns)
+        return f"no leader of schedule {info['schedule']}; {waiting}"
+    columns = ["schedule", "pid", "host", "application_name", "since"]
+    return f"{_table([info], columns)}\n{waiting}"
 
 
 COMMANDS: dict[
@@ -474,12 +475,12 @@ async def run_command(
     request; every lease and due time is read on the lease clock (app/scheduler/clock.py),
     the database server's under the system clock, never on the operator's machine."""
     clock = clock or SystemClock()
-    if args.command == "outbox" and args.outbox_command == "reset":
-        if (args.message_id is None) == (not args.all_stuck):
-            raise UsageError(
-                "`python -m app outbox reset NAME` takes a message ID or --all-stuck "
-                "(one of them, not both)"
-            )
+    resetting = args.command == "outbox" and args.outbox_command == "reset"
+    if resetting and (args.message_id is None) == (not args.all_stuck):
+        raise UsageError(
+            "`python -m app outbox reset NAME` takes a message ID or --all-stuck "
+            "(one of them, not both)"
+        )
     if args.command == "outbox" and args.outbox_command is None:
         raise UsageError(
             f"`python -m app outbox` needs a sub-command, one of {OUTBOX_COMMANDS}: list "

@@ -15,9 +15,9 @@ from app.scheduler.clock import lease_now
 from app.storable import INT64_MAX
 
 from . import display, queries
-from .outboxes import forget_outbox, list_outboxes, reset_all_stuck
 from .auth import require_admin
 from .errors import AdminError
+from .outboxes import forget_outbox, list_outboxes, reset_all_stuck
 from .params import JobId, MessageId, OutboxName
 from .run_status import RunStatus
 
@@ -153,7 +153,9 @@ async def resume(request: Request, job_id: JobId) -> dict[str, str]:
 @router.get("/leader")
 async def leader(request: Request) -> dict[str, Any]:
     """The schedule's name and its key holder's pid, application_name, host, since when
-    and the jobs it fires; standbys waiting."""
+    and the jobs it fires; the standbys waiting: ``standbys`` in all,
+    ``standbys_on_key`` (sessions waiting for the key) and ``standbys_behind_host_lock``
+    (workers waiting for their host's lock file)."""
     return await queries.leader(
         _engine(request), lease_now=lease_now_of(request), schedule=schedule_name(request)
     )

@@ -41,9 +41,7 @@ router = APIRouter(prefix="/admin", include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.globals["display"] = display
 
-_FLASH = re.compile(
-    r"^(reset|run|pause|resume|forget|forgetoutbox)-([A-Za-z0-9_.:-]{1,200})$"
-)
+_FLASH = re.compile(r"^(reset|run|pause|resume|forget|forgetoutbox)-([A-Za-z0-9_.:-]{1,200})$")
 _FLASHES = {
     "reset": "Message {} is pending again and due now.",
     "run": "Job {} is queued to run now.",
@@ -353,7 +351,9 @@ async def reset_stuck(request: Request, name: OutboxName, csrf: Annotated[str, F
 
 
 @router.post("/outboxes/{name}/forget")
-async def forget_outbox(request: Request, name: OutboxName, csrf: Annotated[str, Form()]) -> Response:
+async def forget_outbox(
+    request: Request, name: OutboxName, csrf: Annotated[str, Form()]
+) -> Response:
     """Forget a retired outbox (its messages deleted), then back to the page."""
     return await _act(
         request,

@@ -24,6 +24,7 @@ from app.outbox import (
 from app.outbox.sql import SCHEDULED
 from app.scheduler.clock import LEASE_NOW_SQL
 from app.scheduler.election import WAKE_CHANNEL
+from app.scheduler.host_standbys import HOST_STANDBYS_SQL
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from app.scheduler.rowlocks import RowHeldError, held_by_sql, patient_write, row_holder
 from app.scheduler.store.leases import leader_run_leased_sql
@@ -184,10 +185,13 @@ _LEADER = text(
     WHERE {_KEY_IS_OURS}
     """
 )
+# Standbys on the key (sessions waiting in pg_advisory_lock), and the workers waiting
+# behind their host's lock file, which have no session waiting (host_standbys.py).
 _STANDBYS = text(
     f"""
-    SELECT count(*) FROM pg_locks
-    WHERE {LEADER_KEY_LOCKS_BOUND} AND NOT granted AND {_KEY_IS_OURS}
+    SELECT (SELECT count(*) FROM pg_locks
+            WHERE {LEADER_KEY_LOCKS_BOUND} AND NOT granted AND {_KEY_IS_OURS}) AS on_key,
+        {HOST_STANDBYS_SQL} AS behind_host_lock
     """
 )
 # The oldest pending row's age on the lease clock, which the outbox stamps rows on; a
@@ -475,7 +479,10 @@ async def leader(
     schedule: str = DEFAULT_SCHEDULE,
 ) -> dict[str, Any]:
     """The holder of the schedule's leader key (None fields when nobody leads) and the
-    number of standbys waiting for it, from pg_locks and pg_stat_activity; ``since``,
+    number of standbys waiting for it, from pg_locks and pg_stat_activity:
+    ``standbys`` in all, ``standbys_on_key`` (sessions waiting for the key) and
+    ``standbys_behind_host_lock`` (workers waiting for their host's lock file, whose
+    lease on the lease clock holds: app/scheduler/host_standbys.py); ``since``,
     ``heartbeat_at`` (its last tick that found it firing), ``heartbeat_age_seconds``
     (read on the lease clock as in list_jobs: ``lease_now``, None for the database
     server's), ``job_ids`` (the leader-only jobs it fires) and ``service_ids`` (the
@@ -490,7 +497,7 @@ async def leader(
         key = LeaderKey.of(schedule).bind_params
         params = key | {"schedule": schedule}
         holder = (await conn.execute(_LEADER, params | {"lease_now": lease_now})).first()
-        standbys = (await conn.execute(_STANDBYS, params)).scalar_one()
+        standbys = (await conn.execute(_STANDBYS, params | {"lease_now": lease_now})).one()
     info: dict[str, Any] = {
         "pid": None,
         "application_name": None,
@@ -505,7 +512,15 @@ async def leader(
     }
     if holder is not None:
         info |= dict(holder._mapping)
-    return {"schedule": schedule} | info | {"standbys": standbys}
+    return (
+        {"schedule": schedule}
+        | info
+        | {
+            "standbys": standbys.on_key + standbys.behind_host_lock,
+            "standbys_on_key": standbys.on_key,
+            "standbys_behind_host_lock": standbys.behind_host_lock,
+        }
+    )
 
 
 async def outbox_summary(

@@ -388,5 +388,7 @@ async def reset_stuck(
     "Now" is read on the lease clock (``lease_now`` as clock.lease_now gives it, None
     for the database server's clock)."""
     async with engine.begin() as conn:
-        row = (await conn.execute(sql.RESET_STUCK, {"outbox": outbox, "lease_now": lease_now})).one()
+        row = (
+            await conn.execute(sql.RESET_STUCK, {"outbox": outbox, "lease_now": lease_now})
+        ).one()
     return StuckReset(reset=row.reset, held=row.held)

@@ -51,7 +51,9 @@ async def grants_of_an_older_release(database: Database) -> None:
     older.job(every(minutes=1), id=drain_job_id("grants"))(_noop)
     rows = JobStore(database.engine, pid=0, host="previous-release")
     await rows.register_leader_jobs(older.jobs.values(), SystemClock().now(), ZoneInfo("UTC"))
-    await execute(database, "INSERT INTO outbox_schedules (outbox, schedule) VALUES ('grants', 'default')")
+    await execute(
+        database, "INSERT INTO outbox_schedules (outbox, schedule) VALUES ('grants', 'default')"
+    )
     await execute(
         database,
         "INSERT INTO outbox_drains (outbox, last_drain_at, delivered, retried, stuck)"
@@ -147,7 +149,11 @@ async def test_the_page_shows_a_retired_outbox_apart_and_forgets_it_with_its_csr
     async with _draining_mail(serve, database) as client:
         csrf = await signed_in(client)
         page = (await client.get("/admin")).text
-        outboxes = page[page.index('<table id="outboxes"') : page.index("</table>", page.index('<table id="outboxes"'))]
+        outboxes = page[
+            page.index('<table id="outboxes"') : page.index(
+                "</table>", page.index('<table id="outboxes"')
+            )
+        ]
         assert 'data-outbox="grants"' not in outboxes
         assert 'id="retired-outboxes"' in page
         assert 'action="/admin/outboxes/grants/forget"' in page

@@ -79,9 +79,7 @@ async def test_the_runs_api_filters_by_status_and_pages_within_it(
     mixed_runs: Database, worker: Worker
 ) -> None:
     async with worker() as client:
-        first = await client.get(
-            "/admin/api/jobs/nightly/runs?status=error&limit=1", headers=AUTH
-        )
+        first = await client.get("/admin/api/jobs/nightly/runs?status=error&limit=1", headers=AUTH)
         assert [run["id"] for run in first.json()["runs"]] == [4]
         rest = await client.get(
             f"/admin/api/jobs/nightly/runs?status=error&limit=1&before={first.json()['next_before']}",

@@ -27,7 +27,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
-from .admin import display, queries
+from .admin import display, outboxes, queries
+from .admin.run_status import RUN_STATUSES
 from .app_target import DEFAULT_APP, load_scheduler
 from .db import DatabaseUnreachableError, async_url, verify_schema_at_head
 from .embedded import default_data_dir, embedded_url, socket_path
@@ -145,6 +146,12 @@ def add_commands(commands: Any) -> None:
     _add_json(run, inner=True)
     history.add_argument("--limit", type=int_between(1, 500), default=20)
     history.add_argument("--full", action="store_true", help="print each error whole")
+    history.add_argument(
+        "--status",
+        choices=RUN_STATUSES,
+        metavar="STATUS",
+        help=f"only the runs of this status, one of {', '.join(RUN_STATUSES)}",
+    )
     _add_json(history, inner=True)
     outbox = commands.add_parser(
         "outbox", help="outboxes and their rows: list, pending, scheduled, stuck, reset"
@@ -152,6 +159,9 @@ def add_commands(commands: Any) -> None:
     _add_json(outbox, inner=False)
     outbox_commands = outbox.add_subparsers(dest="outbox_command", metavar=OUTBOX_COMMANDS)
     listing = outbox_commands.add_parser("list", help="each outbox with its counts per status")
+    listing.add_argument(
+        "--all", action="store_true", help="list retired outboxes too (no app drains them)"
+    )
     pending = outbox_commands.add_parser("pending", help="list pending rows and their last error")
     pending.add_argument("name", nargs="?")
     scheduled = outbox_commands.add_parser(
@@ -162,10 +172,22 @@ def add_commands(commands: Any) -> None:
     stuck.add_argument("name", nargs="?")
     for reader in (listing, pending, scheduled, stuck):
         _add_json(reader, inner=True)
-    reset = outbox_commands.add_parser("reset", help="make a stuck row pending and due now")
+    forget_outbox = outbox_commands.add_parser(
+        "forget", help="delete a retired outbox's rows (refused while an app drains it)"
+    )
+    forget_outbox.add_argument("name")
+    reset = outbox_commands.add_parser(
+        "reset", help="make a stuck row (or with --all-stuck every one) pending and due now"
+    )
     reset.add_argument("name")
     # Any whole number: one past the column type is a "no such message", not a crash.
-    reset.add_argument("message_id", type=int)
+    reset.add_argument("message_id", type=int, nargs="?")
+    reset.add_argument(
+        "--all-stuck",
+        action="store_true",
+        help="reset every stuck row of the outbox in one statement (rows another "
+        "transaction holds are left alone and counted)",
+    )
     leader = commands.add_parser("leader", help="show the leader and the standbys waiting")
     _add_json(leader, inner=False)
     _add_schedule_options(leader, inner=False)
@@ -181,7 +203,7 @@ def add_commands(commands: Any) -> None:
     _add_schedule_options(prune, inner=False)
 
 
-OUTBOX_COMMANDS = "{list,pending,scheduled,stuck,reset}"
+OUTBOX_COMMANDS = "{list,pending,scheduled,stuck,reset,forget}"
 
 
 class UsageError(Exception):
@@ -294,7 +316,9 @@ async def _jobs(
         deleted = await queries.forget_job(engine, args.job_id, schedule=schedule)
         return f"forgot {printable(args.job_id)} (schedule {schedule}) and its {deleted} run(s)"
     if args.jobs_command == "history":
-        runs = await queries.job_runs(engine, args.job_id, limit=args.limit, schedule=schedule)
+        runs = await queries.job_runs(
+            engine, args.job_id, limit=args.limit, schedule=schedule, status=args.status
+        )
         return _json(runs) if args.json else _history(runs, args.full)
     jobs = await queries.list_jobs(engine, lease_now(clock), schedule=schedule, retired=args.all)
     if args.json:
@@ -357,12 +381,27 @@ async def _wait_for_run(
 async def _outbox(
     engine: AsyncEngine, args: argparse.Namespace, settings: Settings, clock: Clock
 ) -> str:
+    if args.outbox_command == "reset" and args.all_stuck:
+        done = await outboxes.reset_all_stuck(engine, args.name, lease_now(clock))
+        told = (
+            f"{done['reset']} stuck message(s) of outbox '{printable(args.name)}' are "
+            "pending again, due now"
+        )
+        if done["held"]:
+            told += (
+                f"; {done['held']} held by another transaction were left stuck (run it "
+                "again once that transaction has ended)"
+            )
+        return told
     if args.outbox_command == "reset":
         await queries.reset_outbox_message(engine, args.name, args.message_id, lease_now(clock))
         name = printable(args.name)
         return f"outbox '{name}' message {args.message_id} is pending again, due now"
+    if args.outbox_command == "forget":
+        deleted = await outboxes.forget_outbox(engine, args.name)
+        return f"forgot outbox '{printable(args.name)}' and its {deleted} message(s)"
     if args.outbox_command == "list":
-        summary = await queries.outbox_summary(engine, lease_now(clock))
+        summary = await outboxes.list_outboxes(engine, lease_now(clock), retired=args.all)
         if args.json:
             return _json(summary)
         if not summary:
@@ -380,6 +419,7 @@ async def _outbox(
                 if entry["oldest_pending_seconds"] is None
                 else f"{entry['oldest_pending_seconds']:.1f}",
                 "last_drain_at": entry["last_drain_at"] or "never",
+                "drained": "retired" if entry["retired"] else "yes",
             }
             for entry in summary
         ]
@@ -392,6 +432,7 @@ async def _outbox(
             "stuck",
             "oldest_pending_s",
             "last_drain_at",
+            "drained",
         ]
         return _table(rows, columns)
     status = args.outbox_command
@@ -416,10 +457,11 @@ async def _leader(
     )
     if args.json:
         return _json(info)
+    waiting = display.standbys(info["standbys_on_key"], info["standbys_behind_host_lock"])
     if info["backend_pid"] is None:
-        return f"no leader of schedule {info['schedule']}; {info['standbys']} standby(s) waiting"
-    columns = ["schedule", "pid", "host", "application_name", "since", "standbys"]
-    return _table([info], columns)
+        return f"no leader of schedule {info['schedule']}; {waiting}"
+    columns = ["schedule", "pid", "host", "application_name", "since"]
+    return f"{_table([info], columns)}\n{waiting}"
 
 
 async def _prune(
@@ -484,10 +526,17 @@ async def run_command(
     request; every lease and due time is read on the lease clock (app/scheduler/clock.py),
     the database server's under the system clock, never on the operator's machine."""
     clock = clock or SystemClock()
+    resetting = args.command == "outbox" and args.outbox_command == "reset"
+    if resetting and (args.message_id is None) == (not args.all_stuck):
+        raise UsageError(
+            "`python -m app outbox reset NAME` takes a message ID or --all-stuck "
+            "(one of them, not both)"
+        )
     if args.command == "outbox" and args.outbox_command is None:
         raise UsageError(
             f"`python -m app outbox` needs a sub-command, one of {OUTBOX_COMMANDS}: list "
-            "(counts per status), pending [NAME], scheduled [NAME], stuck [NAME], reset NAME ID"
+            "(counts per status), pending [NAME], scheduled [NAME], stuck [NAME], reset NAME "
+            "(ID | --all-stuck), forget NAME"
         )
     url = database_url(settings)
     engine = create_async_engine(async_url(url))

@@ -17,7 +17,9 @@ from app.storable import INT64_MAX
 from . import display, queries
 from .auth import bearer_scheme, guard_responses, require_admin
 from .errors import AdminError
+from .outboxes import forget_outbox, list_outboxes, reset_all_stuck
 from .params import JobId, MessageId, OutboxName
+from .run_status import RunStatus
 
 __all__ = ["admin_error_response", "lease_now_of", "router", "schedule_name"]
 
@@ -110,14 +112,22 @@ async def runs(
     before: Annotated[
         int | None, Query(ge=1, le=INT64_MAX, description="id of the last run seen")
     ] = None,
+    status: Annotated[RunStatus | None, Query(description="only the runs of this status")] = None,
 ) -> dict[str, Any]:
-    """A page of the run history, newest first; pass ``next_before`` to get the next.
+    """A page of the run history, newest first (only the runs of ``status`` when it is
+    given; 422 naming the statuses for one no run can have); pass ``next_before`` to get
+    the next.
     ``manual`` marks a run an operator asked for; ``error_summary`` is the line of
     ``error`` that says what went wrong."""
     page = [
         run | {"error_summary": display.error_summary(run["error"])}
         for run in await queries.job_runs(
-            _engine(request), job_id, limit=limit, before=before, schedule=schedule_name(request)
+            _engine(request),
+            job_id,
+            limit=limit,
+            before=before,
+            schedule=schedule_name(request),
+            status=status,
         )
     ]
     next_before = page[-1]["id"] if len(page) == limit else None
@@ -183,17 +193,45 @@ async def resume(request: Request, job_id: JobId) -> dict[str, str]:
 @router.get("/leader")
 async def leader(request: Request) -> dict[str, Any]:
     """The schedule's name and its key holder's pid, application_name, host, since when
-    and the jobs it fires; standbys waiting."""
+    and the jobs it fires; the standbys waiting: ``standbys`` in all,
+    ``standbys_on_key`` (sessions waiting for the key) and ``standbys_behind_host_lock``
+    (workers waiting for their host's lock file)."""
     return await queries.leader(
         _engine(request), lease_now=lease_now_of(request), schedule=schedule_name(request)
     )
 
 
 @router.get("/outboxes")
-async def outboxes(request: Request) -> list[dict[str, Any]]:
+async def outboxes(
+    request: Request,
+    retired: Annotated[
+        bool, Query(description="list retired outboxes too (no app drains them: see retired)")
+    ] = False,
+) -> list[dict[str, Any]]:
     """Each outbox: counts by status (scheduled: delayed messages not yet due), oldest
-    pending age, last drain."""
-    return await queries.outbox_summary(_engine(request), lease_now_of(request))
+    pending age, last drain, the schedule that claimed its name. An outbox no app
+    drains any more (its drain job retired, or forgotten) is ``retired`` (with its drain
+    job's ``retired_at``) and listed only with ``retired=true``."""
+    return await list_outboxes(_engine(request), lease_now_of(request), retired=retired)
+
+
+@router.delete(
+    "/outboxes/{name}",
+    responses=_UNKNOWN_OUTBOX
+    | {
+        409: error_response(
+            "an app still drains the outbox, a drain's claim on one of its rows still runs, "
+            "or its rows stayed held by another transaction past the wait"
+        )
+    },
+)
+async def forget_outbox_rows(request: Request, name: OutboxName) -> dict[str, Any]:
+    """Forget a retired outbox: its messages, drain record and name's claim are
+    deleted. 404 unknown; 409 while an app drains it (remove it from the code first),
+    while a drain still delivers one of its rows, or for an outbox no schedule
+    claimed."""
+    messages = await forget_outbox(_engine(request), name)
+    return {"status": "forgotten", "messages_deleted": messages}
 
 
 @router.get("/outboxes/{name}/messages", responses=_UNKNOWN_OUTBOX)
@@ -225,3 +263,12 @@ async def reset(request: Request, name: OutboxName, message_id: MessageId) -> di
     a drain that is delivering it."""
     await queries.reset_outbox_message(_engine(request), name, message_id, lease_now_of(request))
     return {"status": "pending"}
+
+
+@router.post("/outboxes/{name}/reset-stuck", responses=_UNKNOWN_OUTBOX)
+async def reset_stuck(request: Request, name: OutboxName) -> dict[str, int]:
+    """Set every stuck row of the outbox pending, attempts 0, due now, in one
+    statement: ``reset`` counts them; ``held`` counts the stuck rows another
+    transaction held, left alone (never waited on; reset again once it has ended).
+    404 for an unknown outbox."""
+    return await reset_all_stuck(_engine(request), name, lease_now_of(request))

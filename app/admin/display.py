@@ -16,6 +16,7 @@ __all__ = [
     "is_never",
     "milliseconds",
     "relative",
+    "standbys",
     "timestamp",
     "trigger",
     "unclaimed",
@@ -122,3 +123,11 @@ def error_summary(error: str | None) -> str:
             if line.strip() and not line[0].isspace():
                 return line.strip()
     return next((line.strip() for line in lines if line.strip()), "")
+
+
+def standbys(on_key: int, behind_host_lock: int) -> str:
+    """The standbys waiting for a leader key, where they wait:
+    ``3 standbys: 1 on the key, 2 behind the host lock``."""
+    total = on_key + behind_host_lock
+    noun = "standby" if total == 1 else "standbys"
+    return f"{total} {noun}: {on_key} on the key, {behind_host_lock} behind the host lock"

@@ -28,11 +28,12 @@ from fastapi.templating import Jinja2Templates
 from app.db import Database
 from app.storable import INT64_MAX
 
-from . import display, queries, session
+from . import chart, display, outboxes, queries, session
 from .api import lease_now_of, schedule_name
 from .auth import admin_key, refuse_wrong_token, token_matches
 from .errors import AdminError, NotFound
 from .params import JobId, MessageId, OutboxName
+from .run_status import RUN_STATUSES, RunStatus
 
 __all__ = ["router"]
 
@@ -40,14 +41,17 @@ router = APIRouter(prefix="/admin", include_in_schema=False)
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 templates.env.globals["display"] = display
 
-_FLASH = re.compile(r"^(reset|run|pause|resume|forget)-([A-Za-z0-9_.:-]{1,200})$")
+_FLASH = re.compile(r"^(reset|run|pause|resume|forget|forgetoutbox)-([A-Za-z0-9_.:-]{1,200})$")
 _FLASHES = {
     "reset": "Message {} is pending again and due now.",
     "run": "Job {} is queued to run now.",
     "pause": "Job {} is paused.",
     "resume": "Job {} is resumed.",
     "forget": "Job {} is forgotten, with its history.",
+    "forgetoutbox": "Outbox {} is forgotten, with its messages.",
 }
+# A bulk reset's flash carries its counts: rows reset, rows held, the outbox.
+_RESET_STUCK_FLASH = re.compile(r"^resetstuck-([0-9]{1,19})-([0-9]{1,19})-([A-Za-z0-9_]{1,200})$")
 # Seconds between the page's own reloads: fresh enough to watch a run, calm enough to read.
 REFRESH_SECONDS = 30
 _PENDING_SHOWN = 50
@@ -83,6 +87,13 @@ def _check_csrf(key: bytes, cookie: str, offered: str) -> None:
 
 
 def _flash(code: str | None) -> str | None:
+    counted = _RESET_STUCK_FLASH.match(code or "")
+    if counted is not None:
+        reset, held, name = counted.groups()
+        told = f"{reset} stuck message(s) of outbox {name} are pending again and due now."
+        if held != "0":
+            told += f" {held} held by another transaction were left stuck; reset them again."
+        return told
     match = _FLASH.match(code or "")
     if match is None:
         return None
@@ -112,13 +123,15 @@ async def _page(
     listed = await queries.list_jobs(
         engine, lease_now_of(request), schedule=schedule_name(request), retired=True
     )
+    listed_outboxes = await outboxes.list_outboxes(engine, lease_now_of(request), retired=True)
     context = await _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
         "leader": await queries.leader(
             engine, lease_now=lease_now_of(request), schedule=schedule_name(request)
         ),
         "jobs": [job for job in listed if job["retired_at"] is None],
         "retired_jobs": [job for job in listed if job["retired_at"] is not None],
-        "outboxes": await queries.outbox_summary(engine, lease_now_of(request)),
+        "outboxes": [outbox for outbox in listed_outboxes if not outbox["retired"]],
+        "retired_outboxes": [outbox for outbox in listed_outboxes if outbox["retired"]],
         "pending": await queries.outbox_messages(
             engine, status="pending", limit=_PENDING_SHOWN, lease_now=lease_now_of(request)
         ),
@@ -132,14 +145,27 @@ async def _page(
 
 
 async def _job_page(
-    request: Request, csrf: str, job_id: str, before: int | None, limit: int, flash: str | None
+    request: Request,
+    csrf: str,
+    job_id: str,
+    before: int | None,
+    limit: int,
+    flash: str | None,
+    status: str | None = None,
 ) -> HTMLResponse:
     engine = _engine(request)
+    filtered = f"&status={status}" if status is not None else ""
     query = f"?before={before}&limit={limit}" if before is not None else f"?limit={limit}"
-    context = await _common(request, csrf, flash, f"/admin/jobs/{job_id}{query}")
+    context = await _common(request, csrf, flash, f"/admin/jobs/{job_id}{query}{filtered}")
+    context |= {"statuses": RUN_STATUSES, "status": status}
     try:
         runs = await queries.job_runs(
-            engine, job_id, limit=limit, before=before, schedule=schedule_name(request)
+            engine,
+            job_id,
+            limit=limit,
+            before=before,
+            schedule=schedule_name(request),
+            status=status,
         )
     except NotFound as exc:
         context |= {"job": None, "flash": str(exc), "failed": True, "runs": [], "older": None}
@@ -150,8 +176,8 @@ async def _job_page(
     job = next((job for job in jobs if job["id"] == job_id), None)
     older = None
     if len(runs) == limit:
-        older = f"/admin/jobs/{job_id}?before={runs[-1]['id']}&limit={limit}"
-    context |= {"job": job, "runs": runs, "older": older}
+        older = f"/admin/jobs/{job_id}?before={runs[-1]['id']}&limit={limit}{filtered}"
+    context |= {"job": job, "runs": runs, "older": older, "chart": chart.runs_chart(runs)}
     return templates.TemplateResponse(request, "job.html", context)
 
 
@@ -203,15 +229,17 @@ async def job_page(
     before: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     flash: str | None = None,
+    status: RunStatus | None = None,
 ) -> Response:
     """A job's page: its state and its runs, newest first, ``limit`` per page, older
-    ones from ``before`` (a run id) on. The sign-in form when not signed in."""
+    ones from ``before`` (a run id) on, only those of ``status`` when it is given. The
+    sign-in form when not signed in."""
     key = _key(request)
     cookie = await _session(request, key)
     if cookie is None:
         return _login_form(request, key, None)
     csrf = session.csrf_for(key, cookie)
-    return await _job_page(request, csrf, job_id, before, limit, _flash(flash))
+    return await _job_page(request, csrf, job_id, before, limit, _flash(flash), status)
 
 
 @router.post("/login")
@@ -274,8 +302,8 @@ async def logout(request: Request, csrf: Annotated[str, Form()]) -> Response:
 async def _act(
     request: Request,
     csrf: str,
-    flash: str,
-    action: Callable[[], Awaitable[object]],
+    flash: str | Callable[[Any], str],
+    action: Callable[[], Awaitable[Any]],
     back: str = "/admin",
 ) -> Response:
     key = _key(request)
@@ -284,10 +312,11 @@ async def _act(
         raise HTTPException(401, "sign in first")
     _check_csrf(key, cookie, csrf)
     try:
-        await action()
+        done = await action()
     except AdminError as exc:
         return await _page(request, csrf, str(exc), status_code=exc.status)
-    return RedirectResponse(f"{back}?flash={flash}", status_code=303)
+    code = flash if isinstance(flash, str) else flash(done)
+    return RedirectResponse(f"{back}?flash={code}", status_code=303)
 
 
 def _back(job_id: str, page: str | None) -> str:
@@ -307,6 +336,30 @@ async def reset(
         lambda: queries.reset_outbox_message(
             _engine(request), name, message_id, lease_now_of(request)
         ),
+    )
+
+
+@router.post("/outboxes/{name}/reset-stuck")
+async def reset_stuck(request: Request, name: OutboxName, csrf: Annotated[str, Form()]) -> Response:
+    """Reset every stuck row of an outbox, then back to the page, saying how many."""
+    return await _act(
+        request,
+        csrf,
+        lambda done: f"resetstuck-{done['reset']}-{done['held']}-{name}",
+        lambda: outboxes.reset_all_stuck(_engine(request), name, lease_now_of(request)),
+    )
+
+
+@router.post("/outboxes/{name}/forget")
+async def forget_outbox(
+    request: Request, name: OutboxName, csrf: Annotated[str, Form()]
+) -> Response:
+    """Forget a retired outbox (its messages deleted), then back to the page."""
+    return await _act(
+        request,
+        csrf,
+        f"forgetoutbox-{name}",
+        lambda: outboxes.forget_outbox(_engine(request), name),
     )
 
 

@@ -24,12 +24,14 @@ from app.outbox import (
 from app.outbox.sql import SCHEDULED
 from app.scheduler.clock import LEASE_NOW_SQL
 from app.scheduler.election import WAKE_CHANNEL
+from app.scheduler.host_standbys import HOST_STANDBYS_SQL
 from app.scheduler.keys import DEFAULT_SCHEDULE, LEADER_KEY_LOCKS_BOUND, LeaderKey
 from app.scheduler.rowlocks import RowHeldError, held_by_sql, patient_write, row_holder
 from app.scheduler.store.leases import leader_run_leased_sql
 from app.storable import is_int64, is_storable_text
 
 from .errors import AdminError, Conflict, NotFound, UnknownJobError
+from .run_status import check_run_status
 
 __all__ = [
     "DELIVERED_WINDOW_SECONDS",
@@ -42,6 +44,7 @@ __all__ = [
     "manual_run",
     "outbox_messages",
     "outbox_summary",
+    "require_outbox",
     "reset_outbox_message",
     "run_job_now",
     "set_paused",
@@ -113,6 +116,7 @@ _RUNS = text(
     FROM scheduler_runs r
     WHERE r.schedule = :schedule AND r.job_id = :job_id
         AND (CAST(:before AS bigint) IS NULL OR r.id < :before)
+        AND (CAST(:status AS text) IS NULL OR r.status = :status)
     ORDER BY r.id DESC LIMIT :limit
     """
 )
@@ -182,10 +186,13 @@ _LEADER = text(
     WHERE {_KEY_IS_OURS}
     """
 )
+# Standbys on the key (sessions waiting in pg_advisory_lock), and the workers waiting
+# behind their host's lock file, which have no session waiting (host_standbys.py).
 _STANDBYS = text(
     f"""
-    SELECT count(*) FROM pg_locks
-    WHERE {LEADER_KEY_LOCKS_BOUND} AND NOT granted AND {_KEY_IS_OURS}
+    SELECT (SELECT count(*) FROM pg_locks
+            WHERE {LEADER_KEY_LOCKS_BOUND} AND NOT granted AND {_KEY_IS_OURS}) AS on_key,
+        {HOST_STANDBYS_SQL} AS behind_host_lock
     """
 )
 # Per outbox, what costs what its live work costs, never what its history holds: the
@@ -357,12 +364,22 @@ async def job_runs(
     limit: int = 50,
     before: int | None = None,
     schedule: str = DEFAULT_SCHEDULE,
+    status: str | None = None,
 ) -> list[dict[str, Any]]:
-    """A page of the job's runs, newest first; ``before`` is the last id of the previous
-    page. Raises UnknownJobError (a NotFound) for an unknown job."""
+    """A page of the job's runs, newest first, only those of ``status`` when it is
+    given; ``before`` is the last id of the previous page. Raises UnknownJobError (a
+    NotFound) for an unknown job, UnknownRunStatusError (a 400) for a status no run can
+    have (run_status.RUN_STATUSES)."""
+    check_run_status(status)
     async with engine.connect() as conn:
         await _require_job(conn, job_id, schedule)
-        params = {"job_id": job_id, "limit": limit, "before": before, "schedule": schedule}
+        params = {
+            "job_id": job_id,
+            "limit": limit,
+            "before": before,
+            "schedule": schedule,
+            "status": status,
+        }
         result = await conn.execute(_RUNS, params)
         return _rows(result)
 
@@ -490,7 +507,10 @@ async def leader(
     schedule: str = DEFAULT_SCHEDULE,
 ) -> dict[str, Any]:
     """The holder of the schedule's leader key (None fields when nobody leads) and the
-    number of standbys waiting for it, from pg_locks and pg_stat_activity; ``since``,
+    number of standbys waiting for it, from pg_locks and pg_stat_activity:
+    ``standbys`` in all, ``standbys_on_key`` (sessions waiting for the key) and
+    ``standbys_behind_host_lock`` (workers waiting for their host's lock file, whose
+    lease on the lease clock holds: app/scheduler/host_standbys.py); ``since``,
     ``heartbeat_at`` (its last tick that found it firing), ``heartbeat_age_seconds``
     (read on the lease clock as in list_jobs: ``lease_now``, None for the database
     server's), ``job_ids`` (the leader-only jobs it fires) and ``service_ids`` (the
@@ -505,7 +525,7 @@ async def leader(
         key = LeaderKey.of(schedule).bind_params
         params = key | {"schedule": schedule}
         holder = (await conn.execute(_LEADER, params | {"lease_now": lease_now})).first()
-        standbys = (await conn.execute(_STANDBYS, params)).scalar_one()
+        standbys = (await conn.execute(_STANDBYS, params | {"lease_now": lease_now})).one()
     info: dict[str, Any] = {
         "pid": None,
         "application_name": None,
@@ -520,7 +540,15 @@ async def leader(
     }
     if holder is not None:
         info |= dict(holder._mapping)
-    return {"schedule": schedule} | info | {"standbys": standbys}
+    return (
+        {"schedule": schedule}
+        | info
+        | {
+            "standbys": standbys.on_key + standbys.behind_host_lock,
+            "standbys_on_key": standbys.on_key,
+            "standbys_behind_host_lock": standbys.behind_host_lock,
+        }
+    )
 
 
 async def outbox_summary(
@@ -570,7 +598,8 @@ def _empty_outbox(name: str) -> dict[str, Any]:
     }
 
 
-async def _require_outbox(engine: AsyncEngine, outbox: str) -> None:
+async def require_outbox(engine: AsyncEngine, outbox: str) -> None:
+    """Raise NotFound, naming the outbox, unless it has rows or a drain's record."""
     async with engine.connect() as conn:
         known = (
             is_storable_text(outbox)
@@ -600,7 +629,7 @@ async def outbox_messages(
     messages whose moment, ``deliver_at``, is ahead on the lease clock: ``lease_now``
     as clock.lease_now gives it) soonest first. Raises NotFound for an unknown outbox."""
     if outbox is not None:
-        await _require_outbox(engine, outbox)
+        await require_outbox(engine, outbox)
     async with engine.connect() as conn:
         query = _MESSAGES_BY_STATUS[status]
         params = {"outbox": outbox, "limit": limit, "lease_now": lease_now}
@@ -616,7 +645,7 @@ async def reset_outbox_message(
     unknown outbox or id; Conflict for a delivered row, one a drain is delivering (the
     message says to wait for it), and one another transaction holds past the wait of
     an operator's write (the message names its backend pid)."""
-    await _require_outbox(engine, outbox)
+    await require_outbox(engine, outbox)
     if not is_int64(message_id):
         raise NotFound(f"outbox {outbox!r} has no message {message_id}; no id is that large")
     try:

@@ -36,8 +36,8 @@ from .http import (
     RetryableDeliveryError,
     header_safe_key,
 )
-from .message import DrainReport, Enqueued, Message
-from .outbox import Deliver, Outbox, reset_message
+from .message import DrainReport, Enqueued, Message, StuckReset
+from .outbox import Deliver, Outbox, drain_job_id, reset_message, reset_stuck
 from .payload import MAX_PAYLOAD_DEPTH
 
 __all__ = [
@@ -62,10 +62,13 @@ __all__ = [
     "PayloadError",
     "PermanentDeliveryError",
     "RetryableDeliveryError",
+    "StuckReset",
     "UndeliverableKeyError",
     "UnknownMessageError",
     "UnregisteredDrainError",
+    "drain_job_id",
     "header_safe_key",
     "reset_message",
+    "reset_stuck",
     "retry_delay",
 ]

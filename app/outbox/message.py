@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DrainReport", "Enqueued", "Message"]
+__all__ = ["DrainReport", "Enqueued", "Message", "StuckReset"]
 
 
 @dataclass(frozen=True)
@@ -42,3 +42,13 @@ class DrainReport:
     retried: int = 0
     stuck: int = 0
     lost: int = 0
+
+
+@dataclass(frozen=True)
+class StuckReset:
+    """What a reset of every stuck row of an outbox did: ``reset`` rows made pending
+    and due now, ``held`` stuck rows left alone because another transaction held them
+    (reset them again once it has ended)."""
+
+    reset: int
+    held: int

@@ -9,8 +9,9 @@ still holds the row. Leases and due times are read on the database server's cloc
 mid-delivery or before writing a batch leaves its rows to be retried when the lease
 runs out; the receiver deduplicates on the idempotency key. A row another transaction
 holds delays no other row's outcome. A reset never takes a row from a live claim, and
-answers MessageBusyError for a row held elsewhere past its wait. Nothing is ever
-deleted.
+answers MessageBusyError for a row held elsewhere past its wait; reset_stuck resets
+every stuck row of an outbox at once, skipping (and counting) the rows held elsewhere.
+The outbox deletes nothing (an operator may forget a retired outbox: app/admin).
 """
 
 from __future__ import annotations
@@ -51,11 +52,11 @@ from .errors import (
     UndeliverableKeyError,
     UnknownMessageError,
 )
-from .message import DrainReport, Enqueued, Message
+from .message import DrainReport, Enqueued, Message, StuckReset
 from .payload import dump_payload
 from .wakeup import listen_and_drain
 
-__all__ = ["Deliver", "Outbox", "reset_message"]
+__all__ = ["Deliver", "Outbox", "drain_job_id", "reset_message", "reset_stuck"]
 
 logger = logging.getLogger("app.outbox")
 
@@ -64,6 +65,12 @@ Deliver = Callable[[Message], Awaitable[None]]
 _LIVE: weakref.WeakValueDictionary[str, Outbox] = weakref.WeakValueDictionary()
 
 _RESET_ROW_HOLDER = row_holder("outbox_messages", "id = :id AND outbox = :outbox")
+
+
+def drain_job_id(name: str) -> str:
+    """The id of the drain job of the outbox named ``name``, ``outbox_<name>_drain``:
+    while the schedule that claimed the name registers it, an app drains the outbox."""
+    return f"outbox_{name}_drain"
 
 
 class Outbox:
@@ -129,8 +136,8 @@ class Outbox:
 
     @property
     def drain_job_id(self) -> str:
-        """``outbox_<name>_drain``."""
-        return f"outbox_{self.name}_drain"
+        """``outbox_<name>_drain`` (drain_job_id(name))."""
+        return drain_job_id(self.name)
 
     @classmethod
     def live(cls) -> list[Outbox]:
@@ -370,3 +377,18 @@ async def reset_message(
             f"outbox {outbox!r} message {message_id} was delivered; it is never sent again"
         )
     raise MessageInFlightError(outbox, message_id, found.next_attempt_at)
+
+
+async def reset_stuck(
+    engine: AsyncEngine, outbox: str, lease_now: datetime | None = None
+) -> StuckReset:
+    """Make every stuck row of ``outbox`` pending, attempts 0 and due now, as
+    reset_message makes one, in one statement, and wake the drain. A row another
+    transaction holds is never waited on: it is left stuck and counted as ``held``.
+    "Now" is read on the lease clock (``lease_now`` as clock.lease_now gives it, None
+    for the database server's clock)."""
+    async with engine.begin() as conn:
+        row = (
+            await conn.execute(sql.RESET_STUCK, {"outbox": outbox, "lease_now": lease_now})
+        ).one()
+    return StuckReset(reset=row.reset, held=row.held)

@@ -27,6 +27,7 @@ __all__ = [
     "RECORD_DRAIN",
     "RELEASE",
     "RESET",
+    "RESET_STUCK",
     "SCHEDULED",
     "SELECT_EXISTING",
     "SELECT_STATUS",
@@ -232,5 +233,33 @@ RESET = text(
              OR (status = 'pending'
                  AND (claimed_by IS NULL OR next_attempt_at <= {LEASE_NOW_SQL})))
     RETURNING id
+    """
+)
+
+# Every stuck row of an outbox made due now, as RESET makes one, in one statement that
+# never waits on a row: a row another transaction holds (a drain writing an outcome, an
+# operator's open psql) is skipped (SKIP LOCKED) and counted as held, read from the
+# statement's snapshot. The drain is woken once when any row was reset.
+RESET_STUCK = text(
+    f"""
+    WITH stuck AS (
+        SELECT count(*) AS rows FROM outbox_messages WHERE outbox = :outbox AND status = 'stuck'
+    ), reset AS (
+        UPDATE outbox_messages AS m
+        SET status = 'pending', attempts = 0, next_attempt_at = {LEASE_NOW_SQL},
+            deliver_at = NULL, updated_at = {LEASE_NOW_SQL}, last_error = NULL,
+            claimed_by = NULL
+        WHERE m.id IN (
+            SELECT id FROM outbox_messages
+            WHERE outbox = :outbox AND status = 'stuck'
+            FOR UPDATE SKIP LOCKED
+        )
+        RETURNING m.id
+    ), counted AS (
+        SELECT count(*) AS rows FROM reset
+    )
+    SELECT counted.rows AS reset, GREATEST(stuck.rows - counted.rows, 0) AS held,
+        CASE WHEN counted.rows > 0 THEN pg_notify('{NOTIFY_CHANNEL}', :outbox) END AS woken
+    FROM stuck, counted
     """
 )

@@ -37,7 +37,9 @@ States::
   when it hangs, the others pass it once its lock connection has been gone from the
   server for a lease (HOST_LOCK_ENABLED=false: every worker queues). A directory
   that another user made or can write is no refusal: that worker queues without the
-  flock (``scheduler.host_lock_unusable``).
+  flock (``scheduler.host_lock_unusable``). A worker waiting for the flock has no
+  session waiting for the key, so it keeps a row with a lease while it waits
+  (``host_standbys.py``): operators count it as a standby behind the host lock.
 - **Leader** waits ``HANDOVER_GRACE_SECONDS`` (so an old leader that is about to
   notice its loss has stopped), begins its term, upserts its jobs' rows, then runs one
   job timer for all of its jobs (wake.py; timetable.py: a heap of when each job acts

@@ -20,6 +20,7 @@ from .election import LockConnection
 from .errors import ScheduleNameCollisionError
 from .faults import UNREACHABLE
 from .host_lock import Holder, HostLock, HostLockError
+from .host_standbys import HostStandby
 from .lock_target import UnsafeLockConnectionError, engine_identity
 from .loop import Stop, run_loop
 from .old_terms import end_old_term_transactions, lock_connection_listed
@@ -146,10 +147,22 @@ async def _take_host_lock(
             os.getpid(),
             extra={"action": "scheduler.host_standby", "pid": os.getpid()},
         )
+        # Counted as a standby while it waits, though no session of it waits for the key.
+        counted = HostStandby(
+            store.engine,
+            schedule=store.schedule,
+            host=store.host,
+            pid=store.pid,
+            lease_seconds=config.lease_seconds,
+            timeout=config.leader_tick_seconds,
+        )
+        await counted.note(lease_now(clock))
 
         async def probe(holder: Holder) -> tuple[bool, datetime] | None:
             """Whether the host lock's holder still has its lock connection on the
-            server, on the lease clock (HostLock.acquire counts a hang from it)."""
+            server, on the lease clock (HostLock.acquire counts a hang from it); this
+            worker's standby row renewed on the way."""
+            await counted.note(lease_now(clock))
             return await lock_connection_listed(
                 store.engine,
                 holder,
@@ -157,12 +170,16 @@ async def _take_host_lock(
                 timeout=config.leader_tick_seconds,
             )
 
-        if not await host_lock.acquire(
-            clock,
-            lease_seconds=config.lease_seconds,
-            check_seconds=config.leader_tick_seconds,
-            probe=probe,
-        ):
+        try:
+            acquired = await host_lock.acquire(
+                clock,
+                lease_seconds=config.lease_seconds,
+                check_seconds=config.leader_tick_seconds,
+                probe=probe,
+            )
+        finally:
+            await counted.drop()
+        if not acquired:
             logger.warning(
                 "scheduler.host_lock_passed: the worker holding %s (pid=%s) has had no "
                 "lock connection on the server for a lease (it hangs); queueing for the "

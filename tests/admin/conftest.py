@@ -5,7 +5,10 @@ their tests share."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -154,3 +157,34 @@ def worker_admin(settings: Settings) -> WorkerAdmin:
                 yield client
 
     return admin
+
+
+def app_command(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m app ARGS` on ``database_url``, its output captured (60 s at most)."""
+    return subprocess.run(
+        [sys.executable, "-m", "app", *args],
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def execute(database: Database, sql: str, **params: object) -> None:
+    """Run ``sql`` in a transaction of its own."""
+    async with database.engine.begin() as conn:
+        await conn.execute(text(sql), params)
+
+
+async def stuck_row(database: Database, message_id: int, outbox: str = "grants") -> None:
+    """A stuck row ``message_id`` of ``outbox``, after 24 attempts."""
+    await execute(
+        database,
+        "INSERT INTO outbox_messages (id, outbox, key, payload, status, attempts,"
+        " next_attempt_at, created_at, updated_at, last_error) OVERRIDING SYSTEM VALUE"
+        " VALUES (:id, :outbox, :key, '{}', 'stuck', 24, now(), now(), now(), 'HTTP 400')",
+        id=message_id,
+        outbox=outbox,
+        key=f"k-{message_id}",
+    )

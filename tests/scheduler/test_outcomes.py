@@ -175,6 +175,8 @@ async def test_a_run_whose_claim_commits_as_its_leader_steps_down_is_recorded_ca
         return claims
 
     supervisor.runner.claim_many = answered_once_the_step_down_began  # type: ignore[method-assign]
+    # Parked (the leader's tick and job timer): a step before the timer sleeps is lost.
+    await clock.wait_for_sleepers(2)
     clock.advance(10)
     await asyncio.wait_for(committed.wait(), 5)
     assert supervisor.lock is not None

@@ -81,8 +81,9 @@ class CronGrammarError(ValueError):
 def parse(expression: str) -> tuple[str, ...]:
     """The croniter expressions (one or two) whose union of matching minutes is
     ``expression``'s schedule, normalized (numbers for names, ``dL`` written as
-    croniter's ``Ld``). Raises CronGrammarError naming the field when the expression is
-    outside the grammar above (a wrong type raises it too)."""
+    croniter's ``Ld``, day-of-week ranges and steps as the days 0-6 they name). Raises
+    CronGrammarError naming the field when the expression is outside the grammar above
+    (a wrong type raises it too)."""
     if not isinstance(expression, str):
         raise CronGrammarError(
             f"cron expression {expression!r} is not a string; write e.g. cron('0 6 * * *')"
@@ -128,7 +129,26 @@ def _field(expression: str, spec: _Field, text: str) -> str:
         last = _LAST_WEEKDAY.match(lowered)
         if last is not None:
             return f"L{_value(last['day'], spec, refuse) % 7}"
-    return ",".join(_item(item, spec, refuse) for item in lowered.split(","))
+    items = [_item(item, spec, refuse) for item in lowered.split(",")]
+    if name == "day-of-week" and lowered != "*":
+        return _weekdays(items)
+    return ",".join(items)
+
+
+def _weekdays(items: list[str]) -> str:
+    """Checked day-of-week items as the list of weekdays 0-6 they name. croniter reads
+    a range or step starting at 7 as every day, and ends ``a/n`` at 6 where the grammar
+    ends it at 7 (Sunday again): it is given plain days only."""
+    days: set[int] = set()
+    for item in items:
+        span, _, step = item.partition("/")
+        first, _, last = span.partition("-")
+        if span == "*":
+            first, last = "0", "7"
+        elif not last:
+            last = "7" if step else first
+        days.update(day % 7 for day in range(int(first), int(last) + 1, int(step or 1)))
+    return ",".join(str(day) for day in sorted(days))
 
 
 def _item(item: str, spec: _Field, refuse: _Refuse) -> str:
@@ -146,8 +166,9 @@ def _item(item: str, spec: _Field, refuse: _Refuse) -> str:
     start = _value(first, spec, refuse)
     if not dash:
         return f"{start}{every}"
-    # Sunday ends a week: mon-sun is 1-7.
-    end = 7 if name == "day-of-week" and last == "sun" else _value(last, spec, refuse)
+    # Sunday ends a week: mon-sun is 1-7 (and sun-sun is Sunday alone).
+    sunday_ends = name == "day-of-week" and last == "sun" and start > 0
+    end = 7 if sunday_ends else _value(last, spec, refuse)
     if end < start:
         raise refuse(f"has the range {base} running backwards; split it, e.g. 5-6,0-1")
     return f"{start}-{end}{every}"

@@ -53,6 +53,13 @@ ORACLE: dict[str, tuple[Callable[[date], bool], list[time]]] = {
     "0 12 * jan-mar mon-fri": (lambda d: d.month <= 3 and d.weekday() < 5, _at((12, 0))),
     "0 7 * * mon-sun": (lambda d: True, _at((7, 0))),
     "0 7 * * 1-5/2": (lambda d: d.weekday() in (0, 2, 4), _at((7, 0))),
+    # 7 is Sunday as 0 is, and a step runs to the field's end, 7: Sunday included.
+    "0 0 * * 7-7": (lambda d: d.weekday() == SUNDAY, _at((0, 0))),
+    "0 0 * * sun-sun": (lambda d: d.weekday() == SUNDAY, _at((0, 0))),
+    "0 0 * * 7/3": (lambda d: d.weekday() == SUNDAY, _at((0, 0))),
+    "0 0 * * 1/2": (lambda d: d.weekday() in (MONDAY, 2, FRIDAY, SUNDAY), _at((0, 0))),
+    "0 0 * * mon/2": (lambda d: d.weekday() in (MONDAY, 2, FRIDAY, SUNDAY), _at((0, 0))),
+    "0 0 * * 2/5": (lambda d: d.weekday() in (1, SUNDAY), _at((0, 0))),
     "@monthly": (lambda d: d.day == 1, _at((0, 0))),
     "@weekly": (lambda d: d.weekday() == SUNDAY, _at((0, 0))),
     "0 0 29 2 *": (lambda d: d.month == 2 and d.day == 29, _at((0, 0))),

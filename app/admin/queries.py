@@ -121,9 +121,10 @@ _RUNS = text(
     """
 )
 _JOB = text("SELECT 1 FROM scheduler_jobs WHERE schedule = :schedule AND id = :job_id")
-# Whether run-now may ask, read on the lease clock, and the row locked until the request
-# is written: a claim of the job waits for it, so "running" cannot change in between.
-_RUN_NOW_CHECK = text(
+# What an operator's write of a job may do (run now, forget), read on the lease clock,
+# and the row locked until the write is done: a claim of the job waits for it, so
+# "running" cannot change in between.
+_JOB_STATE = text(
     f"""
     SELECT leader_only, paused, retired_at IS NOT NULL AS retired,
         {leader_run_leased_sql("j")} AS running
@@ -408,7 +409,7 @@ async def run_job_now(
         raise UnknownJobError(job_id, schedule)
     async with _job_write(engine, job_id, schedule) as conn:
         params = {"job_id": job_id, "lease_now": lease_now, "schedule": schedule}
-        row = (await conn.execute(_RUN_NOW_CHECK, params)).first()
+        row = (await conn.execute(_JOB_STATE, params)).first()
         if row is None:
             raise UnknownJobError(job_id, schedule)
         if not row.leader_only:
@@ -441,12 +442,6 @@ async def manual_run(
     return rows[0] if rows else None
 
 
-_FORGET_CHECK = text(
-    f"""
-    SELECT retired_at IS NOT NULL AS retired, {leader_run_leased_sql("j")} AS running
-    FROM scheduler_jobs j WHERE schedule = :schedule AND id = :job_id FOR UPDATE
-    """
-)
 _FORGET_RUNS = text("DELETE FROM scheduler_runs WHERE schedule = :schedule AND job_id = :job_id")
 _FORGET_JOB = text(
     """
@@ -468,7 +463,7 @@ async def forget_job(engine: AsyncEngine, job_id: str, *, schedule: str = DEFAUL
     async with _job_write(engine, job_id, schedule) as conn:
         # Read on the database server's clock, as every lease is.
         params = {"job_id": job_id, "schedule": schedule, "lease_now": None}
-        row = (await conn.execute(_FORGET_CHECK, params)).first()
+        row = (await conn.execute(_JOB_STATE, params)).first()
         if row is None:
             raise UnknownJobError(job_id, schedule)
         if not row.retired:

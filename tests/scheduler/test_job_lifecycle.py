@@ -41,6 +41,18 @@ async def _lead(start_scheduler: StartScheduler, scheduler: Scheduler, clock: Fa
     await scheduler.stop()
 
 
+async def _old_release_ran(
+    start_scheduler: StartScheduler, engine: AsyncEngine, clock: FakeClock
+) -> None:
+    """An older release, registering 'report' and 'old_report', led and ran each once."""
+    first = await start_scheduler(_release("report", "old_report"), clock=clock)
+    await first.wait_until_firing()
+    await clock.wait_for_sleepers(2)
+    clock.advance(10)
+    await wait_for_runs(engine, "old_report", 1)
+    await first.stop()
+
+
 async def test_a_job_the_promoted_leader_no_longer_registers_is_retired(
     start_scheduler: StartScheduler, engine: AsyncEngine
 ) -> None:
@@ -54,12 +66,7 @@ async def test_a_retired_job_fires_no_more_and_keeps_its_history(
     start_scheduler: StartScheduler, engine: AsyncEngine
 ) -> None:
     clock = FakeClock(T0)
-    first = await start_scheduler(_release("report", "old_report"), clock=clock)
-    await first.wait_until_firing()
-    await clock.wait_for_sleepers(2)
-    clock.advance(10)
-    await wait_for_runs(engine, "old_report", 1)
-    await first.stop()
+    await _old_release_ran(start_scheduler, engine, clock)
     second = await start_scheduler(_release("report"), clock=clock)
     await second.wait_until_firing()
     await clock.wait_for_sleepers(2)
@@ -72,12 +79,7 @@ async def test_a_retired_job_registered_again_comes_back_with_its_history(
     start_scheduler: StartScheduler, engine: AsyncEngine
 ) -> None:
     clock = FakeClock(T0)
-    first = await start_scheduler(_release("report", "old_report"), clock=clock)
-    await first.wait_until_firing()
-    await clock.wait_for_sleepers(2)
-    clock.advance(10)
-    await wait_for_runs(engine, "old_report", 1)
-    await first.stop()
+    await _old_release_ran(start_scheduler, engine, clock)
     await _lead(start_scheduler, _release("report"), clock)
     await _lead(start_scheduler, _release("report", "old_report"), clock)
     assert await _retired(engine) == {"report": False, "old_report": False}

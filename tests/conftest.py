@@ -336,3 +336,15 @@ async def admin_sign_in(client: httpx.AsyncClient, token: str) -> httpx.Response
     (which sets its cookie), post its hidden fields with the token; the answer."""
     form = (await client.get("/admin")).text
     return await client.post("/admin/login", data=dict(_HIDDEN.findall(form)) | {"token": token})
+
+
+@pytest.fixture
+def project_with_its_own_app(tmp_path: Path) -> Path:
+    """A user's project in FastAPI's "Bigger Applications" layout: a top-level package
+    ``app`` of its own, whose ``app/main.py`` builds its app with Regent's
+    ``create_app``, imported through the ``regent`` name."""
+    project = tmp_path / "project"
+    (project / "app").mkdir(parents=True)
+    (project / "app" / "__init__.py").write_text("")
+    (project / "app" / "main.py").write_text("from regent import create_app\n\napp = create_app()\n")
+    return project

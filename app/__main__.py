@@ -70,8 +70,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"regent: error: {message}; see `{self.prog} --help`\n")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m app", description=__doc__.split("\n")[0])
+def _parser(prog: str = "python -m app") -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command")
     serve = commands.add_parser("serve", help="serve the app with uvicorn (the default)")
     for target in (parser, serve):
@@ -263,10 +263,10 @@ def _revision(settings: Settings, message: str) -> None:
     print(f"regent: wrote {path}; fill in upgrade(), then `python -m app migrate`", file=sys.stderr)
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
+def _parse(argv: list[str], prog: str) -> argparse.Namespace:
     """The command line's arguments; what follows ``psql`` is psql's own (``psql -At``:
     argparse would take ``-At`` for an option of ours)."""
-    parser = _parser()
+    parser = _parser(prog)
     if "psql" in argv:
         at = argv.index("psql")
         args = parser.parse_args(argv[: at + 1])
@@ -311,9 +311,10 @@ def _print(text: str) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the process exit code."""
-    args = _parse(list(sys.argv[1:] if argv is None else argv))
+def main(argv: Sequence[str] | None = None, prog: str = "python -m app") -> int:
+    """Run the command line (``prog``: how its help and usage errors name it); returns
+    the process exit code."""
+    args = _parse(list(sys.argv[1:] if argv is None else argv), prog)
     signal.signal(signal.SIGTERM, _terminate)
     try:
         settings = load_settings()

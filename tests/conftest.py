@@ -346,5 +346,7 @@ def project_with_its_own_app(tmp_path: Path) -> Path:
     project = tmp_path / "project"
     (project / "app").mkdir(parents=True)
     (project / "app" / "__init__.py").write_text("")
-    (project / "app" / "main.py").write_text("from regent import create_app\n\napp = create_app()\n")
+    (project / "app" / "main.py").write_text(
+        "from regent import create_app\n\napp = create_app()\n"
+    )
     return project

@@ -30,7 +30,7 @@ def _assert_one_line_naming_both(done: subprocess.CompletedProcess[str], project
     assert len(lines) == 1, done.stderr
     assert str(project.resolve() / "app") in lines[0], lines[0]
     assert str(REGENTS_APP) in lines[0], lines[0]
-    assert "rename" in lines[0], lines[0]
+    assert "rename your own `app`" in lines[0], lines[0]
 
 
 def test_python_m_regent_in_a_project_with_its_own_app_fails_in_one_line_naming_both(

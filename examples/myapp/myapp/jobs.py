@@ -6,8 +6,7 @@ import logging
 
 from sqlalchemy import text
 
-from app.outbox import Deliver, Message, Outbox
-from app.scheduler import JobContext, Scheduler, every
+from regent import Deliver, JobContext, Message, Outbox, Scheduler, every
 
 logger = logging.getLogger("myapp")
 

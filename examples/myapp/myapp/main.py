@@ -1,9 +1,9 @@
-"""The ASGI app: serve it with `python -m app --app myapp.main:app`."""
+"""The ASGI app: serve it with `python -m regent --app myapp.main:app`."""
 
 from fastapi import APIRouter
 from sqlalchemy import text
 
-from app.main import DatabaseDep, create_app
+from regent import DatabaseDep, create_app
 
 from .jobs import build
 

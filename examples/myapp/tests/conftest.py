@@ -1,3 +1,3 @@
 """Regent's test kit: a throwaway PostgreSQL, a database per test, run_job, drain."""
 
-pytest_plugins = ["app.testing.plugin"]
+pytest_plugins = ["regent.testing.plugin"]

@@ -4,9 +4,9 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 
-from app.db import Database
-from app.testing import FakeClock, RecordingReceiver, drain, run_job
 from myapp.jobs import build
+from regent import Database
+from regent.testing import FakeClock, RecordingReceiver, drain, run_job
 
 AT = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 

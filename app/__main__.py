@@ -71,7 +71,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser(prog: str = "python -m app") -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description=__doc__.split("\n")[0])
+    parser = _Parser(prog=prog, description=__doc__.split("\n")[0].replace("python -m app", prog))
     commands = parser.add_subparsers(dest="command")
     serve = commands.add_parser("serve", help="serve the app with uvicorn (the default)")
     for target in (parser, serve):

@@ -5,8 +5,9 @@ Enable them with one line in your top-level ``conftest.py``::
     pytest_plugins = ["app.testing.plugin"]
 
 Fixtures: ``regent_server`` (one throwaway server per session, or TEST_DATABASE_URL's),
-``regent_database_url`` (a fresh database at head per test, cloned from a template that
-holds Regent's migrations and your own, REGENT_MIGRATIONS), ``regent_database`` (its
+``regent_database_url`` (a database of its own per test, at head with empty tables: a
+wiped one or a clone of a template that holds Regent's migrations and your own,
+REGENT_MIGRATIONS), ``regent_database`` (its
 engines and sessions), ``regent_clock`` (a FakeClock).
 
 No pytest setting is needed: an ``async def`` test that uses one of these fixtures runs
@@ -78,12 +79,12 @@ def regent_server(pytestconfig: pytest.Config) -> Iterator[TestServer]:
 
 @pytest.fixture
 def regent_database_url(regent_server: TestServer) -> Iterator[str]:
-    """URL of a fresh database at head, dropped after the test."""
+    """URL of a database of its own at head, empty (wiped or dropped after the test)."""
     url = regent_server.create_database()
     try:
         yield url
     finally:
-        regent_server.drop_database(url)
+        regent_server.release_database(url)
 
 
 @pytest_asyncio.fixture(loop_scope="function")

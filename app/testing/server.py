@@ -1,8 +1,8 @@
 """A throwaway PostgreSQL for tests, or the server TEST_DATABASE_URL names.
 
-Each test gets a database of its own, cloned from a template migrated once to head
-(Regent's migrations, then the project's own), so a test starts from an empty schema
-at head in a few milliseconds.
+Each test gets a database of its own at head with empty tables: one a previous test gave
+back, wiped (app/testing/reuse.py), or else a clone of a template migrated once to head
+(Regent's migrations, then the project's own).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from sqlalchemy.engine import make_url
 from app.db import migrate
 from app.localpg import LocalPostgres, free_port
 from app.user_migrations import UserMigrations
+
+from .reuse import DatabasePool
 
 __all__ = ["TestServer", "start_test_server"]
 
@@ -62,6 +64,7 @@ class TestServer:
         try:
             self._execute(f'CREATE DATABASE "{self.template}"')
             migrate(self.url_for(self.template), users)
+            self._pool = DatabasePool(self.template, self.url_for, self._new_name)
         except BaseException:
             self.close()
             raise
@@ -86,11 +89,27 @@ class TestServer:
         return self.url_for("postgres")
 
     def create_database(self, *, migrated: bool = True) -> str:
-        """A new database (a clone of the migrated template, or empty); returns its URL."""
-        name = f"regent_t_{self.run_id}_{uuid.uuid4().hex[:10]}"
+        """A database of its own for one test: at head and empty (a database given back
+        and wiped, or a clone of the migrated template), or with no schema at all
+        (``migrated=False``); returns its URL. Give it back with ``release_database``."""
+        if migrated and (lent := self._pool.lend()) is not None:
+            return self.url_for(lent)
+        name = self._new_name()
         template = f' TEMPLATE "{self.template}"' if migrated else ""
         self._execute(f'CREATE DATABASE "{name}"{template}')
         return self.url_for(name)
+
+    def release_database(self, url: str) -> None:
+        """Give back a database from ``create_database``: its sessions are ended, and it
+        is wiped for the next test when nothing else tells it from a fresh clone (see
+        app/testing/reuse.py), else dropped. Its URL stops working either way."""
+        name = make_url(url).database
+        assert name is not None
+        with psycopg.connect(self.admin_url, autocommit=True) as admin:
+            self._pool.give_back(name, admin)
+
+    def _new_name(self) -> str:
+        return f"regent_t_{self.run_id}_{uuid.uuid4().hex[:10]}"
 
     def drop_database(self, url: str) -> None:
         """Drop a test database, closing whatever still holds a connection to it."""

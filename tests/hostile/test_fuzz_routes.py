@@ -199,7 +199,9 @@ async def _snapshot(database: Database) -> dict[str, Any]:
     async with database.engine.connect() as conn:
         return {
             "jobs": (
-                await conn.execute(text("SELECT id, name, trigger, paused FROM scheduler_jobs"))
+                await conn.execute(
+                    text("SELECT id, name, trigger, paused FROM scheduler_jobs ORDER BY id")
+                )
             ).all(),
             "outbox": (
                 await conn.execute(
@@ -209,9 +211,11 @@ async def _snapshot(database: Database) -> dict[str, Any]:
                     )
                 )
             ).all(),
-            "grants": (await conn.execute(text("SELECT * FROM credit_grants"))).all(),
-            "workspaces": (await conn.execute(text("SELECT * FROM workspaces"))).all(),
-            "sessions": (await conn.execute(text("SELECT * FROM admin_sessions"))).all(),
+            "grants": (await conn.execute(text("SELECT * FROM credit_grants ORDER BY id"))).all(),
+            "workspaces": (await conn.execute(text("SELECT * FROM workspaces ORDER BY id"))).all(),
+            "sessions": (
+                await conn.execute(text("SELECT * FROM admin_sessions ORDER BY id"))
+            ).all(),
         }
 
 

@@ -37,7 +37,7 @@ def _play(pg_server: TestServer, scenario: Scenario) -> None:
             _run(scenario, url, pg_server if pg_server.can_restart else None)
         )
     finally:
-        pg_server.drop_database(url)
+        pg_server.release_database(url)
     # Shown by `--hypothesis-show-statistics`: how much each scenario exercised.
     event("steps", payload=steps)
     event("faults", payload=faults)

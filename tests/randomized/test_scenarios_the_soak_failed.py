@@ -60,4 +60,4 @@ def test_a_claim_that_commits_after_a_jump_starts_a_body_whose_lease_is_renewed_
     try:
         asyncio.run(_jump_while_a_claim_waits_for_its_slot(url))
     finally:
-        pg_server.drop_database(url)
+        pg_server.release_database(url)

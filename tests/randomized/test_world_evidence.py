@@ -51,7 +51,7 @@ def test_a_broken_guarantee_is_reported_with_the_steps_the_rows_and_the_log(
         with pytest.raises(AssertionError, match="a guarantee the test breaks") as raised:
             asyncio.run(_play_and_break(url))
     finally:
-        pg_server.drop_database(url)
+        pg_server.release_database(url)
     evidence = "\n".join(getattr(raised.value, "__notes__", []))
     assert "after 2 step(s) of 2" in evidence
     assert "nodes: node0: leader" in evidence

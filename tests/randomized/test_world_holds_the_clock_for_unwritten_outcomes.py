@@ -80,5 +80,5 @@ def test_an_outcome_left_to_write_holds_the_clock_even_when_its_call_ended_durin
     try:
         busy = asyncio.run(_in_flight_when_a_call_ends_during_the_read(url))
     finally:
-        pg_server.drop_database(url)
+        pg_server.release_database(url)
     assert busy == ["the outcome of k1 is not written yet"]

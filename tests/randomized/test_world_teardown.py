@@ -59,5 +59,5 @@ def test_a_world_disposes_its_database_only_after_a_body_that_outlived_its_worke
     try:
         seen = asyncio.run(_bodies_running_at_dispose(_OUTLIVES_ITS_WORKER, url))
     finally:
-        pg_server.drop_database(url)
+        pg_server.release_database(url)
     assert seen == [set()]

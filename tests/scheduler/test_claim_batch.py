@@ -65,7 +65,7 @@ def claim_database(pg_server: TestServer) -> Iterator[str]:
     try:
         yield url
     finally:
-        pg_server.drop_database(url)
+        pg_server.release_database(url)
 
 
 @settings(

@@ -27,8 +27,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
-from .admin import display, outboxes, queries
+from .admin import display, leadership, outboxes
+from .admin.jobs import forget_job, list_jobs, run_job_now, set_paused
+from .admin.messages import outbox_messages, reset_outbox_message
 from .admin.run_status import RUN_STATUSES
+from .admin.runs import job_runs, manual_run
 from .app_target import DEFAULT_APP, load_scheduler
 from .db import DatabaseUnreachableError, async_url, verify_schema_at_head
 from .embedded import default_data_dir, embedded_url, socket_path
@@ -299,7 +302,7 @@ async def _jobs(
 ) -> str:
     schedule = schedule_of(args, settings)
     if args.jobs_command == "run":
-        requested = await queries.run_job_now(
+        requested = await run_job_now(
             engine, args.job_id, lease_now=lease_now(clock), schedule=schedule
         )
         if args.wait:
@@ -310,17 +313,17 @@ async def _jobs(
         )
     if args.jobs_command in ("pause", "resume"):
         paused = args.jobs_command == "pause"
-        await queries.set_paused(engine, args.job_id, paused, schedule=schedule)
+        await set_paused(engine, args.job_id, paused, schedule=schedule)
         return f"{'paused' if paused else 'resumed'} {printable(args.job_id)} (schedule {schedule})"
     if args.jobs_command == "forget":
-        deleted = await queries.forget_job(engine, args.job_id, schedule=schedule)
+        deleted = await forget_job(engine, args.job_id, schedule=schedule)
         return f"forgot {printable(args.job_id)} (schedule {schedule}) and its {deleted} run(s)"
     if args.jobs_command == "history":
-        runs = await queries.job_runs(
+        runs = await job_runs(
             engine, args.job_id, limit=args.limit, schedule=schedule, status=args.status
         )
         return _json(runs) if args.json else _history(runs, args.full)
-    jobs = await queries.list_jobs(engine, lease_now(clock), schedule=schedule, retired=args.all)
+    jobs = await list_jobs(engine, lease_now(clock), schedule=schedule, retired=args.all)
     if args.json:
         return _json(jobs)
     rows = [
@@ -362,7 +365,7 @@ async def _wait_for_run(
     end after --timeout seconds."""
     deadline = clock.monotonic() + args.timeout
     while True:
-        run = await queries.manual_run(engine, args.job_id, requested, schedule=schedule)
+        run = await manual_run(engine, args.job_id, requested, schedule=schedule)
         if run is not None and run["status"] != "running":
             shown = _json(run) if args.json else _history([run], full=True)
             if run["status"] != "ok":
@@ -394,7 +397,7 @@ async def _outbox(
             )
         return told
     if args.outbox_command == "reset":
-        await queries.reset_outbox_message(engine, args.name, args.message_id, lease_now(clock))
+        await reset_outbox_message(engine, args.name, args.message_id, lease_now(clock))
         name = printable(args.name)
         return f"outbox '{name}' message {args.message_id} is pending again, due now"
     if args.outbox_command == "forget":
@@ -423,7 +426,7 @@ async def _outbox(
             }
             for entry in summary
         ]
-        # Delivered: the last hour's (queries.DELIVERED_WINDOW_SECONDS), not every row kept.
+        # Delivered: the last hour's (outboxes.DELIVERED_WINDOW_SECONDS), not every row kept.
         columns = [
             "outbox",
             "pending",
@@ -436,9 +439,7 @@ async def _outbox(
         ]
         return _table(rows, columns)
     status = args.outbox_command
-    rows = await queries.outbox_messages(
-        engine, args.name, status=status, lease_now=lease_now(clock)
-    )
+    rows = await outbox_messages(engine, args.name, status=status, lease_now=lease_now(clock))
     if args.json:
         return _json(rows)
     if not rows:
@@ -452,7 +453,7 @@ async def _outbox(
 async def _leader(
     engine: AsyncEngine, args: argparse.Namespace, settings: Settings, clock: Clock
 ) -> str:
-    info = await queries.leader(
+    info = await leadership.leader(
         engine, lease_now=lease_now(clock), schedule=schedule_of(args, settings)
     )
     if args.json:

@@ -35,7 +35,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
-from .admin import queries
+from .admin.outboxes import outbox_summary
 from .scheduler import Clock, RunFinished, Scheduler
 from .scheduler.clock import lease_now
 
@@ -190,7 +190,7 @@ async def metrics(request: Request) -> Response:
     else:
         body = generate_latest(REGISTRY)
     clock: Clock = request.app.state.clock
-    summary = await queries.outbox_summary(request.app.state.database.engine, lease_now(clock))
+    summary = await outbox_summary(request.app.state.database.engine, lease_now(clock))
     outboxes = CollectorRegistry()
     outboxes.register(_OutboxCollector(summary))
     return PrometheusText(body + generate_latest(outboxes))

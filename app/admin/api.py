@@ -14,14 +14,17 @@ from app.scheduler import Clock, Scheduler
 from app.scheduler.clock import lease_now
 from app.storable import INT64_MAX
 
-from . import display, queries
+from . import display, leadership
 from .auth import bearer_scheme, guard_responses, require_admin
 from .errors import AdminError
+from .jobs import forget_job, list_jobs, run_job_now, set_paused
+from .messages import outbox_messages, reset_outbox_message
 from .outboxes import forget_outbox, list_outboxes, reset_all_stuck
 from .params import JobId, MessageId, OutboxName
 from .run_status import RunStatus
+from .runs import job_runs
 
-__all__ = ["admin_error_response", "lease_now_of", "router", "schedule_name"]
+__all__ = ["admin_error_response", "engine_of", "lease_now_of", "router", "schedule_name"]
 
 router = APIRouter(
     prefix="/admin/api",
@@ -47,7 +50,8 @@ _ROW_HELD = error_response(
 )
 
 
-def _engine(request: Request) -> Any:
+def engine_of(request: Request) -> Any:
+    """The app's async engine (its Database's), which every admin view reads through."""
     database: Database = request.app.state.database
     return database.engine
 
@@ -95,8 +99,8 @@ async def jobs(
     zone = request.app.state.settings.TIMEZONE
     return [
         job | {"trigger_description": display.trigger(job["trigger"], zone)}
-        for job in await queries.list_jobs(
-            _engine(request),
+        for job in await list_jobs(
+            engine_of(request),
             lease_now_of(request),
             schedule=schedule_name(request),
             retired=retired,
@@ -121,8 +125,8 @@ async def runs(
     ``error`` that says what went wrong."""
     page = [
         run | {"error_summary": display.error_summary(run["error"])}
-        for run in await queries.job_runs(
-            _engine(request),
+        for run in await job_runs(
+            engine_of(request),
             job_id,
             limit=limit,
             before=before,
@@ -149,8 +153,8 @@ async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
     """Fire now, through the same slot claim; 409 while the job runs (its running lease
     holds), while it is paused, and for a per-worker job (each worker runs that on its
     own schedule)."""
-    await queries.run_job_now(
-        _engine(request),
+    await run_job_now(
+        engine_of(request),
         job_id,
         lease_now=lease_now_of(request),
         schedule=schedule_name(request),
@@ -171,7 +175,7 @@ async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
 async def forget(request: Request, job_id: JobId) -> dict[str, Any]:
     """Forget a retired job: its row and its whole run history are deleted. 409 for a
     job its schedule's leader still registers (remove it from the code first)."""
-    runs = await queries.forget_job(_engine(request), job_id, schedule=schedule_name(request))
+    runs = await forget_job(engine_of(request), job_id, schedule=schedule_name(request))
     return {"status": "forgotten", "runs_deleted": runs}
 
 
@@ -179,14 +183,14 @@ async def forget(request: Request, job_id: JobId) -> dict[str, Any]:
 async def pause(request: Request, job_id: JobId) -> dict[str, str]:
     """Pause the job: no slot is claimed (per-worker jobs: no worker runs a slot) until
     it is resumed."""
-    await queries.set_paused(_engine(request), job_id, True, schedule=schedule_name(request))
+    await set_paused(engine_of(request), job_id, True, schedule=schedule_name(request))
     return {"status": "paused"}
 
 
 @router.post("/jobs/{job_id}/resume", responses=_UNKNOWN_JOB | {409: _ROW_HELD})
 async def resume(request: Request, job_id: JobId) -> dict[str, str]:
     """Resume a paused job."""
-    await queries.set_paused(_engine(request), job_id, False, schedule=schedule_name(request))
+    await set_paused(engine_of(request), job_id, False, schedule=schedule_name(request))
     return {"status": "resumed"}
 
 
@@ -196,8 +200,8 @@ async def leader(request: Request) -> dict[str, Any]:
     and the jobs it fires; the standbys waiting: ``standbys`` in all,
     ``standbys_on_key`` (sessions waiting for the key) and ``standbys_behind_host_lock``
     (workers waiting for their host's lock file)."""
-    return await queries.leader(
-        _engine(request), lease_now=lease_now_of(request), schedule=schedule_name(request)
+    return await leadership.leader(
+        engine_of(request), lease_now=lease_now_of(request), schedule=schedule_name(request)
     )
 
 
@@ -212,7 +216,7 @@ async def outboxes(
     pending age, last drain, the schedule that claimed its name. An outbox no app
     drains any more (its drain job retired, or forgotten) is ``retired`` (with its drain
     job's ``retired_at``) and listed only with ``retired=true``."""
-    return await list_outboxes(_engine(request), lease_now_of(request), retired=retired)
+    return await list_outboxes(engine_of(request), lease_now_of(request), retired=retired)
 
 
 @router.delete(
@@ -230,7 +234,7 @@ async def forget_outbox_rows(request: Request, name: OutboxName) -> dict[str, An
     deleted. 404 unknown; 409 while an app drains it (remove it from the code first),
     while a drain still delivers one of its rows, or for an outbox no schedule
     claimed."""
-    messages = await forget_outbox(_engine(request), name)
+    messages = await forget_outbox(engine_of(request), name)
     return {"status": "forgotten", "messages_deleted": messages}
 
 
@@ -243,8 +247,8 @@ async def messages(
 ) -> list[dict[str, Any]]:
     """The stuck (default) or pending rows of an outbox, with attempts and last error,
     or its scheduled rows (delayed messages not yet due) with their ``deliver_at``."""
-    return await queries.outbox_messages(
-        _engine(request), name, status=status, limit=limit, lease_now=lease_now_of(request)
+    return await outbox_messages(
+        engine_of(request), name, status=status, limit=limit, lease_now=lease_now_of(request)
     )
 
 
@@ -261,7 +265,7 @@ async def messages(
 async def reset(request: Request, name: OutboxName, message_id: MessageId) -> dict[str, str]:
     """Set the row pending, attempts 0, due now; 404 unknown, 409 delivered or held by
     a drain that is delivering it."""
-    await queries.reset_outbox_message(_engine(request), name, message_id, lease_now_of(request))
+    await reset_outbox_message(engine_of(request), name, message_id, lease_now_of(request))
     return {"status": "pending"}
 
 
@@ -271,4 +275,4 @@ async def reset_stuck(request: Request, name: OutboxName) -> dict[str, int]:
     statement: ``reset`` counts them; ``held`` counts the stuck rows another
     transaction held, left alone (never waited on; reset again once it has ended).
     404 for an unknown outbox."""
-    return await reset_all_stuck(_engine(request), name, lease_now_of(request))
+    return await reset_all_stuck(engine_of(request), name, lease_now_of(request))

@@ -38,7 +38,7 @@ def _scaled(value: int | None, largest: int) -> float:
 
 
 def runs_chart(runs: Sequence[Mapping[str, Any]]) -> Markup | None:
-    """The chart of ``runs`` (newest first, as queries.job_runs gives them; each with
+    """The chart of ``runs`` (newest first, as runs.job_runs gives them; each with
     ``id``, ``status``, ``duration_ms`` and ``lateness_ms``) as an ``<svg>`` element
     (id ``runs-chart``); None when there is no run. Bars carry ``data-run``, the run's
     id, and the classes ``chart-duration`` or ``chart-lateness`` and ``chart-<status>``;

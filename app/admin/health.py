@@ -41,13 +41,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from app.db import Database
 from app.scheduler import Scheduler, Trigger
 from app.settings import Settings
 
-from . import queries
-from .api import lease_now_of, schedule_name
+from .api import engine_of, lease_now_of, schedule_name
 from .display import is_never
+from .jobs import list_jobs
+from .leadership import leader
+from .reading import lease_clock_now
 
 __all__ = ["SchedulerHealth", "last_due_slots", "router", "stale_jobs", "unclaimed_jobs"]
 
@@ -122,7 +123,7 @@ def unclaimed_jobs(
     """Ids of this app's leader-only jobs whose due slot or run-now request no claim
     has taken for longer than ``allowed`` (a leader tick plus the handover grace) after
     it fires: a slot its jitter after it, a request at once. ``rows`` as
-    queries.list_jobs gives them, read on the lease clock. A broken job is reported as
+    jobs.list_jobs gives them, read on the lease clock. A broken job is reported as
     broken."""
     unclaimed = []
     by_id = {row["id"]: row for row in rows}
@@ -171,16 +172,14 @@ def _not_led(scheduler: Scheduler, holder: dict[str, Any]) -> list[str]:
 async def scheduler_health(request: Request) -> JSONResponse:
     """200 with a firing leader and no broken, unclaimed or stale job; 503 with the
     reasons."""
-    database: Database = request.app.state.database
+    engine = engine_of(request)
     scheduler: Scheduler | None = request.app.state.scheduler
     settings: Settings = request.app.state.settings
     schedule = schedule_name(request)
     # Whether a slot is stale is a due comparison: on the lease clock, not this host's.
-    now = await queries.lease_clock_now(database.engine, lease_now_of(request))
-    holder = await queries.leader(
-        database.engine, lease_now=lease_now_of(request), schedule=schedule
-    )
-    rows = await queries.list_jobs(database.engine, lease_now_of(request), schedule=schedule)
+    now = await lease_clock_now(engine, lease_now_of(request))
+    holder = await leader(engine, lease_now=lease_now_of(request), schedule=schedule)
+    rows = await list_jobs(engine, lease_now_of(request), schedule=schedule)
     zone = request.app.state.zone
     stale = stale_jobs(scheduler, rows, now, zone) if scheduler is not None else []
     allowed = timedelta(seconds=settings.LEADER_TICK_SECONDS + settings.HANDOVER_GRACE_SECONDS)

@@ -1,5 +1,6 @@
-"""An outbox as a whole, as operators act on it: listed with whether an app still
-drains it, every stuck row reset at once, and forgotten once no app drains it.
+"""An outbox as a whole, as operators read and act on it: its counts by status and its
+last drain, listed with whether an app still drains it, every stuck row reset at once,
+and forgotten once no app drains it.
 
 An app drains an outbox while its drain job (app.outbox.drain_job_id) is registered by
 the schedule that claimed the outbox's name (``outbox_schedules``). Once that job is
@@ -8,8 +9,8 @@ or gone (forgotten) the outbox is *retired*: nothing delivers its rows any more.
 outbox whose name no schedule claimed (rows written by hand, an outbox drained without
 a scheduler) is never called retired: nothing here knows that nobody drains it.
 
-Shared by the admin API, the admin page and the CLI, as queries.py is; raises
-AdminError subclasses whose messages name the problem.
+Shared by the admin API, the admin page, the CLI and /metrics; raises AdminError
+subclasses whose messages name the problem. One outbox's rows are messages.py's.
 """
 
 from __future__ import annotations
@@ -21,13 +22,70 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.outbox import drain_job_id, reset_stuck
+from app.outbox.sql import SCHEDULED
 from app.scheduler.clock import LEASE_NOW_SQL
 from app.scheduler.rowlocks import RowHeldError, held_by_sql, patient_write, row_holder
+from app.storable import is_storable_text
 
-from .errors import Conflict
-from .queries import outbox_summary, require_outbox
+from .errors import Conflict, NotFound
 
-__all__ = ["forget_outbox", "list_outboxes", "reset_all_stuck"]
+__all__ = [
+    "DELIVERED_WINDOW_SECONDS",
+    "forget_outbox",
+    "list_outboxes",
+    "outbox_summary",
+    "require_outbox",
+    "reset_all_stuck",
+]
+
+# Per outbox, what costs what its live work costs, never what its history holds: the
+# pending and stuck rows (each read through its partial index), the oldest pending row's
+# age on the lease clock (which rows are stamped on; a delayed message's counts from its
+# moment, and a scheduled one has none yet), and the rows delivered in the last
+# DELIVERED_WINDOW_SECONDS (a window read through outbox_messages_delivered, never a
+# count of every delivered row: retention keeps those for OUTBOX_DELIVERED_DAYS). The
+# outboxes listed: every one claimed by a schedule, drained, or with live rows.
+DELIVERED_WINDOW_SECONDS = 3600
+_OUTBOXES = text(
+    f"""
+    WITH live AS (
+        SELECT outbox, count(*) AS pending, 0 AS stuck,
+            min(GREATEST(deliver_at, created_at)) FILTER (WHERE NOT {SCHEDULED})
+                AS oldest_pending
+        FROM outbox_messages WHERE status = 'pending' GROUP BY outbox
+        UNION ALL
+        SELECT outbox, 0, count(*), NULL
+        FROM outbox_messages WHERE status = 'stuck' GROUP BY outbox
+    ), names AS (
+        SELECT outbox FROM outbox_schedules
+        UNION SELECT outbox FROM outbox_drains
+        UNION SELECT outbox FROM live
+    )
+    SELECT n.outbox,
+        coalesce((SELECT sum(l.pending) FROM live l WHERE l.outbox = n.outbox), 0)::bigint
+            AS pending,
+        coalesce((SELECT sum(l.stuck) FROM live l WHERE l.outbox = n.outbox), 0)::bigint
+            AS stuck,
+        (SELECT count(*) FROM outbox_messages d
+         WHERE d.outbox = n.outbox AND d.status = 'delivered'
+            AND d.delivered_at > (SELECT {LEASE_NOW_SQL}
+                - make_interval(secs => {DELIVERED_WINDOW_SECONDS}))) AS delivered,
+        extract(epoch FROM {LEASE_NOW_SQL}
+            - (SELECT min(l.oldest_pending) FROM live l WHERE l.outbox = n.outbox))::float
+            AS oldest_pending_seconds
+    FROM names n
+    """
+)
+# Pending rows waiting for their moment, counted apart from pending.
+_SCHEDULED_COUNTS = text(
+    f"SELECT outbox, count(*) AS messages FROM outbox_messages WHERE {SCHEDULED} GROUP BY outbox"
+)
+_NO_JIT = text("SET LOCAL jit = off")
+_LAST_DRAINS = text("SELECT outbox, last_drain_at, delivered, retried, stuck FROM outbox_drains")
+_KNOWN_OUTBOX = text(
+    "SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE outbox = :outbox)"
+    " OR EXISTS (SELECT 1 FROM outbox_drains WHERE outbox = :outbox)"
+)
 
 # Per outbox name: the schedule that claimed it, and its drain job's state there.
 _DRAINS = text(
@@ -67,6 +125,64 @@ _HELD_MESSAGE = row_holder(
 )
 
 
+async def outbox_summary(
+    engine: AsyncEngine, lease_now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """Per outbox: ``counts`` of its pending, scheduled and stuck rows and of the rows
+    it delivered in the last ``delivered_window_seconds`` (DELIVERED_WINDOW_SECONDS: a
+    window, so that the answer costs what the live work costs, not the delivered
+    history), the oldest pending age in seconds, the last drain. ``scheduled`` counts
+    the delayed messages whose moment is ahead, apart from ``pending`` (due, or waiting
+    for a retry). The ages, and what is scheduled, are read on the lease clock, which
+    rows are stamped on: ``lease_now`` as clock.lease_now gives it, None for the
+    database server's clock."""
+    summary: dict[str, dict[str, Any]] = {}
+    async with engine.begin() as conn:
+        # The planner cannot size the window (its bound is read at run time) and
+        # prices it at a third of the delivered rows: with a million of them that
+        # passes jit_above_cost, and compiling the plan takes seconds for a read of
+        # milliseconds.
+        await conn.execute(_NO_JIT)
+        for row in await conn.execute(_OUTBOXES, {"lease_now": lease_now}):
+            entry = summary.setdefault(row.outbox, _empty_outbox(row.outbox))
+            entry["counts"] = {
+                "pending": row.pending,
+                "scheduled": 0,
+                "delivered": row.delivered,
+                "stuck": row.stuck,
+            }
+            entry["oldest_pending_seconds"] = row.oldest_pending_seconds
+        for row in await conn.execute(_SCHEDULED_COUNTS, {"lease_now": lease_now}):
+            counts = summary[row.outbox]["counts"]
+            counts["pending"] -= row.messages
+            counts["scheduled"] = row.messages
+        for row in await conn.execute(_LAST_DRAINS):
+            entry = summary.setdefault(row.outbox, _empty_outbox(row.outbox))
+            entry["last_drain_at"] = row.last_drain_at
+    return [summary[name] for name in sorted(summary)]
+
+
+def _empty_outbox(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "counts": {"pending": 0, "scheduled": 0, "delivered": 0, "stuck": 0},
+        "delivered_window_seconds": DELIVERED_WINDOW_SECONDS,
+        "oldest_pending_seconds": None,
+        "last_drain_at": None,
+    }
+
+
+async def require_outbox(engine: AsyncEngine, outbox: str) -> None:
+    """Raise NotFound, naming the outbox, unless it has rows or a drain's record."""
+    async with engine.connect() as conn:
+        known = (
+            is_storable_text(outbox)
+            and (await conn.execute(_KNOWN_OUTBOX, {"outbox": outbox})).scalar()
+        )
+        if not known:
+            raise NotFound(f"no outbox named {outbox!r}; `python -m app outbox list` lists them")
+
+
 async def _drains(conn: AsyncConnection, names: list[str]) -> dict[str, Any]:
     params = {"names": names, "job_ids": [drain_job_id(name) for name in names]}
     return {row.outbox: row for row in await conn.execute(_DRAINS, params)}
@@ -75,7 +191,7 @@ async def _drains(conn: AsyncConnection, names: list[str]) -> dict[str, Any]:
 async def list_outboxes(
     engine: AsyncEngine, lease_now: datetime | None = None, *, retired: bool = False
 ) -> list[dict[str, Any]]:
-    """Each outbox as queries.outbox_summary gives it, with ``schedule``, the schedule
+    """Each outbox as outbox_summary gives it, with ``schedule``, the schedule
     that claimed its name (None when none did), ``retired`` (no app drains it: its
     drain job is retired or gone from that schedule) and ``retired_at`` (when its drain
     job was retired; None when it is gone or live). A retired outbox is listed only

@@ -30,11 +30,14 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.requests import Request
+from starlette.responses import Response
 
 from app.scheduler.clock import LEASE_NOW_SQL
 
 __all__ = [
     "COOKIE",
+    "COOKIE_PATH",
     "LOGIN_COOKIE",
     "SESSION_MAX_AGE",
     "csrf_for",
@@ -44,10 +47,12 @@ __all__ = [
     "login_csrf_for",
     "login_nonce",
     "revoke",
+    "set_cookie",
 ]
 
 COOKIE = "regent_admin"
 LOGIN_COOKIE = "regent_login"
+COOKIE_PATH = "/admin"
 SESSION_MAX_AGE = timedelta(hours=12)
 
 _URL_SAFE = re.compile(r"[A-Za-z0-9_-]+")
@@ -73,7 +78,7 @@ def _sign(key: bytes, purpose: str, value: str) -> str:
 
 def issue(key: bytes, now: datetime) -> str:
     """A new session cookie value, issued at ``now`` (on the lease clock:
-    queries.lease_clock_now)."""
+    reading.lease_clock_now)."""
     micros = str((now - _EPOCH) // timedelta(microseconds=1))
     return f"{micros}.{_sign(key, 'session', micros)}"
 
@@ -127,3 +132,20 @@ def login_nonce(cookie: str | None) -> str:
 def login_csrf_for(key: bytes, nonce: str) -> str:
     """The CSRF value of the sign-in form served with the cookie ``nonce``."""
     return _sign(key, "login", nonce)
+
+
+def set_cookie(
+    response: Response, request: Request, name: str, value: str, *, max_age: int | None = None
+) -> None:
+    """Set one of the page's cookies on ``response`` as every one of them is set:
+    HttpOnly, SameSite=Strict, Secure when ``request`` came over https, sent to
+    COOKIE_PATH only; ``max_age`` None for a browser-session cookie."""
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path=COOKIE_PATH,
+    )

@@ -28,8 +28,10 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from app.admin import queries
 from app.admin.errors import AdminError
+from app.admin.jobs import run_job_now, set_paused
+from app.admin.leadership import leader
+from app.admin.messages import reset_outbox_message
 from app.db import Database, asyncpg_dsn
 from app.outbox import DrainReport
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, SchedulerConfig, Trigger, every
@@ -376,7 +378,7 @@ class World:
     async def _do_pause(self, step: Step) -> None:
         job = self._job(step)
         with contextlib.suppress(AdminError):
-            await queries.set_paused(self.db.engine, job, True)
+            await set_paused(self.db.engine, job, True)
             # The pause dropped every request the leader had not taken by then.
             ran = await self._manual_slots(job)
             pending = self.run_now_requests.get(job, set()) - ran
@@ -384,14 +386,14 @@ class World:
 
     async def _do_resume(self, step: Step) -> None:
         with contextlib.suppress(AdminError):
-            await queries.set_paused(self.db.engine, self._job(step), False)
+            await set_paused(self.db.engine, self._job(step), False)
 
     async def _do_run_now(self, step: Step) -> None:
         # An operator's click never lands in the very microsecond a slot was claimed.
         self.advance(0.001)
         job, now = self._job(step), self.clock.now()
         with contextlib.suppress(AdminError):
-            await queries.run_job_now(self.db.engine, job, lease_now=now)
+            await run_job_now(self.db.engine, job, lease_now=now)
             # Its own request is pending or was taken (with its run row, in one commit);
             # else it was merged into one still pending when it was asked.
             rows = await self._fetch(
@@ -419,7 +421,7 @@ class World:
         ids = [row.id for row in await self._fetch("SELECT id FROM outbox_messages ORDER BY id")]
         if ids:
             with contextlib.suppress(AdminError):
-                await queries.reset_outbox_message(
+                await reset_outbox_message(
                     self.db.engine, OUTBOX, ids[step.target % len(ids)], self.clock.now()
                 )
 
@@ -701,7 +703,7 @@ class World:
         lock = leaders[0].scheduler.supervisor.lock
         if lock is None:
             return []
-        shown = await queries.leader(self.db.engine)
+        shown = await leader(self.db.engine)
         if shown["backend_pid"] != lock.backend_pid:
             return [
                 f"the admin view names backend {shown['backend_pid']} as leader; "
@@ -725,7 +727,7 @@ class World:
             await self.add_node()
         for plan in self.scenario.jobs:
             with contextlib.suppress(AdminError):
-                await queries.set_paused(self.db.engine, plan.id, False)
+                await set_paused(self.db.engine, plan.id, False)
         self.receiver.healed = True
         await self.settle()
         for _ in range(_HEAL_ROUNDS):

@@ -1,4 +1,4 @@
-"""The outbox counts operators read (API, page, CLI, /metrics: queries.outbox_summary)
+"""The outbox counts operators read (API, page, CLI, /metrics: outboxes.outbox_summary)
 cost what the live rows cost: pending and stuck rows, and a one-hour window of
 deliveries, never every delivered row kept."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from app.admin import queries
+from app.admin import outboxes
 from app.db import Database
 
 from .conftest import DAY, History
@@ -39,9 +39,9 @@ async def test_delivered_counts_are_the_last_hours_deliveries(
     await history.message("mails", "recent", age=600)
     await history.message("mails", "earlier", age=2 * 3600)
     await history.message("mails", "p", age=DAY, status="pending")
-    [entry] = await queries.outbox_summary(database.engine)
+    [entry] = await outboxes.outbox_summary(database.engine)
     assert entry["counts"] == {"pending": 1, "scheduled": 0, "delivered": 1, "stuck": 0}
-    assert entry["delivered_window_seconds"] == queries.DELIVERED_WINDOW_SECONDS
+    assert entry["delivered_window_seconds"] == outboxes.DELIVERED_WINDOW_SECONDS
 
 
 async def test_the_outbox_counts_read_no_delivered_row_outside_the_window(
@@ -53,7 +53,7 @@ async def test_the_outbox_counts_read_no_delivered_row_outside_the_window(
     async with database.engine.begin() as conn:
         await conn.execute(_FILL)
         await conn.execute(text("ANALYZE outbox_messages"))
-    statement = queries._OUTBOXES.text
+    statement = outboxes._OUTBOXES.text
     async with database.engine.connect() as conn:
         explained = await conn.execute(
             text(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}"), {"lease_now": None}

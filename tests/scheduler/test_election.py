@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.queries import leader
+from app.admin.leadership import leader
 from app.db import Database, asyncpg_dsn
 from app.scheduler import (
     FakeClock,

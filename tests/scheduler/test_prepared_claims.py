@@ -26,7 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.errors import Conflict
-from app.admin.queries import run_job_now, set_paused
+from app.admin.jobs import run_job_now, set_paused
 from app.db import Database, asyncpg_dsn
 from app.main import create_app
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, SchedulerConfig, cron, every

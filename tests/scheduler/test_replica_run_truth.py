@@ -23,7 +23,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin import queries
+from app.admin.jobs import list_jobs
+from app.admin.runs import job_runs
 from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.registry import JobSpec
@@ -184,7 +185,7 @@ async def test_a_per_worker_run_whose_worker_died_is_reaped_by_the_jobs_next_run
     clock.advance(60)
     await make_runner(database, clock, pid=2).fire_replica(spec, T0 + timedelta(minutes=1))
     assert await _history(engine) == [("abandoned", 999_999, None), ("ok", 2, None)]
-    [_, dead_run] = await queries.job_runs(engine, "sweep")  # newest first
+    [_, dead_run] = await job_runs(engine, "sweep")  # newest first
     assert "pid 999999 on test" in dead_run["error"]
 
 
@@ -240,7 +241,7 @@ async def test_a_per_worker_job_whose_body_runs_is_listed_running(
     await runner.store.register_replica_jobs([spec], clock.now(), UTC_ZONE)
     fire = asyncio.create_task(runner.fire_replica(spec, T0))
     await bodies.entered()
-    [job] = await queries.list_jobs(engine, clock.now())
+    [job] = await list_jobs(engine, clock.now())
     bodies.release.set()
     await fire
     assert (job["running"], job["last_status"]) == (True, "running")
@@ -266,7 +267,7 @@ async def test_an_ok_from_a_worker_whose_clock_runs_behind_is_not_overwritten_by
 
 
 async def _listed(database: Database, clock: FakeClock) -> dict[str, object]:
-    [job] = await queries.list_jobs(database.engine, clock.now())
+    [job] = await list_jobs(database.engine, clock.now())
     return job
 
 

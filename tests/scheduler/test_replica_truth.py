@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin import queries
 from app.admin.errors import Conflict
+from app.admin.jobs import run_job_now, set_paused
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, every
 from app.scheduler.election import WAKE_CHANNEL
 
@@ -87,7 +87,7 @@ async def test_a_paused_replica_job_runs_on_no_worker(
     clock = FakeClock(T0)
     await start_scheduler(_sweep(), clock=clock)
     await _next_run_is(engine, T0 + MINUTE)
-    await queries.set_paused(engine, "sweep", True)
+    await set_paused(engine, "sweep", True)
     await clock.wait_for_sleepers(2)
     clock.advance(60)
     await _next_run_is(engine, T0 + 2 * MINUTE)
@@ -101,7 +101,7 @@ async def test_run_now_of_a_replica_job_is_refused_saying_why(
     await start_scheduler(_sweep(), clock=clock)
     await _next_run_is(engine, T0 + MINUTE)
     with pytest.raises(Conflict, match="every worker"):
-        await queries.run_job_now(engine, "sweep", lease_now=clock.now())
+        await run_job_now(engine, "sweep", lease_now=clock.now())
 
 
 async def _noop(ctx: JobContext) -> None:

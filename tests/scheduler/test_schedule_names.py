@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin import queries
+from app.admin.jobs import set_paused
 from app.db import Database
 from app.main import create_app
 from app.scheduler import (
@@ -119,7 +119,7 @@ async def test_pausing_a_job_leaves_the_same_job_id_of_another_schedule_alone(
     for name in ("alpha", "beta"):
         supervisor = await start_scheduler(_scheduler(name, fired, "report"))
         await supervisor.wait_until_firing()
-    await queries.set_paused(engine, "report", True, schedule="alpha")
+    await set_paused(engine, "report", True, schedule="alpha")
     async with engine.connect() as conn:
         rows = await conn.execute(text("SELECT schedule, paused FROM scheduler_jobs"))
         paused = {row.schedule: row.paused for row in rows}

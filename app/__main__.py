@@ -5,7 +5,7 @@
     python -m app revision -m MESSAGE
     python -m app jobs | jobs run ID | jobs pause ID | jobs resume ID
     python -m app jobs history ID [--limit N] [--full]
-        (each takes --schedule NAME, or --app module:attribute: see app/cli_admin.py)
+        (each takes --schedule NAME, or --app module:attribute: see app/cli/)
     python -m app outbox list | outbox pending [NAME] | outbox stuck [NAME]
     python -m app outbox reset NAME ID
     python -m app leader [--schedule NAME]
@@ -45,15 +45,10 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from .admin import AdminError, UnknownJobError
 from .admin.auth import admin_key
 from .app_target import DEFAULT_APP, AppTargetError, load_schedulers
-from .cli_admin import (
-    COMMANDS,
-    RunNotOkError,
-    UsageError,
-    add_commands,
-    database_url,
-    int_between,
-    main_async,
-)
+from .cli.commands import COMMANDS, add_commands, database_url, main_async
+from .cli.errors import RunNotOkError, UsageError
+from .cli.options import int_between
+from .cli.output import print_output
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
 from .localpg import LocalPostgresError, find_bindir
@@ -298,19 +293,6 @@ def _psql(settings: Settings, psql_args: Sequence[str]) -> NoReturn:
     os.execve(program, [program, target, *psql_args], environment)
 
 
-def _print(text: str) -> int:
-    """Print a command's output; 141 (128 + SIGPIPE, as a shell tool ends) when the
-    reader has gone (`jobs | head`), with nothing more written to the closed pipe."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        # Python flushes stdout again at exit: point it at /dev/null so that flush
-        # does not fail (and print "Exception ignored") too.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
-    return 0
-
-
 def main(argv: Sequence[str] | None = None, prog: str = "python -m app") -> int:
     """Run the command line (``prog``: how its help and usage errors name it); returns
     the process exit code."""
@@ -323,15 +305,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m app") -> int:
         elif args.command == "revision":
             _revision(settings, args.message)
         elif args.command == "db-url":
-            return _print(database_url(settings))
+            return print_output(database_url(settings))
         elif args.command == "psql":
             _psql(settings, args.psql_args)
         elif args.command in COMMANDS:
-            return _print(main_async(settings, args))
+            return print_output(main_async(settings, args))
         else:
             _serve(args, settings)
     except RunNotOkError as exc:
-        _print(str(exc))
+        print_output(str(exc))
         return 1
     except UnknownJobError as exc:
         # Most often the wrong schedule (its name is in the message): a usage error.

@@ -4,7 +4,7 @@ Outbox keys, receivers' error bodies, job names and ids, host names: any of them
 carry control characters (ESC sequences that retitle or clear a terminal, BEL, CR and
 LF that start a forged line, U+202E that reverses what follows). ``printable`` writes
 each as a visible escape, so what data carries is shown, never obeyed. The CLI
-(app/cli_admin.py, app/__main__.py) and the log formatter (app/logging.py) print
+(app/cli/, app/__main__.py) and the log formatter (app/logging.py) print
 through it; the admin page needs nothing more than HTML escaping.
 """
 

@@ -37,7 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 
 from app.db import Database, async_url, asyncpg_dsn
 from app.outbox import Message, Outbox, sql
-from app.outbox.drain import _asyncpg_form
+from app.outbox.connection import _asyncpg_form
 from app.scheduler import Scheduler
 
 FLOOR = "floor"

@@ -20,7 +20,7 @@ import pytest
 
 from app.__main__ import _app_target, _parser
 from app.app_target import AppTargetError, load_scheduler
-from app.cli_admin import schedule_of
+from app.cli.options import schedule_of
 from app.localpg import free_port
 from app.settings import load_settings
 

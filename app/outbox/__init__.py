@@ -15,7 +15,6 @@ argument.
 """
 
 from .arguments import MAX_KEY_BYTES, MAX_NAME_LENGTH
-from .backoff import DEFAULT_BACKOFF, retry_delay
 from .errors import (
     MessageBusyError,
     MessageDeliveredError,
@@ -39,6 +38,7 @@ from .http import (
 from .message import DrainReport, Enqueued, Message, StuckReset
 from .outbox import Deliver, Outbox, drain_job_id, reset_message, reset_stuck
 from .payload import MAX_PAYLOAD_DEPTH
+from .policy import DEFAULT_BACKOFF, retry_delay
 
 __all__ = [
     "DEFAULT_BACKOFF",

@@ -26,6 +26,7 @@ from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
+from app.backoff import Backoff
 from app.scheduler import Clock, JobContext, Scheduler, SystemClock, Trigger, every
 from app.scheduler.clock import lease_now
 from app.scheduler.rowlocks import RowHeldError, patient_write, row_holder
@@ -40,8 +41,7 @@ from .arguments import (
     check_table,
     deliver_when,
 )
-from .backoff import DEFAULT_BACKOFF
-from .drain import DrainPass, DrainPolicy
+from .drain import DrainPass
 from .errors import (
     MessageBusyError,
     MessageDeliveredError,
@@ -54,6 +54,7 @@ from .errors import (
 )
 from .message import DrainReport, Enqueued, Message, StuckReset
 from .payload import dump_payload
+from .policy import DEFAULT_BACKOFF, DrainPolicy
 from .wakeup import listen_and_drain
 
 __all__ = ["Deliver", "Outbox", "drain_job_id", "reset_message", "reset_stuck"]
@@ -320,7 +321,7 @@ class Outbox:
             outbox=self.name,
             deliver=self.deliver,
             max_attempts=self.max_attempts or self._default_max_attempts,
-            backoff=self.backoff,
+            backoff=Backoff.of(self.backoff),
             concurrency=self.concurrency,
             delivery_timeout=self.delivery_timeout,
         )

@@ -27,7 +27,7 @@ from app.scheduler import Clock
 from app.scheduler.clock import lease_now
 from app.scheduler.loop import run_loop
 
-from .drain import fetch, prepare_connection
+from .connection import fetch, prepare_connection
 from .sql import NEXT_DUE, NOTIFY_CHANNEL
 
 __all__ = ["listen_and_drain", "seconds_until_due"]

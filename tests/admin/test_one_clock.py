@@ -17,7 +17,7 @@ from sqlalchemy import text
 from app.admin import Conflict
 from app.admin.session import COOKIE
 from app.admin.throttle import BASE_DELAY, FREE_FAILURES
-from app.cli_admin import add_commands, run_command
+from app.cli.commands import add_commands, run_command
 from app.db import Database
 from app.main import create_app
 from app.scheduler import Clock, JobContext, Scheduler, SystemClock, every

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.cli_admin import add_commands, run_command
+from app.cli.commands import add_commands, run_command
 from app.scheduler import JobContext, Scheduler, SystemClock, every
 from app.scheduler.store import JobStore
 from app.settings import Settings

@@ -4,7 +4,7 @@ OverflowError from converting it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -26,6 +26,6 @@ def test_every_refuses_a_period_past_a_float_naming_the_unit(unit: str) -> None:
 
 @pytest.mark.parametrize("option", ["first_run", "timeout", "jitter", "misfire_grace"])
 def test_a_job_option_past_a_float_is_refused_naming_the_option(option: str) -> None:
-    register: Callable[..., object] = Scheduler().job
     with pytest.raises(InvalidJobError, match=f"{option} must be a number of seconds"):
-        register(every(minutes=1), id="huge", **{option: HUGE})(_job)
+        options: dict[str, Any] = {option: HUGE}
+        Scheduler().job(every(minutes=1), id="huge", **options)(_job)

@@ -16,6 +16,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (
@@ -40,6 +41,7 @@ __all__ = [
     "asyncpg_dsn",
     "describe_target",
     "head_revision",
+    "known_revision",
     "migrate",
     "sync_url",
     "verify_schema_at_head",
@@ -71,10 +73,18 @@ class SchemaNotAtHeadError(DatabaseError):
         self.head = head
         self.project = project
         schema = "Regent's schema" if project is None else f"your migrations in {project}"
+        if project is None and current is not None and not known_revision(current):
+            # Migrated by a newer release (this one was deployed back): no migration of
+            # this code knows the way, up or down.
+            fix = (
+                f"this code does not know revision {current}, so a newer release of Regent "
+                "migrated it: deploy that release or a newer one"
+            )
+        else:
+            fix = "run `python -m app migrate`"
         super().__init__(
             f"the database at {target} (DATABASE_URL): {schema} at revision "
-            f"{current or '<empty>'} but this code needs head {head or '<empty>'}; "
-            "run `python -m app migrate`"
+            f"{current or '<empty>'} but this code needs head {head or '<empty>'}; {fix}"
         )
 
 
@@ -124,6 +134,14 @@ def head_revision() -> str:
     return head
 
 
+def known_revision(revision: str) -> bool:
+    """True when ``revision`` is one of the migrations shipped with this code."""
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
 def _current_revision(connection: Connection) -> str | None:
     context = MigrationContext.configure(connection, opts={"version_table": REGENT_VERSION_TABLE})
     return context.get_current_revision()
@@ -165,10 +183,20 @@ def migrate(database_url: str, users: UserMigrations | None = None) -> None:
     (``users``, when its project exists), each run holding the migration advisory lock.
 
     Two runs at once are safe: the second waits for the first, then finds nothing to do.
-    Raises DatabaseUnreachableError naming the target when it cannot connect or log in.
+    Raises DatabaseUnreachableError naming the target when it cannot connect or log in,
+    and SchemaNotAtHeadError for a database a newer release of Regent migrated (its
+    revision unknown to this code, which cannot migrate it either way).
     """
     try:
-        command.upgrade(alembic_config(database_url), "head")
+        try:
+            command.upgrade(alembic_config(database_url), "head")
+        except CommandError:
+            current = _read_current_revision(database_url)
+            if current is None or known_revision(current):
+                raise
+            raise SchemaNotAtHeadError(
+                current, head_revision(), describe_target(database_url)
+            ) from None
         if users is not None and users.exists:
             # psycopg: an env.py of the user's own making may be sync or async.
             command.upgrade(users.config(sync_url(database_url)), "heads")
@@ -177,6 +205,17 @@ def migrate(database_url: str, users: UserMigrations | None = None) -> None:
         if error is None:
             raise
         raise error from None
+
+
+def _read_current_revision(database_url: str) -> str | None:
+    """Regent's revision of the database at ``database_url`` (psycopg, as a thread job
+    connects)."""
+    engine = create_engine(sync_url(database_url))
+    try:
+        with engine.connect() as connection:
+            return _current_revision(connection)
+    finally:
+        engine.dispose()
 
 
 async def verify_schema_at_head(

@@ -39,22 +39,26 @@ __all__ = [
 ]
 
 # Per outbox, what costs what its live work costs, never what its history holds: the
-# pending and stuck rows (each read through its partial index), the oldest pending row's
+# pending rows, apart from the scheduled ones (delayed messages whose moment is ahead),
+# and the stuck rows (each read through its partial index), the oldest pending row's
 # age on the lease clock (which rows are stamped on; a delayed message's counts from its
 # moment, and a scheduled one has none yet), and the rows delivered in the last
 # DELIVERED_WINDOW_SECONDS (a window read through outbox_messages_delivered, never a
 # count of every delivered row: retention keeps those for OUTBOX_DELIVERED_DAYS). The
-# outboxes listed: every one claimed by a schedule, drained, or with live rows.
+# outboxes listed: every one claimed by a schedule, drained, or with live rows. One
+# statement, so one snapshot: a message enqueued meanwhile is counted whole or not at
+# all, never taken from one status without being added to another.
 DELIVERED_WINDOW_SECONDS = 3600
 _OUTBOXES = text(
     f"""
     WITH live AS (
-        SELECT outbox, count(*) AS pending, 0 AS stuck,
+        SELECT outbox, count(*) FILTER (WHERE NOT {SCHEDULED}) AS pending,
+            count(*) FILTER (WHERE {SCHEDULED}) AS scheduled, 0 AS stuck,
             min(GREATEST(deliver_at, created_at)) FILTER (WHERE NOT {SCHEDULED})
                 AS oldest_pending
         FROM outbox_messages WHERE status = 'pending' GROUP BY outbox
         UNION ALL
-        SELECT outbox, 0, count(*), NULL
+        SELECT outbox, 0, 0, count(*), NULL
         FROM outbox_messages WHERE status = 'stuck' GROUP BY outbox
     ), names AS (
         SELECT outbox FROM outbox_schedules
@@ -64,6 +68,8 @@ _OUTBOXES = text(
     SELECT n.outbox,
         coalesce((SELECT sum(l.pending) FROM live l WHERE l.outbox = n.outbox), 0)::bigint
             AS pending,
+        coalesce((SELECT sum(l.scheduled) FROM live l WHERE l.outbox = n.outbox), 0)::bigint
+            AS scheduled,
         coalesce((SELECT sum(l.stuck) FROM live l WHERE l.outbox = n.outbox), 0)::bigint
             AS stuck,
         (SELECT count(*) FROM outbox_messages d
@@ -75,10 +81,6 @@ _OUTBOXES = text(
             AS oldest_pending_seconds
     FROM names n
     """
-)
-# Pending rows waiting for their moment, counted apart from pending.
-_SCHEDULED_COUNTS = text(
-    f"SELECT outbox, count(*) AS messages FROM outbox_messages WHERE {SCHEDULED} GROUP BY outbox"
 )
 _NO_JIT = text("SET LOCAL jit = off")
 _LAST_DRAINS = text("SELECT outbox, last_drain_at, delivered, retried, stuck FROM outbox_drains")
@@ -147,15 +149,11 @@ async def outbox_summary(
             entry = summary.setdefault(row.outbox, _empty_outbox(row.outbox))
             entry["counts"] = {
                 "pending": row.pending,
-                "scheduled": 0,
+                "scheduled": row.scheduled,
                 "delivered": row.delivered,
                 "stuck": row.stuck,
             }
             entry["oldest_pending_seconds"] = row.oldest_pending_seconds
-        for row in await conn.execute(_SCHEDULED_COUNTS, {"lease_now": lease_now}):
-            counts = summary[row.outbox]["counts"]
-            counts["pending"] -= row.messages
-            counts["scheduled"] = row.messages
         for row in await conn.execute(_LAST_DRAINS):
             entry = summary.setdefault(row.outbox, _empty_outbox(row.outbox))
             entry["last_drain_at"] = row.last_drain_at

@@ -9,12 +9,12 @@ transaction or a drain that fails on every pass.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from app.scheduler import Clock
+from app.scheduler import Clock, Scheduler
+from app.scheduler.durations import finite_seconds
 from app.scheduler.registry import MAX_SECONDS
 from app.storable import INT32_MAX, is_storable_text
 
@@ -27,6 +27,7 @@ __all__ = [
     "check_deliver",
     "check_key",
     "check_name",
+    "check_scheduler",
     "check_seconds",
     "check_table",
     "deliver_when",
@@ -71,6 +72,18 @@ def check_deliver(name: str, deliver: object) -> None:
         )
 
 
+def check_scheduler(name: str, scheduler: object) -> None:
+    """Raise unless ``scheduler`` is a Scheduler, the one the drain job and the wake-up
+    are put on."""
+    if not isinstance(scheduler, Scheduler):
+        raise OutboxArgumentError(
+            "scheduler",
+            scheduler,
+            f"outbox {name!r} is drained by a job on a Scheduler: pass the app's"
+            " Scheduler (Outbox(..., scheduler=scheduler) or outbox.register(scheduler))",
+        )
+
+
 def check_count(name: str, argument: str, value: object, *, optional: bool = False) -> None:
     """Raise unless ``value`` is an int from 1 to INT32_MAX (or None when ``optional``)."""
     if optional and value is None:
@@ -84,7 +97,7 @@ def check_count(name: str, argument: str, value: object, *, optional: bool = Fal
 def check_seconds(name: str, argument: str, value: object, *, above_zero: bool = False) -> float:
     """``value`` (a number or a timedelta) as seconds, when it is finite, from 0 (above
     0 when ``above_zero``) and at most ten years; raise otherwise."""
-    seconds = _seconds(value)
+    seconds = finite_seconds(value)
     if seconds is None or seconds > MAX_SECONDS or seconds < 0 or (above_zero and not seconds):
         floor = "above zero" if above_zero else "from 0"
         raise OutboxArgumentError(
@@ -138,7 +151,7 @@ def deliver_when(
 ) -> tuple[datetime | None, timedelta]:
     """``(at, delay)`` for the insert: an aware moment, or None and a delay from 0 to ten
     years (zero: due at once). ``at`` must be aware and at most ten years past
-    ``clock.now()``; both at once is refused."""
+    ``clock.now()`` and within UTC's years 1 to 9999; both at once is refused."""
     if at is not None and delay is not None:
         raise OutboxArgumentError(
             "at",
@@ -154,6 +167,15 @@ def deliver_when(
                 " datetime(2030, 1, 1, 9, tzinfo=ZoneInfo('Europe/Zurich'))); a naive one"
                 " has no moment",
             )
+        try:
+            at.astimezone(UTC)
+        except OverflowError:
+            # datetime.min east of UTC: before year 1 in UTC, which no driver can send.
+            raise OutboxArgumentError(
+                "at",
+                at,
+                f"outbox {name!r}: at must fall within years 1 to 9999 in UTC",
+            ) from None
         if at - clock.now() > _TEN_YEARS:
             raise OutboxArgumentError(
                 "at",
@@ -171,16 +193,3 @@ def deliver_when(
             " timedelta(hours=1))",
         )
     return None, delay
-
-
-def _seconds(value: object) -> float | None:
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        try:
-            seconds = float(value)
-        except OverflowError:
-            return None
-    else:
-        return None
-    return seconds if math.isfinite(seconds) else None

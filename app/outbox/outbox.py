@@ -11,7 +11,8 @@ runs out; the receiver deduplicates on the idempotency key. A row another transa
 holds delays no other row's outcome. A reset never takes a row from a live claim, and
 answers MessageBusyError for a row held elsewhere past its wait; reset_stuck resets
 every stuck row of an outbox at once, skipping (and counting) the rows held elsewhere.
-The outbox deletes nothing (an operator may forget a retired outbox: app/admin).
+The outbox deletes nothing but delivered rows past OUTBOX_DELIVERED_DAYS (retention.py;
+an operator may forget a retired outbox: app/admin).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .arguments import (
     check_deliver,
     check_key,
     check_name,
+    check_scheduler,
     check_seconds,
     check_table,
     deliver_when,
@@ -88,8 +90,8 @@ class Outbox:
     Raises OutboxArgumentError, naming the argument and its limit, for a name that is
     not 1 to MAX_NAME_LENGTH ASCII letters, digits and underscores, a ``deliver`` that is
     not callable, counts that are not ints from 1, seconds that are not finite numbers
-    of at most ten years (``delivery_timeout`` above zero), an empty ``backoff``, or a
-    ``drain_every`` that is not a trigger.
+    of at most ten years (``delivery_timeout`` above zero), an empty ``backoff``, a
+    ``drain_every`` that is not a trigger, or a ``scheduler`` that is not a Scheduler.
     """
 
     def __init__(
@@ -129,11 +131,12 @@ class Outbox:
         self._listen_dsn: str | None = None
         self._default_max_attempts = 24
         self.scheduler: Scheduler | None = None
-        # A newer outbox of the same name takes the name over (a rebuilt app, in tests);
-        # two on one scheduler still collide on the drain job's id.
-        _LIVE[name] = self
         if scheduler is not None:
             self.register(scheduler)
+        # A newer outbox of the same name takes the name over (a rebuilt app, in tests);
+        # two on one scheduler still collide on the drain job's id. Only once built: a
+        # refused one would take it from the outbox the app drains.
+        _LIVE[name] = self
 
     @property
     def drain_job_id(self) -> str:
@@ -146,7 +149,9 @@ class Outbox:
         return list(_LIVE.values())
 
     def register(self, scheduler: Scheduler) -> None:
-        """Put the drain job and the NOTIFY wake-up service on ``scheduler``."""
+        """Put the drain job and the NOTIFY wake-up service on ``scheduler``. Raises
+        OutboxArgumentError naming ``scheduler`` for one that is not a Scheduler."""
+        check_scheduler(self.name, scheduler)
         scheduler.job(self.drain_every, id=self.drain_job_id, name=f"Deliver queued {self.name}")(
             self._drain_job
         )
@@ -215,8 +220,10 @@ class Outbox:
         server's: see app/scheduler/clock.py), and the row is never delivered before
         it. The wake-up sleeps until the earliest such moment, so it is delivered soon
         after. A key the outbox already has adds nothing and returns that row
-        (``created=False``, its moment unchanged). The drain is woken by NOTIFY once
-        the caller commits.
+        (``created=False``, its moment unchanged); a key whose row retention deleted
+        (delivered more than OUTBOX_DELIVERED_DAYS ago), even while this enqueue runs,
+        is free again and adds a new row. The drain is woken by NOTIFY once the caller
+        commits.
 
         Raises, before writing anything: OutboxArgumentError naming ``key`` (not a
         non-empty str PostgreSQL can store, or past MAX_KEY_BYTES), ``at`` (naive, more
@@ -227,8 +234,12 @@ class Outbox:
         params = self._insert_params(payload, key, at, delay)
         row_id = (await session.execute(sql.INSERT, params)).scalar()
         if row_id is None:
-            existing = await session.execute(sql.SELECT_EXISTING, params)
-            return Enqueued(existing.scalar_one(), created=False)
+            existing = (await session.execute(sql.SELECT_EXISTING, params)).scalar()
+            if existing is not None:
+                return Enqueued(existing, created=False)
+            # The row that had the key went since the insert met it (retention deleted
+            # it, delivered): the key is free again, and this is a new message.
+            row_id = (await session.execute(sql.INSERT, params)).scalar_one()
         return Enqueued(row_id, created=True)
 
     def enqueue_sync(
@@ -244,7 +255,11 @@ class Outbox:
         params = self._insert_params(payload, key, at, delay)
         row_id = session.execute(sql.INSERT, params).scalar()
         if row_id is None:
-            return Enqueued(session.execute(sql.SELECT_EXISTING, params).scalar_one(), False)
+            existing = session.execute(sql.SELECT_EXISTING, params).scalar()
+            if existing is not None:
+                return Enqueued(existing, created=False)
+            # As in enqueue(): the row that had the key went meanwhile.
+            row_id = session.execute(sql.INSERT, params).scalar_one()
         return Enqueued(row_id, created=True)
 
     async def drain_once(self) -> DrainReport:

@@ -109,15 +109,22 @@ INSERT = text(
 )
 
 # Seconds until the outbox's next pending row falls due (a delayed row, a retry, a
-# claim's lease running out), or NULL: what the wake-up sleeps for. One probe of the
-# due index (outbox, next_attempt_at), whatever the number of rows; a row already due
-# is not counted, since the drain that just ran left it (another transaction holds
-# it) and a wake-up for it would spin: the drain job takes it.
+# claim's lease running out), or NULL: what the wake-up sleeps for; and the lease
+# clock's now it was read at. One probe of the due index (outbox, next_attempt_at),
+# whatever the number of rows. Counted from ``:since``, the now of the wake-up's
+# previous probe (taken before the drain that just ran): a row that fell due since,
+# after the drain's last claim looked, is due at once (0). A row due before then was
+# due when that drain began, which took it or left it (another transaction holds it):
+# not counted, or a wake-up for it would spin; the drain job takes it.
 NEXT_DUE = text(
     f"""
-    SELECT extract(epoch FROM min(next_attempt_at) - (SELECT {LEASE_NOW_SQL}))::float
-    FROM outbox_messages
-    WHERE outbox = :outbox AND status = 'pending' AND next_attempt_at > (SELECT {LEASE_NOW_SQL})
+    SELECT GREATEST(extract(epoch FROM (
+            SELECT min(next_attempt_at) FROM outbox_messages
+            WHERE outbox = :outbox AND status = 'pending'
+                AND next_attempt_at > CAST(:since AS timestamptz)) - probe.now)::float, 0)
+            AS seconds,
+        probe.now
+    FROM (SELECT {LEASE_NOW_SQL} AS now) AS probe
     """
 )
 

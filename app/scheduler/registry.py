@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
-import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 from zoneinfo import ZoneInfo
 
+from .durations import finite_seconds
 from .errors import InvalidJobError
 from .triggers import Trigger
 
@@ -56,15 +56,12 @@ def _seconds(job_id: str, option: str, value: object) -> float | None:
     from 0 to MAX_SECONDS."""
     if value is None:
         return None
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
         raise InvalidJobError(
             job_id, f"{option} must be a number of seconds or a timedelta, got {value!r}"
         )
-    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_SECONDS):
+    seconds = finite_seconds(value)
+    if seconds is None or not 0 <= seconds <= MAX_SECONDS:
         raise InvalidJobError(
             job_id,
             f"{option} must be a number of seconds from 0 to {MAX_SECONDS:g} (ten years), "
@@ -179,6 +176,8 @@ class Registry:
                 "run; declare the job as `async def` (or `def`) returning None",
             )
         _check_takes_the_context(id, func)
+        if not isinstance(leader_only, bool):
+            raise InvalidJobError(id, f"leader_only must be True or False, got {leader_only!r}")
         if not isinstance(trigger, Trigger):
             raise InvalidJobError(
                 id, f"trigger {trigger!r} is not a trigger; use every(...) or cron(...)"

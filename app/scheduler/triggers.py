@@ -24,7 +24,6 @@ rule from either direction, so a catch-up never walks an outage slot by slot.
 from __future__ import annotations
 
 import heapq
-import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter
 
 from . import cron_grammar
+from .durations import finite_number
 from .errors import TriggerArgumentError
 
 __all__ = ["COUNTED_SLOTS", "Cron", "Interval", "Trigger", "cron", "every"]
@@ -298,12 +298,8 @@ def every(*, seconds: float = 0, minutes: float = 0, hours: float = 0, days: flo
     """
     parts = {"seconds": seconds, "minutes": minutes, "hours": hours, "days": days}
     for unit, value in parts.items():
-        if (
-            not isinstance(value, int | float)
-            or isinstance(value, bool)
-            or not math.isfinite(value)
-            or abs(value) * _UNIT_SECONDS[unit] > _MAX_PERIOD_SECONDS
-        ):
+        number = finite_number(value)
+        if number is None or abs(number) * _UNIT_SECONDS[unit] > _MAX_PERIOD_SECONDS:
             raise TriggerArgumentError(
                 unit,
                 value,

@@ -4,7 +4,11 @@ A run row goes once it started more than ``days`` ago on the lease clock (the
 database server's, or a test's FakeClock; never the host's) *and* at least ``keep``
 newer runs of its job exist, so a job that runs once a month keeps its last ``keep``
 runs however old they are. A run still marked ``running`` never goes, whatever its age:
-its lease holds (the body runs) or its reaper has yet to record it ``abandoned``.
+its lease holds (the body runs) or its reaper has yet to record it ``abandoned``. Nor
+does a run that still holds a running lease whatever its status (its row's
+``running_until``, or its job row naming it): a thread body past its timeout has its
+outcome recorded and runs on, renewing the lease on that row, and with the row gone
+the renewal would find the lease lost and another run could start beside the body.
 
 Each batch is one statement that locks at most ``batch`` rows with SKIP LOCKED and
 deletes them, committed on its own: no lock is held longer than that statement, a row
@@ -34,7 +38,7 @@ __all__ = ["count_prunable_runs", "prune_runs_batch"]
 # up to the batch's size (milliseconds).
 _PRUNABLE = f"""
     WITH kept AS MATERIALIZED (
-        SELECT j.id AS job_id, (
+        SELECT j.id AS job_id, j.running_run_id, (
             SELECT k.id FROM scheduler_runs k
             WHERE k.schedule = j.schedule AND k.job_id = j.id
             ORDER BY k.id DESC OFFSET CAST(:keep AS integer) - 1 LIMIT 1) AS oldest_kept
@@ -44,8 +48,10 @@ _PRUNABLE = f"""
     WHERE r.schedule = :schedule
         AND r.started_at < (SELECT {LEASE_NOW_SQL}
             - make_interval(secs => CAST(:days AS double precision) * 86400))
-        AND r.status <> 'running'
+        AND r.status <> 'running' AND r.running_until IS NULL
         AND r.id < (SELECT kept.oldest_kept FROM kept WHERE kept.job_id = r.job_id)
+        AND r.id IS DISTINCT FROM (
+            SELECT kept.running_run_id FROM kept WHERE kept.job_id = r.job_id)
     """
 
 _PRUNE_BATCH = text(

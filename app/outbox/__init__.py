@@ -36,9 +36,10 @@ from .http import (
     header_safe_key,
 )
 from .message import DrainReport, Enqueued, Message, StuckReset
-from .outbox import Deliver, Outbox, drain_job_id, reset_message, reset_stuck
+from .outbox import Deliver, Outbox, drain_job_id
 from .payload import MAX_PAYLOAD_DEPTH
 from .policy import DEFAULT_BACKOFF, retry_delay
+from .resets import reset_message, reset_stuck
 
 __all__ = [
     "DEFAULT_BACKOFF",

@@ -8,9 +8,8 @@ still holds the row. Leases and due times are read on the database server's cloc
 (the lease clock, app/scheduler/clock.py), never on a host's. A drain killed
 mid-delivery or before writing a batch leaves its rows to be retried when the lease
 runs out; the receiver deduplicates on the idempotency key. A row another transaction
-holds delays no other row's outcome. A reset never takes a row from a live claim, and
-answers MessageBusyError for a row held elsewhere past its wait; reset_stuck resets
-every stuck row of an outbox at once, skipping (and counting) the rows held elsewhere.
+holds delays no other row's outcome. A reset (resets.py) never takes a row from a live
+claim.
 The outbox deletes nothing but delivered rows past OUTBOX_DELIVERED_DAYS (retention.py;
 an operator may forget a retired outbox: app/admin).
 """
@@ -30,7 +29,6 @@ from sqlalchemy.orm import Session
 from app.backoff import Backoff
 from app.scheduler import Clock, JobContext, Scheduler, SystemClock, Trigger, every
 from app.scheduler.clock import lease_now
-from app.scheduler.rowlocks import RowHeldError, patient_write, row_holder
 
 from . import sql
 from .arguments import (
@@ -45,29 +43,24 @@ from .arguments import (
 )
 from .drain import DrainPass
 from .errors import (
-    MessageBusyError,
-    MessageDeliveredError,
-    MessageInFlightError,
     OutboxArgumentError,
     OutboxError,
     OutboxNameTakenError,
     UndeliverableKeyError,
-    UnknownMessageError,
 )
-from .message import DrainReport, Enqueued, Message, StuckReset
+from .message import DrainReport, Enqueued, Message
 from .payload import dump_payload
 from .policy import DEFAULT_BACKOFF, DrainPolicy
+from .resets import reset_message
 from .wakeup import listen_and_drain
 
-__all__ = ["Deliver", "Outbox", "drain_job_id", "reset_message", "reset_stuck"]
+__all__ = ["Deliver", "Outbox", "drain_job_id"]
 
 logger = logging.getLogger("app.outbox")
 
 Deliver = Callable[[Message], Awaitable[None]]
 
 _LIVE: weakref.WeakValueDictionary[str, Outbox] = weakref.WeakValueDictionary()
-
-_RESET_ROW_HOLDER = row_holder("outbox_messages", "id = :id AND outbox = :outbox")
 
 
 def drain_job_id(name: str) -> str:
@@ -357,54 +350,3 @@ class Outbox:
         if self._listen_dsn is None:
             raise OutboxError(f"outbox {self.name!r} is not bound to a database; call bind()")
         await listen_and_drain(self._listen_dsn, self.name, self.drain_on, self.clock)
-
-
-async def reset_message(
-    engine: AsyncEngine, outbox: str, message_id: int, lease_now: datetime | None = None
-) -> None:
-    """Set a stuck row, or a pending row no live drain holds, to pending, attempts 0,
-    due now, and wake the drain. "Now" and whether a drain's lease still runs are read
-    on the lease clock (app/scheduler/clock.py): ``lease_now`` as clock.lease_now gives
-    it, None for the database server's clock; the caller's own clock never decides.
-
-    Raises UnknownMessageError for an id the outbox does not have,
-    MessageDeliveredError for a row that was delivered (it is never sent again),
-    MessageInFlightError for a row a drain has claimed and whose lease still runs (the
-    drain is delivering it; a reset would have it delivered twice), and
-    MessageBusyError, naming the holder's backend pid, for a row another transaction
-    holds past the wait of an operator's write (rowlocks.patient_write: 10 s).
-    """
-    params = {"id": message_id, "outbox": outbox, "lease_now": lease_now}
-    try:
-        async with patient_write(engine, _RESET_ROW_HOLDER, params) as conn:
-            if (await conn.execute(sql.RESET, params)).scalar() is not None:
-                await conn.execute(sql.NOTIFY, {"outbox": outbox})
-                return
-            found = (await conn.execute(sql.SELECT_STATUS, params)).one_or_none()
-    except RowHeldError as exc:
-        raise MessageBusyError(outbox, message_id, exc.held_by) from None
-    if found is None:
-        raise UnknownMessageError(
-            f"outbox {outbox!r} has no message {message_id}; list the stuck ones with "
-            f"`python -m app outbox stuck {outbox}`"
-        )
-    if found.status == "delivered":
-        raise MessageDeliveredError(
-            f"outbox {outbox!r} message {message_id} was delivered; it is never sent again"
-        )
-    raise MessageInFlightError(outbox, message_id, found.next_attempt_at)
-
-
-async def reset_stuck(
-    engine: AsyncEngine, outbox: str, lease_now: datetime | None = None
-) -> StuckReset:
-    """Make every stuck row of ``outbox`` pending, attempts 0 and due now, as
-    reset_message makes one, in one statement, and wake the drain. A row another
-    transaction holds is never waited on: it is left stuck and counted as ``held``.
-    "Now" is read on the lease clock (``lease_now`` as clock.lease_now gives it, None
-    for the database server's clock)."""
-    async with engine.begin() as conn:
-        row = (
-            await conn.execute(sql.RESET_STUCK, {"outbox": outbox, "lease_now": lease_now})
-        ).one()
-    return StuckReset(reset=row.reset, held=row.held)

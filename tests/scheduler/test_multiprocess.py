@@ -65,6 +65,19 @@ def test_terminated_lock_connection_demotes_the_leader_and_no_slot_fires_twice(
     cluster: Cluster,
 ) -> None:
     leader = cluster.leader()
+    # The leader lives on and contends again: a standby must already queue for the key,
+    # or (with one host lock, released as the leader is promoted and polled by the
+    # others) the demoted leader may take the host's turn again before any other.
+    cluster.wait_for(
+        lambda: (
+            cluster.query(
+                f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND NOT granted"
+            )[0][0]
+            >= 1
+        ),
+        20,
+        "a standby to queue for the key",
+    )
     fault = time.time()
     cluster.query("SELECT pg_terminate_backend(%s)", cluster.lock_backend_pid())
     cluster.wait_for(lambda: "scheduler.demoted" in cluster.log_of(leader), 5, "the demotion")

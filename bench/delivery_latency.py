@@ -29,7 +29,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 from _server import migrated_database, percentile, start_leading
@@ -116,7 +116,15 @@ class _Floor:
 
     async def enqueue(self, connection: asyncpg.Connection, key: str) -> None:
         self.timings.started[key] = time.perf_counter()
-        values = {"outbox": FLOOR, "key": key, "payload": "{}", "lease_now": None}
+        values = {
+            "outbox": FLOOR,
+            "key": key,
+            "payload": "{}",
+            "lease_now": None,
+            # Due at once, as Outbox.enqueue with neither at= nor delay=.
+            "deliver_at": None,
+            "delay": timedelta(0),
+        }
         async with connection.transaction():
             query, names = self._insert
             await connection.fetchval(query, *(values[name] for name in names))

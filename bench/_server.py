@@ -9,10 +9,13 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.db import Database, asyncpg_dsn, migrate
 from app.localpg import LocalPostgres, free_port
+from app.localpg.access import APP_ROLE
 from app.scheduler import Role, Scheduler, SchedulerConfig
 
 
@@ -25,6 +28,10 @@ def migrated_database() -> Iterator[str]:
     server.start()
     try:
         migrate(server.url)
+        # Benches clone the migrated database per case (bench/scale.py): the app's role
+        # may not create databases on its own server (app/localpg/access.py).
+        with psycopg.connect(server.superuser_conninfo("postgres"), autocommit=True) as conn:
+            conn.execute(f"ALTER ROLE {APP_ROLE} CREATEDB".encode())
         yield server.url
     finally:
         server.stop()

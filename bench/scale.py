@@ -37,6 +37,7 @@ from typing import Any
 
 import psycopg
 from _server import migrated_database, percentile
+from sqlalchemy.engine import make_url
 
 from app.db import Database, asyncpg_dsn
 from app.scheduler import JobContext, Role, Scheduler, SchedulerConfig, cron, every
@@ -206,10 +207,12 @@ def _result(process: subprocess.Popen[str]) -> dict[str, Any]:
 def _copy(url: str) -> str:
     """A fresh database cloned from the migrated one at ``url``."""
     name = f"scale_{uuid.uuid4().hex[:8]}"
-    server, template = url.rsplit("/", 1)
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'.encode())
-    return f"{server}/{name}"
+    # The URL may name the server by a socket directory in its query (host=...).
+    parsed = make_url(url)
+    admin = parsed.set(database="postgres").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{parsed.database}"'.encode())
+    return parsed.set(database=name).render_as_string(hide_password=False)
 
 
 def _counts(

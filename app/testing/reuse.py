@@ -8,7 +8,9 @@ when nothing can tell it from a fresh clone:
 - no session is left on it: its sessions are ended, then it is renamed, so a process
   the test left behind cannot reconnect to it under the name it knew;
 - its schema is the template's (``schema_fingerprint``: tables, columns, constraints,
-  indexes, functions, triggers, types, the database's own settings); a test that
+  indexes, functions, triggers and whether they fire, types, rules, row-level security
+  and policies, sequence options, comments, large objects, the database's own
+  settings); a test that
   created a table or ran ``ALTER DATABASE ... SET`` gets its database dropped instead;
 - the tables the template has rows in (the migration version tables) still hold exactly
   those rows, and are kept; every other table that holds a row is emptied and every
@@ -39,8 +41,9 @@ SELECT line FROM (
     SELECT format('schema %s %s', nspname, nspacl) AS line FROM pg_namespace
     WHERE oid IN (SELECT oid FROM user_namespaces)
     UNION ALL
-    SELECT format('relation %s.%s %s %s %s', n.nspname, c.relname, c.relkind,
-                  c.reloptions, c.relacl)
+    SELECT format('relation %s.%s %s %s %s %s %s %s %s', n.nspname, c.relname,
+                  c.relkind, c.reloptions, c.relacl, c.relpersistence, c.relrowsecurity,
+                  c.relforcerowsecurity, c.relreplident)
     FROM pg_class c JOIN user_namespaces n ON n.oid = c.relnamespace
     UNION ALL
     SELECT format('column %s.%s %s %s %s %s %s', n.nspname, c.relname, a.attname,
@@ -64,7 +67,7 @@ SELECT line FROM (
                   pg_get_function_identity_arguments(p.oid), md5(p.prosrc))
     FROM pg_proc p JOIN user_namespaces n ON n.oid = p.pronamespace
     UNION ALL
-    SELECT format('trigger %s', pg_get_triggerdef(t.oid))
+    SELECT format('trigger %s %s', pg_get_triggerdef(t.oid), t.tgenabled)
     FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
     JOIN user_namespaces n ON n.oid = c.relnamespace
     WHERE NOT t.tgisinternal
@@ -83,6 +86,25 @@ SELECT line FROM (
     UNION ALL
     SELECT format('setting %s %s', setrole, setconfig) FROM pg_db_role_setting
     WHERE setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
+    UNION ALL
+    SELECT format('sequence %s %s %s %s %s %s %s', seqrelid::regclass, seqtypid,
+                  seqstart, seqincrement, seqmax, seqmin, seqcache, seqcycle)
+    FROM pg_sequence
+    UNION ALL
+    SELECT format('rule %s', pg_get_ruledef(r.oid)) FROM pg_rewrite r
+    JOIN pg_class c ON c.oid = r.ev_class
+    JOIN user_namespaces n ON n.oid = c.relnamespace
+    WHERE r.rulename <> '_RETURN'
+    UNION ALL
+    SELECT format('policy %s %s %s %s %s %s', polrelid::regclass, polname, polcmd,
+                  polpermissive, pg_get_expr(polqual, polrelid),
+                  pg_get_expr(polwithcheck, polrelid))
+    FROM pg_policy
+    UNION ALL
+    SELECT format('comment %s %s %s %s', classoid, objoid, objsubid, md5(description))
+    FROM pg_description WHERE objoid >= 16384
+    UNION ALL
+    SELECT format('large object %s', oid) FROM pg_largeobject_metadata
     UNION ALL
     SELECT format('prepared %s', gid) FROM pg_prepared_xacts
     WHERE database = current_database()

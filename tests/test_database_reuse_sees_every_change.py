@@ -1,7 +1,7 @@
 """A database given back is lent again only when nothing tells it from a fresh clone:
 changes that live outside rows, columns and constraints (comments, rules, row-level
-security, policies, large objects, sequence options, persistence, trigger state) get
-it dropped instead."""
+security, policies, large objects, sequence options, persistence, trigger state,
+owners, column grants, statistics targets) get it dropped instead."""
 
 from __future__ import annotations
 
@@ -20,8 +20,21 @@ from app.testing import TestServer
         "SELECT lo_create(4242)",
         "ALTER SEQUENCE scheduler_runs_id_seq INCREMENT BY 7",
         "ALTER TABLE outbox_messages SET UNLOGGED",
+        "GRANT SELECT (key) ON outbox_messages TO PUBLIC",
+        "ALTER TABLE outbox_messages ALTER COLUMN key SET STATISTICS 5",
+        "ALTER TABLE outbox_messages OWNER TO pg_database_owner",
     ],
-    ids=["comment", "rule", "row-security", "large-object", "sequence-increment", "unlogged"],
+    ids=[
+        "comment",
+        "rule",
+        "row-security",
+        "large-object",
+        "sequence-increment",
+        "unlogged",
+        "column-grant",
+        "statistics-target",
+        "owner",
+    ],
 )
 def test_a_database_changed_outside_its_schema_text_is_dropped_not_lent_again(
     pg_server: TestServer, change: str

@@ -9,9 +9,9 @@ when nothing can tell it from a fresh clone:
   the test left behind cannot reconnect to it under the name it knew;
 - its schema is the template's (``schema_fingerprint``: tables, columns, constraints,
   indexes, functions, triggers and whether they fire, types, rules, row-level security
-  and policies, sequence options, comments, large objects, the database's own
-  settings); a test that
-  created a table or ran ``ALTER DATABASE ... SET`` gets its database dropped instead;
+  and policies, owners, column grants and statistics targets, sequence options,
+  comments, large objects, the database's own settings); a test that created a table
+  or ran ``ALTER DATABASE ... SET`` gets its database dropped instead;
 - the tables the template has rows in (the migration version tables) still hold exactly
   those rows, and are kept; every other table that holds a row is emptied and every
   sequence that was read restarted.
@@ -41,14 +41,15 @@ SELECT line FROM (
     SELECT format('schema %s %s', nspname, nspacl) AS line FROM pg_namespace
     WHERE oid IN (SELECT oid FROM user_namespaces)
     UNION ALL
-    SELECT format('relation %s.%s %s %s %s %s %s %s %s', n.nspname, c.relname,
+    SELECT format('relation %s.%s %s %s %s %s %s %s %s %s', n.nspname, c.relname,
                   c.relkind, c.reloptions, c.relacl, c.relpersistence, c.relrowsecurity,
-                  c.relforcerowsecurity, c.relreplident)
+                  c.relforcerowsecurity, c.relreplident, c.relowner)
     FROM pg_class c JOIN user_namespaces n ON n.oid = c.relnamespace
     UNION ALL
-    SELECT format('column %s.%s %s %s %s %s %s', n.nspname, c.relname, a.attname,
-                  format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attisdropped,
-                  pg_get_expr(d.adbin, d.adrelid))
+    SELECT format('column %s.%s %s %s %s %s %s %s %s', n.nspname, c.relname,
+                  a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+                  a.attisdropped, pg_get_expr(d.adbin, d.adrelid), a.attacl,
+                  a.attstattarget)
     FROM pg_attribute a
     JOIN pg_class c ON c.oid = a.attrelid
     JOIN user_namespaces n ON n.oid = c.relnamespace

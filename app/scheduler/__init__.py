@@ -213,7 +213,10 @@ threads) runs in a living process:
   ``scheduler.waiting_for_threads``), their leases renewed and their outcomes recorded
   (a copy's lease released) on the event loop. Without that wait uvicorn would end
   the process right after the lifespan (it raises the stop signal again) and kill the
-  thread mid-way. A second SIGINT or SIGTERM ends the wait.
+  thread mid-way. A second SIGINT or SIGTERM ends the wait. The wait also covers every
+  statement carried past its caller's cancel (``carried.Carried``: outcome writes,
+  renewals, a copy's lease take the stop cut off, and its release if it landed), so
+  none gives its pooled connection back to an engine the app already disposed.
 - If the event loop ends before the thread anyway (that second signal, a host that
   tears the loop down: ``asyncio.run`` cancels every task, then waits for the threads,
   and so does Python at exit), the runner hands the run over to the thread's side

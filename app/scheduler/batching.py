@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from .carried import Carried
 from .clock import Clock
 from .loop import Stop, run_loop
 from .retry import renewal_delay
@@ -126,8 +127,11 @@ class LeaseKeeper:
     its body runs here. A service copy's lease is never reaped: a lease that ran out is
     simply taken by the next copy."""
 
-    def __init__(self, store: JobStore, *, clock: Clock, lease_seconds: float) -> None:
+    def __init__(
+        self, store: JobStore, *, clock: Clock, lease_seconds: float, carried: Carried
+    ) -> None:
         self.store = store
+        self._carried = carried
         self.clock = clock
         self.lease_seconds = lease_seconds
         self._held: dict[int, HeldLease] = {}
@@ -236,8 +240,8 @@ class LeaseKeeper:
         return renewed, failed, error
 
     async def _attempt(self, leases: list[HeldLease], period: float) -> set[int]:
-        # Shielded: a statement cut off mid-way would lose its connection; it completes
+        # Carried: a statement cut off mid-way would lose its connection; it completes
         # (or fails on its row-lock patience) in the background as the next one goes.
-        renewal = asyncio.ensure_future(self.store.renew_leases(leases, self.lease_seconds))
+        renewal = self._carried.spawn(self.store.renew_leases(leases, self.lease_seconds))
         async with asyncio.timeout(period):
             return await asyncio.shield(renewal)

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .batching import OutcomeWriter
+from .carried import Carried
 from .claiming import Claim
 from .clock import Clock
 from .events import Observers, RunFinished
@@ -31,8 +32,9 @@ _RECORD_TIMEOUT = 10.0
 
 
 class Recorder:
-    """Writes the outcomes of one process's runs and releases their leases. It owns the
-    writes under way (``pending``), kept from the garbage collector until they land."""
+    """Writes the outcomes of one process's runs and releases their leases; each write
+    is carried to its end (``carried``, which the runner waits for before the engine
+    goes)."""
 
     def __init__(
         self,
@@ -41,26 +43,19 @@ class Recorder:
         *,
         clock: Clock,
         observers: Observers,
+        carried: Carried,
     ) -> None:
         self.store = store
         self.thread_store = thread_store
         self.clock = clock
         self.observers = observers
         self._outcomes = OutcomeWriter(store)
-        self._writes: set[asyncio.Task[None]] = set()
-
-    @property
-    def pending(self) -> list[asyncio.Task[None]]:
-        """The writes under way."""
-        return [write for write in self._writes if not write.done()]
+        self._carried = carried
 
     def spawn(self, write: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run an outcome write to its end whatever happens to the task that asked for
         it (a demotion cancels that task; the write must still land)."""
-        task = asyncio.ensure_future(write)
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
-        return task
+        return self._carried.spawn(write)
 
     async def settle(self, run: Run) -> None:
         """Record the end of a run's last thread: the body's outcome, or, when an

@@ -50,6 +50,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from .batching import LeaseKeeper
 from .bodies import Bodies
+from .carried import Carried
 from .claiming import Claim, Claimer, Due
 from .clock import Clock
 from .context import job_log
@@ -101,8 +102,15 @@ class Runner:
         # those cancelled because the job was paused meanwhile.
         self._waiting: dict[str, asyncio.Task[None]] = {}
         self._paused_before_start: dict[str, asyncio.Task[None]] = {}
-        self._leases = LeaseKeeper(store, clock=clock, lease_seconds=lease_seconds)
-        self._recorder = Recorder(store, self.thread_store, clock=clock, observers=self.observers)
+        # The statements carried past a cancel (writes, renewals, takes): awaited before
+        # the engine goes (wait_for_bodies).
+        self._carried = Carried()
+        self._leases = LeaseKeeper(
+            store, clock=clock, lease_seconds=lease_seconds, carried=self._carried
+        )
+        self._recorder = Recorder(
+            store, self.thread_store, clock=clock, observers=self.observers, carried=self._carried
+        )
         self._outlast = Outlast(
             self._leases, self.thread_store, lease_seconds=lease_seconds, pid=store.pid
         )
@@ -136,6 +144,7 @@ class Runner:
             leases=self._leases,
             recorder=self._recorder,
             outlast=self._outlast,
+            carried=self._carried,
         )
 
     @property
@@ -156,14 +165,15 @@ class Runner:
     async def wait_for_bodies(self) -> None:
         """Return once no job body and no thread of a stopped service copy runs in this
         process, each run recorded with its outcome and each copy's lease released, the
-        run cancelled before its body started too (its record is a write of its own):
-        the app disposes the engine next, and a write holding a pool connection across
-        that would leak it. A thread that outlived its run's task keeps its lease
-        renewed meanwhile."""
+        run cancelled before its body started too (its record is a write of its own),
+        and every other statement carried past a cancel ended (a renewal, a copy's lease
+        take cut off by the stop): the app disposes the engine next, and a statement
+        holding a pool connection across that would leak it. A thread that outlived its
+        run's task keeps its lease renewed meanwhile."""
         while pending := [
             *self.bodies.pending,
             *self.services.pending,
-            *self._recorder.pending,
+            *self._carried.pending,
         ]:
             await asyncio.wait(pending)
 

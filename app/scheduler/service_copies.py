@@ -11,6 +11,7 @@ import logging
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from .batching import LeaseKeeper
+from .carried import Carried
 from .clock import Clock
 from .context import ServiceContext, service_log
 from .loop import run_loop
@@ -40,6 +41,7 @@ class ServiceCopies:
         leases: LeaseKeeper,
         recorder: Recorder,
         outlast: Outlast,
+        carried: Carried,
     ) -> None:
         self._store = store
         self._pid = store.pid
@@ -49,6 +51,7 @@ class ServiceCopies:
         self._leases = leases
         self._recorder = recorder
         self._outlast = outlast
+        self._carried = carried
         # The copies stopped while threads they started run on (and so hold their
         # leases): each one's watch, and the service's id.
         self._outliving: dict[asyncio.Future[None], str] = {}
@@ -66,25 +69,24 @@ class ServiceCopies:
     async def take_lease(self, spec: ServiceSpec, fence_pid: int) -> ServiceTake:
         """Take ``spec``'s running lease for a copy about to start
         (JobStore.take_service_lease), fenced by the lock connection of backend
-        ``fence_pid``. A take cut off by a cancel lands or not; one that lands then is
-        released at once."""
-        take = asyncio.ensure_future(
+        ``fence_pid``. A take cut off by a cancel is carried to its end; one that lands
+        then is released at once, also carried (the runner waits for both)."""
+        take = self._carried.spawn(
             self._store.take_service_lease(spec.id, self._lease_seconds, fence_pid)
         )
         try:
             return await asyncio.shield(take)
         except asyncio.CancelledError:
-            take.add_done_callback(functools.partial(self._release_if_taken, spec.id))
+            self._carried.spawn(self._release_when_taken(spec.id, take))
             raise
 
-    def _release_if_taken(self, service_id: str, take: asyncio.Future[ServiceTake]) -> None:
-        if take.cancelled() or take.exception() is not None:
-            return
-        run_id = take.result().run_id
-        if run_id is not None:
-            self._recorder.spawn(
-                self._recorder.release_service(HeldLease(service_id, run_id, "service"))
-            )
+    async def _release_when_taken(self, service_id: str, take: asyncio.Task[ServiceTake]) -> None:
+        try:
+            took = await take
+        except Exception:
+            return  # nothing was taken; the take's error was the cancelled copy's to see
+        if took.run_id is not None:
+            await self._recorder.release_service(HeldLease(service_id, took.run_id, "service"))
 
     async def run(self, spec: ServiceSpec, leading: asyncio.Event, lease: HeldLease) -> None:
         """Run a leader-only service until cancelled, restarting it with backoff when it

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.db import Database
 from app.scheduler import FakeClock
 from app.scheduler.batching import LeaseKeeper
+from app.scheduler.carried import Carried
 from app.scheduler.store import HeldLease, JobStore
 
 from .conftest import service_row_held
@@ -35,7 +36,7 @@ async def test_a_service_whose_row_was_held_past_its_lease_does_not_start_a_seco
     assert took.run_id is not None
     lease = HeldLease("consumer", took.run_id, "service")
     # The copy runs: its lease is renewed by the process's one lease keeper.
-    keeper = LeaseKeeper(owner, clock=clock, lease_seconds=LEASE_SECONDS)
+    keeper = LeaseKeeper(owner, clock=clock, lease_seconds=LEASE_SECONDS, carried=Carried())
     keeper.hold(lease)
     successor = _store(database, clock, pid=2)
     try:

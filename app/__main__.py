@@ -42,8 +42,6 @@ from typing import NoReturn
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from .admin import AdminError, UnknownJobError
-from .admin.auth import admin_key
 from .app_target import DEFAULT_APP, AppTargetError, load_schedulers
 from .cli.commands import COMMANDS, add_commands, database_url, main_async
 from .cli.errors import RunNotOkError, UsageError
@@ -52,6 +50,7 @@ from .cli.output import print_output
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
 from .localpg import LocalPostgresError, find_bindir
+from .operations.errors import AdminError, UnknownJobError
 from .printable import printable
 from .redact import redact
 from .settings import Settings, SettingsError, load_settings
@@ -166,6 +165,10 @@ def _app_target(args: argparse.Namespace, settings: Settings) -> str:
 
 def admin_page_note(settings: Settings, host: str, port: int) -> str:
     """The start-up line that says where the admin page is, or that it is off and why."""
+    # Imported here: the admin package brings FastAPI, which only serving needs; the
+    # operator commands start faster without it.
+    from .admin.auth import admin_key
+
     if admin_key(settings) is None:
         return "regent: admin page off: ADMIN_TOKEN is unset; set it to serve /admin"
     return f"regent: admin page at http://{host}:{port}/admin"

@@ -39,7 +39,7 @@ from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
 from .http_errors import documented_error_bodies, validation_error_response
 from .logging import configure_logging
 from .metrics import instrument, measure_loop_lag
-from .metrics import router as metrics_router
+from .metrics_route import router as metrics_router
 from .outbox import Outbox, OutboxError, UnregisteredDrainError
 from .parent_death import worker_dies_with_parent
 from .retention import register as register_retention

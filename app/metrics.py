@@ -9,6 +9,10 @@ gauge counts live processes only. Without it
 database at scrape time, so they are the same from every worker; they read the live
 rows (pending, stuck) and a one-hour window of deliveries, never every delivered row,
 so a scrape costs the same with a million delivered rows kept.
+
+The series and what feeds them live here; the scrape (``GET /metrics``) is
+metrics_route.py, so that what counts (the retention job, the CLI's prune) does not
+import the web framework.
 """
 
 from __future__ import annotations
@@ -17,35 +21,17 @@ import asyncio
 import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from fastapi import APIRouter, Request, Response
-from prometheus_client import (
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-    multiprocess,
-)
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.registry import Collector
+from prometheus_client import Counter, Gauge, Histogram, multiprocess
 
-from .admin.outboxes import outbox_summary
-from .scheduler import Clock, RunFinished, Scheduler
-from .scheduler.clock import lease_now
+from .scheduler import RunFinished, Scheduler
 
 __all__ = [
     "RETENTION_REMOVED",
-    "PrometheusText",
     "forget_dead_workers",
     "instrument",
     "measure_loop_lag",
-    "router",
 ]
 
 JOB_RUNS = Counter("regent_job_runs", "Slots run or skipped, by outcome", ["job", "status"])
@@ -133,64 +119,3 @@ def forget_dead_workers(directory: str) -> list[int]:
     for pid in dead:
         multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
     return sorted(dead)
-
-
-class _OutboxCollector(Collector):
-    def __init__(self, summary: list[dict[str, Any]]) -> None:
-        self.summary = summary
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        messages = GaugeMetricFamily(
-            "regent_outbox_messages",
-            "Outbox rows waiting, by status (pending, scheduled: a delayed message not yet "
-            "due, stuck)",
-            labels=["outbox", "status"],
-        )
-        # Delivered rows are history (kept OUTBOX_DELIVERED_DAYS): a window of them, so
-        # that a scrape costs what the live work costs.
-        delivered = GaugeMetricFamily(
-            "regent_outbox_delivered_last_hour",
-            "Outbox rows delivered in the last hour (a window, not every delivered row)",
-            labels=["outbox"],
-        )
-        oldest = GaugeMetricFamily(
-            "regent_outbox_oldest_pending_seconds",
-            "Age of the oldest pending row",
-            labels=["outbox"],
-        )
-        for entry in self.summary:
-            for status in ("pending", "scheduled", "stuck"):
-                messages.add_metric([entry["name"], status], entry["counts"][status])
-            delivered.add_metric([entry["name"]], entry["counts"]["delivered"])
-            oldest.add_metric([entry["name"]], entry["oldest_pending_seconds"] or 0.0)
-        yield messages
-        yield delivered
-        yield oldest
-
-
-class PrometheusText(Response):
-    """The Prometheus text exposition format, version 0.0.4: the one every Prometheus
-    server scrapes (the series' names need nothing of the newer formats)."""
-
-    media_type = CONTENT_TYPE_PLAIN_0_0_4
-
-
-router = APIRouter(tags=["metrics"])
-
-
-@router.get("/metrics", response_class=PrometheusText)
-async def metrics(request: Request) -> Response:
-    """Prometheus text: job, leader and loop series from every worker; outbox series from
-    the database."""
-    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
-        forget_dead_workers(os.environ["PROMETHEUS_MULTIPROC_DIR"])
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        body = generate_latest(registry)
-    else:
-        body = generate_latest(REGISTRY)
-    clock: Clock = request.app.state.clock
-    summary = await outbox_summary(request.app.state.database.engine, lease_now(clock))
-    outboxes = CollectorRegistry()
-    outboxes.register(_OutboxCollector(summary))
-    return PrometheusText(body + generate_latest(outboxes))

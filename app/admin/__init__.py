@@ -1,9 +1,9 @@
 """Operating Regent: the admin API and page, the scheduler health check, and the queries
 the CLI shares with them."""
 
+from ..operations.errors import AdminError, Conflict, NotFound, UnknownJobError
 from .api import admin_error_response
 from .api import router as api_router
-from .errors import AdminError, Conflict, NotFound, UnknownJobError
 from .health import router as health_router
 from .index import router as index_router
 from .page import router as page_router

@@ -14,15 +14,15 @@ from app.scheduler import Clock, Scheduler
 from app.scheduler.clock import lease_now
 from app.storable import INT64_MAX
 
-from . import display, leadership
+from ..operations import display, leadership
+from ..operations.errors import AdminError
+from ..operations.jobs import forget_job, list_jobs, run_job_now, set_paused
+from ..operations.messages import outbox_messages, reset_outbox_message
+from ..operations.outboxes import forget_outbox, list_outboxes, reset_all_stuck
+from ..operations.run_status import RunStatus
+from ..operations.runs import job_runs
 from .auth import bearer_scheme, guard_responses, require_admin
-from .errors import AdminError
-from .jobs import forget_job, list_jobs, run_job_now, set_paused
-from .messages import outbox_messages, reset_outbox_message
-from .outboxes import forget_outbox, list_outboxes, reset_all_stuck
 from .params import JobId, MessageId, OutboxName
-from .run_status import RunStatus
-from .runs import job_runs
 
 __all__ = ["admin_error_response", "engine_of", "lease_now_of", "router", "schedule_name"]
 

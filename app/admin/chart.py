@@ -15,7 +15,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from . import display
+from ..operations import display
 
 __all__ = ["FAILED", "runs_chart"]
 

@@ -44,11 +44,11 @@ from pydantic import BaseModel
 from app.scheduler import Scheduler, Trigger
 from app.settings import Settings
 
+from ..operations.display import is_never
+from ..operations.jobs import list_jobs
+from ..operations.leadership import leader
+from ..operations.reading import lease_clock_now
 from .api import engine_of, lease_now_of, schedule_name
-from .display import is_never
-from .jobs import list_jobs
-from .leadership import leader
-from .reading import lease_clock_now
 
 __all__ = ["SchedulerHealth", "last_due_slots", "router", "stale_jobs", "unclaimed_jobs"]
 

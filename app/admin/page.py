@@ -23,17 +23,17 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.storable import INT64_MAX
 
+from ..operations.errors import AdminError
+from ..operations.jobs import forget_job, run_job_now, set_paused
+from ..operations.messages import reset_outbox_message
+from ..operations.outboxes import forget_outbox as forget_outbox_rows
+from ..operations.outboxes import reset_all_stuck
+from ..operations.reading import lease_clock_now
+from ..operations.run_status import RunStatus
 from . import session
 from .api import engine_of, lease_now_of, schedule_name
 from .auth import admin_key, refuse_wrong_token, token_matches
-from .errors import AdminError
-from .jobs import forget_job, run_job_now, set_paused
-from .messages import reset_outbox_message
-from .outboxes import forget_outbox as forget_outbox_rows
-from .outboxes import reset_all_stuck
 from .params import JobId, MessageId, OutboxName
-from .reading import lease_clock_now
-from .run_status import RunStatus
 from .screens import STYLESHEET, flash_line, job_screen, login_form, main_screen
 
 __all__ = ["router"]

@@ -18,16 +18,17 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from . import chart, display, session
+from ..operations import display
+from ..operations.errors import NotFound
+from ..operations.jobs import list_jobs
+from ..operations.leadership import leader
+from ..operations.messages import outbox_messages, stuck_messages
+from ..operations.outboxes import list_outboxes
+from ..operations.reading import lease_clock_now
+from ..operations.run_status import RUN_STATUSES
+from ..operations.runs import job_runs
+from . import chart, session
 from .api import engine_of, lease_now_of, schedule_name
-from .errors import NotFound
-from .jobs import list_jobs
-from .leadership import leader
-from .messages import outbox_messages, stuck_messages
-from .outboxes import list_outboxes
-from .reading import lease_clock_now
-from .run_status import RUN_STATUSES
-from .runs import job_runs
 
 __all__ = [
     "REFRESH_SECONDS",

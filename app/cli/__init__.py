@@ -10,7 +10,7 @@ set). Every confirmation names the schedule.
 
 They talk to the database (DATABASE_URL, or the embedded server of a running
 `python -m app`) through the same queries as the admin API, and print plain tables that
-read like the admin page (see app/admin/display.py): one line per row, timestamps in UTC
+read like the admin page (see app/operations/display.py): one line per row, timestamps in UTC
 to the second, yes/no, durations with their unit. Every value from data is printed
 through app/printable.py, so a control character in a key or an error is shown as an
 escape, never sent to the terminal.

@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ..admin import display
-from ..admin.jobs import forget_job, list_jobs, run_job_now, set_paused
-from ..admin.run_status import RUN_STATUSES
-from ..admin.runs import job_runs, manual_run
+from ..operations import display
+from ..operations.jobs import forget_job, list_jobs, run_job_now, set_paused
+from ..operations.run_status import RUN_STATUSES
+from ..operations.runs import job_runs, manual_run
 from ..printable import printable
 from ..scheduler import Clock
 from ..scheduler.clock import lease_now

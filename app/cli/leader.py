@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ..admin import display, leadership
+from ..operations import display, leadership
 from ..scheduler import Clock
 from ..scheduler.clock import lease_now
 from ..settings import Settings

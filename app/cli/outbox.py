@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ..admin import outboxes
-from ..admin.messages import outbox_messages, reset_outbox_message
+from ..operations import outboxes
+from ..operations.messages import outbox_messages, reset_outbox_message
 from ..printable import printable
 from ..scheduler import Clock
 from ..scheduler.clock import lease_now

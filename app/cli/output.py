@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from ..admin import display
+from ..operations import display
 from ..printable import printable
 
 __all__ = ["block", "print_output", "table", "to_json"]

@@ -20,7 +20,7 @@ operator sees and can do:
   job is listed running while any of those leases holds. A run whose worker died is
   reaped to ``abandoned`` once the lease passes, by the leader's tick or by the job's
   next run on any worker.
-- *Run now* is refused (see app/admin/jobs.py): only the leader takes a run-now
+- *Run now* is refused (see app/operations/jobs.py): only the leader takes a run-now
   request, and it runs no per-worker job; each worker runs it at its own next slot.
 - *Broken*: a slot this worker cannot compute or record is logged once as
   ``job.broken`` and recorded in ``scheduler_broken_jobs``; the job's loop retries

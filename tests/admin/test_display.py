@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.admin import display
+from app.operations import display
 
 
 def test_a_timestamp_reads_in_utc_to_the_second() -> None:

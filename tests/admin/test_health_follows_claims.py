@@ -22,7 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.health import unclaimed_jobs
-from app.admin.jobs import list_jobs
+from app.operations.jobs import list_jobs
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.store import JobStore
 

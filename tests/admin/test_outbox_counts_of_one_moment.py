@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.util import await_only
 
-from app.admin.outboxes import outbox_summary
 from app.db import Database
+from app.operations.outboxes import outbox_summary
 
 _CLAIM_NAME = text("INSERT INTO outbox_schedules (outbox, schedule) VALUES (:outbox, 'default')")
 # Delayed messages an hour out: scheduled, not pending.

@@ -10,8 +10,8 @@ from typing import Any
 
 from sqlalchemy import event, text
 
-from app.admin.runs import job_runs
 from app.db import Database
+from app.operations.runs import job_runs
 
 _HISTORY = text(
     """

@@ -9,8 +9,8 @@ import re
 import pytest
 from sqlalchemy import text
 
-from app.admin.run_status import RUN_STATUSES
 from app.db import Database
+from app.operations.run_status import RUN_STATUSES
 
 from .conftest import AUTH, Worker, app_command, execute, signed_in
 

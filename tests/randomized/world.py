@@ -28,11 +28,11 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from app.admin.errors import AdminError
-from app.admin.jobs import run_job_now, set_paused
-from app.admin.leadership import leader
-from app.admin.messages import reset_outbox_message
 from app.db import Database, asyncpg_dsn
+from app.operations.errors import AdminError
+from app.operations.jobs import run_job_now, set_paused
+from app.operations.leadership import leader
+from app.operations.messages import reset_outbox_message
 from app.outbox import DrainReport
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, SchedulerConfig, Trigger, every
 from app.scheduler.keys import SCHEDULER_LEADER_KEY

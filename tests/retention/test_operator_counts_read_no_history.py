@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy import text
 
-from app.admin import outboxes
 from app.db import Database
+from app.operations import outboxes
 
 from .conftest import DAY, History
 

@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.jobs import run_job_now
+from app.operations.jobs import run_job_now
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.store import JobStore
 

@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.leadership import leader
 from app.db import Database, asyncpg_dsn
+from app.operations.leadership import leader
 from app.scheduler import (
     FakeClock,
     JobContext,

@@ -25,10 +25,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.errors import Conflict
-from app.admin.jobs import run_job_now, set_paused
 from app.db import Database, asyncpg_dsn
 from app.main import create_app
+from app.operations.errors import Conflict
+from app.operations.jobs import run_job_now, set_paused
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, SchedulerConfig, cron, every
 from app.scheduler.store import JobStore, PreparedClaimDropped, PreparedCommit, SlotClaim
 from app.settings import Settings

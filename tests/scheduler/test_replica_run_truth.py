@@ -23,9 +23,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.jobs import list_jobs
-from app.admin.runs import job_runs
 from app.db import Database
+from app.operations.jobs import list_jobs
+from app.operations.runs import job_runs
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.registry import JobSpec
 from app.scheduler.store import HeldLease, JobStore, Outcome

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.errors import Conflict
-from app.admin.jobs import run_job_now, set_paused
+from app.operations.errors import Conflict
+from app.operations.jobs import run_job_now, set_paused
 from app.scheduler import FakeClock, JobContext, Role, Scheduler, every
 from app.scheduler.election import WAKE_CHANNEL
 

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.jobs import run_job_now
+from app.operations.jobs import run_job_now
 from app.scheduler import FakeClock, JobContext, Scheduler, cron
 from app.scheduler.store import JobStore
 from app.testing.claims import claim_slot

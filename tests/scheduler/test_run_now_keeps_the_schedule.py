@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.jobs import run_job_now
+from app.operations.jobs import run_job_now
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 
 from .conftest import StartScheduler, wait_for_runs

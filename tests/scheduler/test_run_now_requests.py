@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.jobs import run_job_now, set_paused
+from app.operations.jobs import run_job_now, set_paused
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.store import JobStore
 

@@ -21,9 +21,9 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.jobs import set_paused
 from app.db import Database
 from app.main import create_app
+from app.operations.jobs import set_paused
 from app.scheduler import (
     DuplicateScheduleError,
     FakeClock,

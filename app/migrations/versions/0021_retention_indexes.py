@@ -6,7 +6,7 @@
 - ``outbox_messages_delivered`` on (outbox, delivered_at), delivered rows only: the
   delivered-row prune walks an outbox's oldest deliveries up to its cutoff, and the
   operator surfaces count the deliveries of the last hour from it (a window, not a scan
-  of every delivered row; app/admin/outboxes.py).
+  of every delivered row; app/operations/outboxes.py).
 
 Built with a plain CREATE INDEX: on a table of millions of rows that blocks writes to it
 for the seconds the build takes, once, during the upgrade.

@@ -67,7 +67,7 @@ running while any of its run leases holds. A run whose lease ran out is reaped t
 worker, so it is reaped even while no worker leads.
 
 *Run now* is a request beside the schedule, never a move of it: the operator's request
-sets ``run_requested_at`` (app/admin/jobs.py) and the leader claims it with the same
+sets ``run_requested_at`` (app/operations/jobs.py) and the leader claims it with the same
 UPDATE, matched on the request instead of the slot, which clears the request instead of
 moving ``next_run_at``. Its run row is ``manual``, its slot is the request time and the
 one-run-per-slot index keeps manual and scheduled runs apart, so a request never takes

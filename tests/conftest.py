@@ -213,6 +213,9 @@ async def start_scheduler(
 
     yield start
     await asyncio.gather(*(scheduler.stop() for scheduler in started))
+    # As the app's lifespan does before it disposes the engine: the work that outlived
+    # the stop (a thread, a carried statement) ends on this loop, not after it closed.
+    await asyncio.gather(*(scheduler.wait_for_threads() for scheduler in started))
 
 
 # When a promotion elsewhere says it began: only operators read it.

@@ -69,8 +69,9 @@ class Settings(BaseSettings):
     )
     REGENT_MIGRATIONS: str = Field(
         default="migrations",
-        description="the alembic project of your own tables, relative to the directory "
-        "the app starts in: `migrate` applies it after Regent's, start-up checks it is at "
+        description="the alembic project of your own tables, relative to the project's "
+        "root (the nearest directory, from the one the app starts in up, holding it or a "
+        "pyproject.toml): `migrate` applies it after Regent's, start-up checks it is at "
         "head; empty: none",
     )
     REGENT_PG_PORT: int = Field(

@@ -1,7 +1,8 @@
 """The application's own migrations: an alembic project beside Regent's.
 
 A project keeps its own tables as alembic revisions in ``migrations/`` (the
-``REGENT_MIGRATIONS`` setting, relative to the directory the app starts in). `python -m
+``REGENT_MIGRATIONS`` setting, relative to the project's root: the nearest directory,
+from the one the app starts in up, that holds them or a pyproject.toml). `python -m
 app revision -m "..."` writes the project the first time and each revision after the
 head of its chain; `python -m app migrate` applies Regent's migrations, then these; the
 app's boot check and ``/readyz`` check both. The chains never meet: Regent's revision is
@@ -87,11 +88,23 @@ class UserMigrations:
 
 
 def user_migrations(setting: str, base: Path | None = None) -> UserMigrations | None:
-    """The project named by the ``REGENT_MIGRATIONS`` setting, a relative path taken
-    from ``base`` (default: the working directory); None when the setting is empty."""
+    """The project named by the ``REGENT_MIGRATIONS`` setting; None when it is empty.
+
+    A relative path is taken from the project's root, found from ``base`` (default: the
+    working directory) up, as git and pytest find theirs: the nearest directory that
+    holds the migrations (their env.py) or a pyproject.toml; ``base`` itself when none
+    does. So every command, and the app's start-up check, finds the same migrations
+    from anywhere inside the project."""
     if not setting.strip():
         return None
     directory = Path(setting).expanduser()
     if not directory.is_absolute():
-        directory = (base or Path.cwd()) / directory
+        directory = _project_root(directory, (base or Path.cwd()).resolve()) / directory
     return UserMigrations(directory)
+
+
+def _project_root(relative: Path, start: Path) -> Path:
+    for candidate in (start, *start.parents):
+        if (candidate / relative / "env.py").is_file() or (candidate / "pyproject.toml").is_file():
+            return candidate
+    return start

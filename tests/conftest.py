@@ -353,3 +353,11 @@ def project_with_its_own_app(tmp_path: Path) -> Path:
         "from regent import create_app\n\napp = create_app()\n"
     )
     return project
+
+
+@pytest.fixture
+def user_project(tmp_path: Path) -> Path:
+    """An empty directory for a user's project (no migrations of its own yet)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    return project

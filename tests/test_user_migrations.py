@@ -63,14 +63,6 @@ def _one(url: str, query: str) -> object:
     return None if row is None else row[0]
 
 
-@pytest.fixture
-def user_project(tmp_path: Path) -> Path:
-    """An empty directory for a user's project (no migrations of its own yet)."""
-    project = tmp_path / "project"
-    project.mkdir()
-    return project
-
-
 def _add_signups(project: Path) -> str:
     """A first revision of the user's that creates their `signups` table; its id."""
     _app(project, "revision", "-m", "signups")

@@ -49,6 +49,7 @@ from .cli.options import int_between
 from .cli.output import print_output
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
+from .invocation import program
 from .localpg import LocalPostgresError, find_bindir
 from .operations.errors import AdminError, UnknownJobError
 from .printable import printable
@@ -258,7 +259,7 @@ def _revision(settings: Settings, message: str) -> None:
     if not users.exists:
         print(f"regent: starting your migrations in {users.directory}", file=sys.stderr)
     path = users.revision(message)
-    print(f"regent: wrote {path}; fill in upgrade(), then `python -m app migrate`", file=sys.stderr)
+    print(f"regent: wrote {path}; fill in upgrade(), then `{program()} migrate`", file=sys.stderr)
 
 
 def _parse(argv: list[str], prog: str) -> argparse.Namespace:
@@ -296,10 +297,10 @@ def _psql(settings: Settings, psql_args: Sequence[str]) -> NoReturn:
     os.execve(program, [program, target, *psql_args], environment)
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m app") -> int:
-    """Run the command line (``prog``: how its help and usage errors name it); returns
-    the process exit code."""
-    args = _parse(list(sys.argv[1:] if argv is None else argv), prog)
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Run the command line (``prog``: how its help and usage errors name it, by
+    default the command this process was started by); returns the process exit code."""
+    args = _parse(list(sys.argv[1:] if argv is None else argv), prog or program())
     signal.signal(signal.SIGTERM, _terminate)
     try:
         settings = load_settings()

@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from .invocation import program
 from .localpg import LocalPostgres, LocalPostgresError, local_url
 
 __all__ = ["default_data_dir", "embedded_postgres", "embedded_url", "socket_path"]
@@ -82,7 +83,7 @@ def embedded_postgres(data_dir: Path, port: int, *, tcp: bool = False) -> Iterat
             lock_file.seek(0)
             holder = lock_file.read().strip() or "another process"
             raise LocalPostgresError(
-                f"data directory {data_dir} is in use by `python -m app` (pid {holder}); "
+                f"data directory {data_dir} is in use by `{program()}` (pid {holder}); "
                 "stop that one first, or set REGENT_DATA_DIR to another directory"
             ) from None
         lock_file.seek(0)

@@ -37,6 +37,7 @@ from .admin import (
 from .admin.headers import AdminHeaders
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
 from .http_errors import documented_error_bodies, validation_error_response
+from .invocation import program
 from .logging import configure_logging
 from .metrics import instrument, measure_loop_lag
 from .metrics_route import router as metrics_router
@@ -193,7 +194,7 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         if database_url is None:
             raise DatabaseError(
                 "DATABASE_URL is not set; set it to postgresql://user:pass@host:5432/db, "
-                "or run `python -m app`, which starts an embedded PostgreSQL"
+                f"or run `{program()}`, which starts an embedded PostgreSQL"
             )
         database = Database.from_url(
             database_url, connect_timeout=resolved.DATABASE_CONNECT_TIMEOUT_SECONDS

@@ -21,15 +21,16 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 
+from .invocation import program
 from .migration_env import USER_VERSION_TABLE
 
 __all__ = ["UserMigrations", "user_migrations"]
 
 _SCRIPT_TEMPLATE = Path(__file__).resolve().parent / "migrations" / "script.py.mako"
 
-_ENV_PY = '''"""This project's own migrations: `python -m app migrate` applies them after Regent's
+_ENV_PY = '''"""This project's own migrations: `{program} migrate` applies them after Regent's
 (under the same migration lock); their revision is kept in alembic_version.
-`python -m app revision -m "..."` adds one after the head."""
+`{program} revision -m "..."` adds one after the head."""
 
 from app.migration_env import run_users_migrations
 
@@ -76,7 +77,7 @@ class UserMigrations:
             return
         (self.directory / "versions").mkdir(parents=True, exist_ok=True)
         shutil.copyfile(_SCRIPT_TEMPLATE, self.directory / "script.py.mako")
-        (self.directory / "env.py").write_text(_ENV_PY)
+        (self.directory / "env.py").write_text(_ENV_PY.format(program=program()))
 
     def revision(self, message: str) -> Path:
         """Write an empty revision after the chain's head (making the project first if

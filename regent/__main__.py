@@ -6,4 +6,4 @@ import sys
 from app.__main__ import main
 
 if __name__ == "__main__":
-    sys.exit(main(prog="python -m regent"))
+    sys.exit(main())

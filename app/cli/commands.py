@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ..db import DatabaseUnreachableError, async_url, verify_schema_at_head
 from ..embedded import default_data_dir, embedded_url, socket_path
+from ..invocation import program
 from ..scheduler import Clock, SystemClock
 from ..settings import Settings
 from . import jobs, leader, outbox, prune
@@ -74,7 +75,7 @@ async def run_command(
             raise DatabaseUnreachableError(
                 "no embedded PostgreSQL answers on "
                 f"{socket_path(data_dir, settings.REGENT_PG_PORT)} (REGENT_DATA_DIR, "
-                f"REGENT_PG_PORT): {exc}. Start `python -m app` first, set REGENT_PG_PORT "
+                f"REGENT_PG_PORT): {exc}. Start `{program()}` first, set REGENT_PG_PORT "
                 "to the port it was started with, or set DATABASE_URL"
             ) from None
         return await COMMANDS[args.command](engine, args, settings, clock)

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ..invocation import program
 from ..operations import outboxes
 from ..operations.messages import outbox_messages, reset_outbox_message
 from ..printable import printable
@@ -70,12 +71,12 @@ def check_usage(args: argparse.Namespace) -> None:
     resetting = args.outbox_command == "reset"
     if resetting and (args.message_id is None) == (not args.all_stuck):
         raise UsageError(
-            "`python -m app outbox reset NAME` takes a message ID or --all-stuck "
+            f"`{program()} outbox reset NAME` takes a message ID or --all-stuck "
             "(one of them, not both)"
         )
     if args.outbox_command is None:
         raise UsageError(
-            f"`python -m app outbox` needs a sub-command, one of {OUTBOX_COMMANDS}: list "
+            f"`{program()} outbox` needs a sub-command, one of {OUTBOX_COMMANDS}: list "
             "(counts per status), pending [NAME], scheduled [NAME], stuck [NAME], reset NAME "
             "(ID | --all-stuck), forget NAME"
         )

@@ -7,6 +7,7 @@ import pwd
 from pathlib import Path
 from urllib.parse import quote
 
+from ..invocation import program
 from .errors import LocalPostgresError
 
 __all__ = [
@@ -89,7 +90,7 @@ def read_password(data_dir: Path) -> str:
     except OSError as exc:
         raise LocalPostgresError(
             f"cannot read the embedded PostgreSQL password {path} ({exc.strerror}); start "
-            "`python -m app` once as this user (it creates it), or set DATABASE_URL"
+            f"`{program()}` once as this user (it creates it), or set DATABASE_URL"
         ) from None
 
 

@@ -3,6 +3,8 @@ the problem."""
 
 from __future__ import annotations
 
+from ..invocation import program
+
 __all__ = ["AdminError", "Conflict", "NotFound", "UnknownJobError"]
 
 
@@ -26,7 +28,7 @@ class UnknownJobError(NotFound):
         self.job_id = job_id
         self.schedule = schedule
         super().__init__(
-            f"no job with id {job_id!r} in schedule {schedule!r}; `python -m app jobs "
+            f"no job with id {job_id!r} in schedule {schedule!r}; `{program()} jobs "
             f"--schedule {schedule}` lists them"
         )
 

@@ -27,6 +27,7 @@ from app.scheduler.clock import LEASE_NOW_SQL
 from app.scheduler.rowlocks import RowHeldError, held_by_sql, patient_write, row_holder
 from app.storable import is_storable_text
 
+from ..invocation import program
 from .errors import Conflict, NotFound
 
 __all__ = [
@@ -178,7 +179,7 @@ async def require_outbox(engine: AsyncEngine, outbox: str) -> None:
             and (await conn.execute(_KNOWN_OUTBOX, {"outbox": outbox})).scalar()
         )
         if not known:
-            raise NotFound(f"no outbox named {outbox!r}; `python -m app outbox list` lists them")
+            raise NotFound(f"no outbox named {outbox!r}; `{program()} outbox list` lists them")
 
 
 async def _drains(conn: AsyncConnection, names: list[str]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.scheduler.rowlocks import RowHeldError, patient_write, row_holder
 
+from ..invocation import program
 from . import sql
 from .errors import (
     MessageBusyError,
@@ -54,7 +55,7 @@ async def reset_message(
     if found is None:
         raise UnknownMessageError(
             f"outbox {outbox!r} has no message {message_id}; list the stuck ones with "
-            f"`python -m app outbox stuck {outbox}`"
+            f"`{program()} outbox stuck {outbox}`"
         )
     if found.status == "delivered":
         raise MessageDeliveredError(

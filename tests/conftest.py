@@ -361,3 +361,17 @@ def user_project(tmp_path: Path) -> Path:
     project = tmp_path / "project"
     project.mkdir()
     return project
+
+
+async def statement_waits_on_a_lock(engine: AsyncEngine, statement: str) -> bool:
+    """Whether a session of this test's database waits on a lock in a statement whose
+    text contains ``statement`` (a claim, a renewal, a take held up by a held row)."""
+    async with engine.connect() as conn:
+        waiting = await conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database() AND strpos(query, :statement) > 0"
+            ),
+            {"statement": statement},
+        )
+        return bool(waiting.scalar_one())

@@ -13,18 +13,8 @@ from app.db import Database
 from app.outbox import Message
 from app.scheduler import FakeClock
 
+from ..conftest import statement_waits_on_a_lock
 from .conftest import FakeReceiver, MakeOutbox, enqueue
-
-
-async def _claim_waits_on_a_lock(database: Database) -> bool:
-    async with database.engine.connect() as conn:
-        waiting = await conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE '%UPDATE outbox_messages%'"
-            )
-        )
-        return bool(waiting.scalar_one())
 
 
 async def test_an_inline_attempt_that_begins_past_its_start_window_delivers_nothing_beside_a_drain(
@@ -57,7 +47,7 @@ async def test_an_inline_attempt_that_begins_past_its_start_window_delivers_noth
         await blocker.execute(text("LOCK TABLE outbox_messages IN SHARE MODE"))
         attempt = asyncio.create_task(outbox.attempt(row))
         deadline = asyncio.get_running_loop().time() + 10
-        while not await _claim_waits_on_a_lock(database):
+        while not await statement_waits_on_a_lock(database.engine, "UPDATE outbox_messages"):
             assert asyncio.get_running_loop().time() < deadline, "the claim never waited"
             await asyncio.sleep(0.05)
         clock.advance(outbox.delivery_timeout + 31)

@@ -21,22 +21,11 @@ from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
 from app.testing.claims import claim_leader
 
-from ..conftest import SkewedClock
+from ..conftest import SkewedClock, statement_waits_on_a_lock
 from .conftest import eventually
 
 UTC_ZONE = ZoneInfo("UTC")
 LEASE_SECONDS = 3.0
-
-
-async def _renewal_waits_on_the_row(engine: AsyncEngine) -> bool:
-    async with engine.connect() as conn:
-        waiting = await conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE '%running_until%'"
-            )
-        )
-        return bool(waiting.scalar_one())
 
 
 async def _lease_left(engine: AsyncEngine, job_id: str) -> float | None:
@@ -99,7 +88,10 @@ async def test_a_clock_stepped_back_during_a_renewal_lets_no_running_lease_run_o
         # A renewal takes a moment (here: the run row is busy for it, under its second
         # of patience), and NTP steps the host's clock back two minutes meanwhile.
         async with _run_row_held(engine, claim.run_id) as holder:
-            await eventually(lambda: _renewal_waits_on_the_row(engine), what="a renewal under way")
+            await eventually(
+                lambda: statement_waits_on_a_lock(engine, "running_until"),
+                what="a renewal under way",
+            )
             host_clock.skew = timedelta(minutes=-2)
             await holder.rollback()
         # Three leases' time: the lease must hold throughout, renewed every third.

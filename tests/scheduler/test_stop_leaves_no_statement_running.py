@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import QueuePool
 
 from app.scheduler import Role, Scheduler, ServiceContext
 
-from ..conftest import StartScheduler
+from ..conftest import StartScheduler, statement_waits_on_a_lock
 from .conftest import eventually, service_row_held
 
 
@@ -28,17 +27,6 @@ def _scheduler_with_a_service(started: asyncio.Event) -> Scheduler:
         await asyncio.Event().wait()
 
     return scheduler
-
-
-async def _lease_take_waits_on_the_row(engine: AsyncEngine) -> bool:
-    async with engine.connect() as conn:
-        waiting = await conn.execute(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database() AND query LIKE '%scheduler_services%'"
-            )
-        )
-        return bool(waiting.scalar_one())
 
 
 async def test_a_stopped_scheduler_has_no_lease_take_holding_a_connection(
@@ -57,7 +45,8 @@ async def test_a_stopped_scheduler_has_no_lease_take_holding_a_connection(
         await supervisor.wait_for_role(Role.LEADER)
         # The copy's lease take waits on the held row when the stop cuts it off.
         await eventually(
-            lambda: _lease_take_waits_on_the_row(engine), what="the lease take to wait"
+            lambda: statement_waits_on_a_lock(engine, "scheduler_services"),
+            what="the lease take to wait",
         )
         await scheduler.stop()
         # What the app's lifespan waits for before it disposes the engine.

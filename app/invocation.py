@@ -1,17 +1,21 @@
 """The command the user runs Regent by, for the hints that name one: `python -m regent`
-in a process started so (a project of one's own, and the server workers it spawns),
-else this repository's `python -m app`."""
+in a project that imports Regent by that name, else this repository's `python -m app`.
+
+`python -m regent` records itself in the environment (``COMMAND_VARIABLE``) before it
+runs, so that the processes it starts (uvicorn's spawned server workers, whose main
+module is not `regent.__main__`) name it too."""
 
 from __future__ import annotations
 
-import sys
+import os
 
-__all__ = ["program"]
+__all__ = ["COMMAND_VARIABLE", "program"]
+
+COMMAND_VARIABLE = "REGENT_COMMAND"
+"""Set by `python -m regent` for itself and every process it starts."""
 
 
 def program() -> str:
-    """``python -m regent`` when this process's main module is Regent's ``regent`` (a
-    spawned server worker's main module is its parent's), else ``python -m app``."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    started_as = (getattr(spec, "name", None) or "").partition(".")[0]
-    return "python -m regent" if started_as == "regent" else "python -m app"
+    """The command hints name: ``python -m regent`` in a process `python -m regent`
+    started (itself included), else ``python -m app``."""
+    return os.environ.get(COMMAND_VARIABLE) or "python -m app"

@@ -5,7 +5,9 @@ with a top-level ``app`` of its own (FastAPI's "Bigger Applications" layout) tak
 name: `python -m ...` and uvicorn put the current directory first on ``sys.path``, so
 ``import app`` finds the project's package and none of Regent's code can be imported in
 that process. Without this check the user reads an ImportError about a module missing
-from their own package; with it, one line naming both and the fix.
+from their own package; with it, one line naming both and the fix. A project's ``app/``
+without ``__init__.py`` is refused too: Python passes over it for Regent's regular
+package, and Regent's ``app.main`` would be served in place of the project's.
 """
 
 from __future__ import annotations
@@ -60,8 +62,25 @@ def refuse_a_shadowed_app(regents: Path) -> None:
             found = found.parent
     else:  # a namespace package: directories only, so no regular `app` (Regent's) was found
         found = Path(next(iter(spec.submodule_search_locations or ()), "")).resolve()
+    if found == regents.resolve():
+        found = _namespace_app_before(regents.resolve().parent) or found
     if found != regents.resolve():
         error = ShadowedAppError(found, regents.resolve())
         # Printed here: Python prints nothing for a SystemExit with a status.
         print(error.message, file=sys.stderr)
         raise error
+
+
+def _namespace_app_before(installed_in: Path) -> Path | None:
+    """A directory ``app`` of Python modules without ``__init__.py`` in a ``sys.path``
+    entry before ``installed_in`` (where Regent's ``app`` is): the project's own package,
+    which Python passes over for Regent's regular one (``app.main`` would be Regent's)."""
+    for entry in sys.path:
+        directory = Path(entry or ".").resolve()
+        if directory == installed_in:
+            return None
+        candidate = directory / "app"
+        # Python modules in it: not any directory of that name (a web front end's app/).
+        if not (candidate / "__init__.py").exists() and any(candidate.glob("*.py")):
+            return candidate
+    return None

@@ -356,6 +356,14 @@ def project_with_its_own_app(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def project_with_its_own_namespace_app(project_with_its_own_app: Path) -> Path:
+    """The same project whose ``app/`` has no ``__init__.py`` (a namespace package, which
+    Python finds only after every regular ``app``, Regent's included)."""
+    (project_with_its_own_app / "app" / "__init__.py").unlink()
+    return project_with_its_own_app
+
+
+@pytest.fixture
 def user_project(tmp_path: Path) -> Path:
     """An empty directory for a user's project (no migrations of its own yet)."""
     project = tmp_path / "project"

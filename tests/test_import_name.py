@@ -40,6 +40,14 @@ def test_python_m_regent_in_a_project_with_its_own_app_fails_in_one_line_naming_
     _assert_one_line_naming_both(done, project_with_its_own_app)
 
 
+def test_python_m_regent_in_a_project_whose_app_has_no_init_fails_in_one_line_naming_both(
+    project_with_its_own_namespace_app: Path,
+) -> None:
+    project = project_with_its_own_namespace_app
+    done = _run(["-m", "regent", "--app", "app.main:app", "jobs"], cwd=project)
+    _assert_one_line_naming_both(done, project)
+
+
 def test_a_start_up_of_a_project_with_its_own_app_fails_in_one_line_naming_both(
     project_with_its_own_app: Path,
 ) -> None:

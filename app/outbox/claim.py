@@ -15,6 +15,7 @@ back, due now, and claimed again with a fresh lease.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -77,9 +78,10 @@ class Claim:
         messages = [Message(r["id"], outbox, r["key"], r["payload"], r["attempts"]) for r in result]
         return cls(token, taken_at, policy.lease.total_seconds(), messages)
 
-    @property
+    @functools.cached_property
     def window(self) -> StartWindow:
-        """When a row of the claim may start: within START_WINDOW_SECONDS of it."""
+        """When a row of the claim may start: within START_WINDOW_SECONDS of it (made
+        once: every row's delivery checks it as it begins)."""
         return StartWindow(self.taken_at, START_WINDOW_SECONDS)
 
     @property

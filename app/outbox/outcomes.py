@@ -103,7 +103,8 @@ class PassOutcomes:
     async def _write_ended(self, report: DrainReport) -> None:
         """Write every outcome ended so far, with those of held rows not yet written
         (the caller holds the turn); count what the database accepted in ``report``."""
-        # Empty when an earlier delivery's turn already wrote this outcome.
+        if not self._ended and not self._held:
+            return  # an earlier delivery's turn already wrote this outcome
         held, ended = self._held, self._ended
         self._held, self._ended = [], []
         batch = held + ended

@@ -149,10 +149,13 @@ NOTIFY = text(f"SELECT pg_notify('{NOTIFY_CHANNEL}', :outbox)")
 # lock them: an outcome write, like a claim, never waits on a row another transaction
 # holds (an operator's psql session left open on SELECT ... FOR UPDATE), whatever
 # lock_timeout the database sets (none by default): a wait there would hold up the
-# outcomes of every other row of the pass until their leases ran out.
-_FREE_ROWS = """m.id IN (
+# outcomes of every other row of the pass until their leases ran out. Locked once, as
+# an array (an InitPlan), that the UPDATE then looks up in the primary key: as a
+# subquery joined to the table (m.id IN (...)) the planner read the whole table per
+# batch, or the batch again per row of it.
+_FREE_ROWS = """m.id = ANY(ARRAY(
         SELECT id FROM outbox_messages WHERE id = ANY(CAST(:ids AS bigint[]))
-        FOR UPDATE SKIP LOCKED)"""
+        FOR UPDATE SKIP LOCKED))"""
 
 # Outcomes are written a batch at a time, each row only while its own claim's token
 # still holds it and no other transaction holds it; RETURNING names the rows that

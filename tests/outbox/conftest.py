@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
 import pytest
 from sqlalchemy import event
 
 from app.db import Database, asyncpg_dsn
 from app.outbox import DrainReport, Message, Outbox
+from app.outbox.connection import prepare_connection
 from app.scheduler import Clock, FakeClock, SystemClock
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -166,3 +168,15 @@ async def delivering(
         yield under_way
     finally:
         await under_way.finish()
+
+
+@pytest.fixture
+async def drain_connection(database_url: str) -> AsyncIterator[Any]:
+    """A plain asyncpg connection made ready for drain passes (Outbox.drain_on), as the
+    wake-up's: a test can ask its backend what it did."""
+    connection = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        await prepare_connection(connection)
+        yield connection
+    finally:
+        await connection.close()

@@ -279,14 +279,14 @@ def _psql(settings: Settings, psql_args: Sequence[str]) -> NoReturn:
     """Replace this process with psql on the database; the password goes in PGPASSWORD,
     not on a command line other users can read. Raises UsageError when no psql is found."""
     url = make_url(database_url(settings))
-    program = shutil.which("psql")
+    psql = shutil.which("psql")
     with contextlib.suppress(LocalPostgresError):
         # The embedded server's binaries come with their psql.
-        program = program or shutil.which("psql", path=str(find_bindir()))
-    if program is None:
+        psql = psql or shutil.which("psql", path=str(find_bindir()))
+    if psql is None:
         raise UsageError(
             "no psql found on PATH; install the PostgreSQL client (e.g. apt install "
-            "postgresql-client), or give another client `python -m app db-url`"
+            f"postgresql-client), or give another client `{program()} db-url`"
         )
     environment = dict(os.environ)
     if url.password is not None:
@@ -294,7 +294,7 @@ def _psql(settings: Settings, psql_args: Sequence[str]) -> NoReturn:
     target = URL.create(
         "postgresql", url.username, None, url.host, url.port, url.database, url.query
     ).render_as_string(hide_password=False)
-    os.execve(program, [program, target, *psql_args], environment)
+    os.execve(psql, [psql, target, *psql_args], environment)
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

@@ -55,7 +55,7 @@ from .operations.errors import AdminError, UnknownJobError
 from .printable import printable
 from .redact import redact
 from .settings import Settings, SettingsError, load_settings
-from .user_migrations import UserMigrations, user_migrations
+from .user_migrations import UserMigrations, configured_migrations, user_migrations
 
 
 class _Parser(argparse.ArgumentParser):
@@ -203,7 +203,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
 
         refuse_logging_gateways(settings, JobDeps())
 
-    users = user_migrations(settings.REGENT_MIGRATIONS)
+    users = configured_migrations(settings)
     with _database_url(settings) as (url, embedded):
         if embedded:
             migrate(url, users)
@@ -240,7 +240,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _migrate(settings: Settings) -> None:
-    users = user_migrations(settings.REGENT_MIGRATIONS)
+    users = configured_migrations(settings)
     with _database_url(settings) as (url, _):
         print(f"regent: migrating {describe_target(url)} to head", file=sys.stderr)
         migrate(url, users)

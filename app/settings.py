@@ -72,7 +72,7 @@ class Settings(BaseSettings):
         description="the alembic project of your own tables, relative to the project's "
         "root (the nearest directory, from the one the app starts in up, holding it or a "
         "pyproject.toml): `migrate` applies it after Regent's, start-up checks it is at "
-        "head; empty: none",
+        "head; set but not there: both refuse; empty: none",
     )
     REGENT_PG_PORT: int = Field(
         default=54320,

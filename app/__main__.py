@@ -53,6 +53,7 @@ from .invocation import program
 from .localpg import LocalPostgresError, find_bindir
 from .operations.errors import AdminError, UnknownJobError
 from .printable import printable
+from .project import project_root
 from .redact import redact
 from .settings import Settings, SettingsError, load_settings
 from .user_migrations import UserMigrations, configured_migrations, user_migrations
@@ -113,7 +114,12 @@ def _database_url(settings: Settings) -> Iterator[tuple[str, bool]]:
         return
     data_dir = settings.REGENT_DATA_DIR or default_data_dir()
     print(f"regent: embedded PostgreSQL, data directory {data_dir}", file=sys.stderr)
-    with embedded_postgres(data_dir, settings.REGENT_PG_PORT, tcp=settings.REGENT_PG_TCP) as server:
+    with embedded_postgres(
+        data_dir,
+        settings.REGENT_PG_PORT,
+        tcp=settings.REGENT_PG_TCP,
+        project=project_root(settings.REGENT_MIGRATIONS),
+    ) as server:
         print(f"regent: PostgreSQL is at {redact(server.url)}", file=sys.stderr)
         if server.tcp:
             tcp_url = server.tcp_url_for(server.database).replace(

@@ -61,7 +61,9 @@ class Settings(BaseSettings):
     LOG_LEVEL: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     TIMEZONE: str = Field(default="UTC", description="IANA zone for cron jobs without tz=")
     REGENT_DATA_DIR: Path | None = Field(
-        default=None, description="where the embedded PostgreSQL keeps its data"
+        default=None,
+        description="where the embedded PostgreSQL keeps its data, of one project (the "
+        "first started on it claims it; another is refused); unset: one per user",
     )
     REGENT_APP: str = Field(
         default="app.main:app",

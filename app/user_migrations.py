@@ -25,6 +25,7 @@ from sqlalchemy import Connection
 
 from .invocation import program
 from .migration_env import USER_VERSION_TABLE
+from .project import project_root
 from .settings import Settings, SettingsError
 
 __all__ = ["UserMigrations", "configured_migrations", "user_migrations"]
@@ -123,7 +124,7 @@ def user_migrations(
     directory = Path(setting).expanduser()
     start = (base or Path.cwd()).resolve()
     if not directory.is_absolute():
-        directory = _project_root(directory, start) / directory
+        directory = project_root(directory, start) / directory
     found = UserMigrations(directory)
     if required and not found.exists:
         raise SettingsError(
@@ -132,10 +133,3 @@ def user_migrations(
             f'`{program()} revision -m "..."`, or fix or unset REGENT_MIGRATIONS'
         )
     return found
-
-
-def _project_root(relative: Path, start: Path) -> Path:
-    for candidate in (start, *start.parents):
-        if (candidate / relative / "env.py").is_file() or (candidate / "pyproject.toml").is_file():
-            return candidate
-    return start

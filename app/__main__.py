@@ -53,9 +53,10 @@ from .invocation import program
 from .localpg import LocalPostgresError, find_bindir
 from .operations.errors import AdminError, UnknownJobError
 from .printable import printable
+from .project import project_root
 from .redact import redact
 from .settings import Settings, SettingsError, load_settings
-from .user_migrations import UserMigrations, user_migrations
+from .user_migrations import UserMigrations, configured_migrations, user_migrations
 
 
 class _Parser(argparse.ArgumentParser):
@@ -113,7 +114,12 @@ def _database_url(settings: Settings) -> Iterator[tuple[str, bool]]:
         return
     data_dir = settings.REGENT_DATA_DIR or default_data_dir()
     print(f"regent: embedded PostgreSQL, data directory {data_dir}", file=sys.stderr)
-    with embedded_postgres(data_dir, settings.REGENT_PG_PORT, tcp=settings.REGENT_PG_TCP) as server:
+    with embedded_postgres(
+        data_dir,
+        settings.REGENT_PG_PORT,
+        tcp=settings.REGENT_PG_TCP,
+        project=project_root(settings.REGENT_MIGRATIONS),
+    ) as server:
         print(f"regent: PostgreSQL is at {redact(server.url)}", file=sys.stderr)
         if server.tcp:
             tcp_url = server.tcp_url_for(server.database).replace(
@@ -203,7 +209,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
 
         refuse_logging_gateways(settings, JobDeps())
 
-    users = user_migrations(settings.REGENT_MIGRATIONS)
+    users = configured_migrations(settings)
     with _database_url(settings) as (url, embedded):
         if embedded:
             migrate(url, users)
@@ -240,7 +246,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _migrate(settings: Settings) -> None:
-    users = user_migrations(settings.REGENT_MIGRATIONS)
+    users = configured_migrations(settings)
     with _database_url(settings) as (url, _):
         print(f"regent: migrating {describe_target(url)} to head", file=sys.stderr)
         migrate(url, users)
@@ -279,14 +285,14 @@ def _psql(settings: Settings, psql_args: Sequence[str]) -> NoReturn:
     """Replace this process with psql on the database; the password goes in PGPASSWORD,
     not on a command line other users can read. Raises UsageError when no psql is found."""
     url = make_url(database_url(settings))
-    program = shutil.which("psql")
+    psql = shutil.which("psql")
     with contextlib.suppress(LocalPostgresError):
         # The embedded server's binaries come with their psql.
-        program = program or shutil.which("psql", path=str(find_bindir()))
-    if program is None:
+        psql = psql or shutil.which("psql", path=str(find_bindir()))
+    if psql is None:
         raise UsageError(
             "no psql found on PATH; install the PostgreSQL client (e.g. apt install "
-            "postgresql-client), or give another client `python -m app db-url`"
+            f"postgresql-client), or give another client `{program()} db-url`"
         )
     environment = dict(os.environ)
     if url.password is not None:
@@ -294,7 +300,7 @@ def _psql(settings: Settings, psql_args: Sequence[str]) -> NoReturn:
     target = URL.create(
         "postgresql", url.username, None, url.host, url.port, url.database, url.query
     ).render_as_string(hide_password=False)
-    os.execve(program, [program, target, *psql_args], environment)
+    os.execve(psql, [psql, target, *psql_args], environment)
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
+from .invocation import program
 from .redact import redact
 from .user_migrations import UserMigrations
 
@@ -81,7 +82,7 @@ class SchemaNotAtHeadError(DatabaseError):
                 "migrated it: deploy that release or a newer one"
             )
         else:
-            fix = "run `python -m app migrate`"
+            fix = f"run `{program()} migrate`"
         super().__init__(
             f"the database at {target} (DATABASE_URL): {schema} at revision "
             f"{current or '<empty>'} but this code needs head {head or '<empty>'}; {fix}"

@@ -1,7 +1,11 @@
 """The embedded default: a local PostgreSQL for `python -m app` without DATABASE_URL.
 
 Its data directory survives restarts. One `python -m app` at a time may use it: a
-second one is refused by a lock file before it could start a second postmaster. The
+second one is refused by a lock file before it could start a second postmaster. It
+holds one project's database: the first project started on it claims it
+(``regent.project``), and another is refused, for the default directory is one per
+user (as root, one per machine) and a second project would migrate, retire the jobs
+of, and serve the first's. The
 directory is its owner's: others may pass through it (the server's account, as root,
 must reach pgdata/) but list and read nothing; the server's socket is in pgdata/ (see
 app/localpg/).
@@ -21,6 +25,7 @@ from .localpg import LocalPostgres, LocalPostgresError, local_url
 __all__ = ["default_data_dir", "embedded_postgres", "embedded_url", "socket_path"]
 
 _PGDATA = "pgdata"
+_PROJECT_FILE = "regent.project"
 _DATABASE = "regent"
 
 
@@ -57,12 +62,16 @@ def socket_path(data_dir: Path, port: int) -> Path:
 
 
 @contextlib.contextmanager
-def embedded_postgres(data_dir: Path, port: int, *, tcp: bool = False) -> Iterator[LocalPostgres]:
+def embedded_postgres(
+    data_dir: Path, port: int, *, tcp: bool = False, project: Path | None = None
+) -> Iterator[LocalPostgres]:
     """Run the embedded server in ``data_dir`` for the duration of the block, on its
-    socket only, or on 127.0.0.1:``port`` too when ``tcp``.
+    socket only, or on 127.0.0.1:``port`` too when ``tcp``; for ``project`` (its root,
+    app/project.py), which claims a directory no project has claimed yet.
 
-    Raises LocalPostgresError when another `python -m app` holds the directory, the
-    port is taken, the directory belongs to someone else, or no binaries exist.
+    Raises LocalPostgresError when another `python -m app` holds the directory, another
+    project claimed it, the port is taken, the directory belongs to someone else, or no
+    binaries exist.
     """
     lock_path = data_dir / "regent.lock"
     try:
@@ -90,9 +99,34 @@ def embedded_postgres(data_dir: Path, port: int, *, tcp: bool = False) -> Iterat
         lock_file.truncate()
         lock_file.write(str(os.getpid()))
         lock_file.flush()
+        if project is not None:
+            _claim(data_dir, project)
         server = LocalPostgres(data_dir / _PGDATA, port=port, database=_DATABASE, tcp=tcp)
         server.start()
         try:
             yield server
         finally:
             server.stop()
+
+
+def _claim(data_dir: Path, project: Path) -> None:
+    """Record ``project`` as the one whose database ``data_dir`` holds, unless another
+    is recorded: then raise LocalPostgresError naming both and the way out. A
+    directory an older version made (no record) goes to the first project started on
+    it. Called under the directory's lock."""
+    record = data_dir / _PROJECT_FILE
+    try:
+        claimed = Path(record.read_text().strip())
+    except FileNotFoundError:
+        descriptor = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "w") as claim:
+            claim.write(f"{project}\n")
+        return
+    if claimed != project:
+        own = default_data_dir().with_name(f"regent-{project.name}")
+        raise LocalPostgresError(
+            f"data directory {data_dir} holds the database of the project in {claimed}, "
+            f"not of this one ({project}); give this project its own with REGENT_DATA_DIR "
+            f"(e.g. REGENT_DATA_DIR={own} {program()}, in its .env for every command), or "
+            f"if {claimed} moved to {project}, remove {record}"
+        )

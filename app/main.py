@@ -49,7 +49,7 @@ from .scheduler.host_lock import default_runtime_dir
 from .settings import Settings, SettingsError, load_settings
 from .startup_refusal import OneLineStartupRefusal, refuse_start
 from .stop_signal import on_stop_signal
-from .user_migrations import user_migrations
+from .user_migrations import configured_migrations
 
 __all__ = ["DatabaseDep", "Readiness", "RegentAPI", "app", "create_app", "scheduler_config"]
 
@@ -172,8 +172,8 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
     """
     resolved = settings or load_settings()
     configure_logging(resolved.LOG_LEVEL)
-    # The application's own migrations, found from the directory the app starts in.
-    users = user_migrations(resolved.REGENT_MIGRATIONS)
+    # The application's own migrations, found from the directory the app starts in up.
+    users = configured_migrations(resolved)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -17,6 +17,7 @@ from alembic import context
 from sqlalchemy import Connection, MetaData, pool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from .invocation import program
 from .scheduler.keys import MIGRATION_LOCK_KEY
 
 __all__ = ["USER_VERSION_TABLE", "run_online", "run_users_migrations"]
@@ -38,7 +39,7 @@ def run_online(
         raise RuntimeError("offline (--sql) migrations are not supported; run against a database")
     url = context.config.get_main_option("sqlalchemy.url")
     if not url:
-        raise RuntimeError("no database URL: run migrations with `python -m app migrate`")
+        raise RuntimeError(f"no database URL: run migrations with `{program()} migrate`")
 
     def migrate(connection: Connection) -> None:
         if before is not None:

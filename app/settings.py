@@ -61,7 +61,9 @@ class Settings(BaseSettings):
     LOG_LEVEL: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     TIMEZONE: str = Field(default="UTC", description="IANA zone for cron jobs without tz=")
     REGENT_DATA_DIR: Path | None = Field(
-        default=None, description="where the embedded PostgreSQL keeps its data"
+        default=None,
+        description="where the embedded PostgreSQL keeps its data, of one project (the "
+        "first started on it claims it; another is refused); unset: one per user",
     )
     REGENT_APP: str = Field(
         default="app.main:app",
@@ -72,7 +74,7 @@ class Settings(BaseSettings):
         description="the alembic project of your own tables, relative to the project's "
         "root (the nearest directory, from the one the app starts in up, holding it or a "
         "pyproject.toml): `migrate` applies it after Regent's, start-up checks it is at "
-        "head; empty: none",
+        "head; set but not there: both refuse; empty: none",
     )
     REGENT_PG_PORT: int = Field(
         default=54320,

@@ -5,9 +5,11 @@ A project keeps its own tables as alembic revisions in ``migrations/`` (the
 from the one the app starts in up, that holds them or a pyproject.toml). `python -m
 app revision -m "..."` writes the project the first time and each revision after the
 head of its chain; `python -m app migrate` applies Regent's migrations, then these; the
-app's boot check and ``/readyz`` check both. The chains never meet: Regent's revision is
-kept in ``regent_alembic_version``, the project's in alembic's default
-``alembic_version``, so a project that ran its own alembic before keeps its history.
+app's boot check and ``/readyz`` check both. A REGENT_MIGRATIONS the user set that
+names no migrations is refused by `migrate` and start-up (`configured_migrations`).
+The chains never meet: Regent's revision is kept in ``regent_alembic_version``, the
+project's in alembic's default ``alembic_version``, so a project that ran its own
+alembic before keeps its history.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from sqlalchemy import Connection
 
 from .invocation import program
 from .migration_env import USER_VERSION_TABLE
+from .project import project_root
+from .settings import Settings, SettingsError
 
-__all__ = ["UserMigrations", "user_migrations"]
+__all__ = ["UserMigrations", "configured_migrations", "user_migrations"]
 
 _SCRIPT_TEMPLATE = Path(__file__).resolve().parent / "migrations" / "script.py.mako"
 
@@ -88,24 +92,44 @@ class UserMigrations:
         return Path(script.path)
 
 
-def user_migrations(setting: str, base: Path | None = None) -> UserMigrations | None:
+def configured_migrations(settings: Settings, base: Path | None = None) -> UserMigrations | None:
+    """The migrations `migrate` applies and start-up checks: ``settings.REGENT_MIGRATIONS``
+    found as `user_migrations` finds it, required there when the user set it.
+
+    Raises SettingsError when REGENT_MIGRATIONS was set (environment, ``.env`` or an
+    override) and names no migrations: a path set by hand that holds nothing is a
+    mistake, not "no migrations of your own". The default may be absent."""
+    return user_migrations(
+        settings.REGENT_MIGRATIONS,
+        base,
+        required="REGENT_MIGRATIONS" in settings.model_fields_set,
+    )
+
+
+def user_migrations(
+    setting: str, base: Path | None = None, *, required: bool = False
+) -> UserMigrations | None:
     """The project named by the ``REGENT_MIGRATIONS`` setting; None when it is empty.
 
     A relative path is taken from the project's root, found from ``base`` (default: the
     working directory) up, as git and pytest find theirs: the nearest directory that
     holds the migrations (their env.py) or a pyproject.toml; ``base`` itself when none
     does. So every command, and the app's start-up check, finds the same migrations
-    from anywhere inside the project."""
+    from anywhere inside the project.
+
+    Raises SettingsError naming the directory and the fix when ``required`` and no
+    migrations (their env.py) are there."""
     if not setting.strip():
         return None
     directory = Path(setting).expanduser()
+    start = (base or Path.cwd()).resolve()
     if not directory.is_absolute():
-        directory = _project_root(directory, (base or Path.cwd()).resolve()) / directory
-    return UserMigrations(directory)
-
-
-def _project_root(relative: Path, start: Path) -> Path:
-    for candidate in (start, *start.parents):
-        if (candidate / relative / "env.py").is_file() or (candidate / "pyproject.toml").is_file():
-            return candidate
-    return start
+        directory = project_root(directory, start) / directory
+    found = UserMigrations(directory)
+    if required and not found.exists:
+        raise SettingsError(
+            f"REGENT_MIGRATIONS={setting!r}: no migrations in {found.directory} (no env.py; "
+            f"looked from {start} up); run from inside your project, start them there with "
+            f'`{program()} revision -m "..."`, or fix or unset REGENT_MIGRATIONS'
+        )
+    return found

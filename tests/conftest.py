@@ -6,6 +6,7 @@ import asyncio
 import gc
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -361,6 +362,18 @@ def project_with_its_own_namespace_app(project_with_its_own_app: Path) -> Path:
     Python finds only after every regular ``app``, Regent's included)."""
     (project_with_its_own_app / "app" / "__init__.py").unlink()
     return project_with_its_own_app
+
+
+@pytest.fixture
+def reachable_dir() -> Iterator[Path]:
+    """A directory (mode 0755) the embedded server's account can pass through: as root
+    the server runs as another user, who cannot enter pytest's directories."""
+    path = Path(tempfile.mkdtemp(prefix="regent-sec-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
+from ..invocation import program
 from .broken import BrokenJobs
 from .faults import blames_job, is_busy_row
 from .registry import JobSpec
@@ -126,8 +127,10 @@ async def settle_retirement(store: JobStore, job_ids: Iterable[str]) -> None:
     if retired:
         logger.info(
             "scheduler.jobs_retired: %s no longer registered by this release; listed with "
-            "`jobs --all`, forgotten with `python -m app jobs forget ID` (pid=%s)",
+            "`%s jobs --all`, forgotten with `%s jobs forget ID` (pid=%s)",
             ", ".join(retired),
+            program(),
+            program(),
             pid,
             extra={"action": "scheduler.jobs_retired", "job_ids": retired, "pid": pid},
         )

@@ -62,7 +62,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def regent_server(pytestconfig: pytest.Config) -> Iterator[TestServer]:
     """The session's PostgreSQL: started once, removed at the end of the session. Its
     template database holds Regent's migrations, then the project's own
-    (REGENT_MIGRATIONS, default ``migrations``, from the pytest root directory).
+    (REGENT_MIGRATIONS, default ``migrations``, found from the pytest root directory up;
+    set in the environment but not there: SettingsError).
 
     Under pytest-xdist every worker is a session of its own, so each worker starts its
     own server (and on TEST_DATABASE_URL's, its own template): workers share nothing.
@@ -70,7 +71,10 @@ def regent_server(pytestconfig: pytest.Config) -> Iterator[TestServer]:
     setting = os.environ.get(
         "REGENT_MIGRATIONS", Settings.model_fields["REGENT_MIGRATIONS"].default
     )
-    server = start_test_server(users=user_migrations(setting, base=pytestconfig.rootpath))
+    users = user_migrations(
+        setting, base=pytestconfig.rootpath, required="REGENT_MIGRATIONS" in os.environ
+    )
+    server = start_test_server(users=users)
     try:
         yield server
     finally:

@@ -181,18 +181,6 @@ def shared_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture
-def reachable_dir() -> Iterator[Path]:
-    """A directory (mode 0755) the embedded server's account can pass through: as root
-    the server runs as another user, who cannot enter pytest's directories."""
-    path = Path(tempfile.mkdtemp(prefix="regent-sec-"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
 def embedded_server(reachable_dir: Path) -> Iterator[LocalPostgres]:
     """The embedded server of `python -m app`, running in ``reachable_dir/regent``."""
     with embedded_postgres(reachable_dir / "regent", free_port()) as server:

@@ -8,7 +8,9 @@ one libpq URL in ``DATABASE_URL``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +38,7 @@ __all__ = [
     "Database",
     "DatabaseError",
     "DatabaseUnreachableError",
+    "MigrationFailedError",
     "SchemaNotAtHeadError",
     "alembic_config",
     "async_url",
@@ -63,6 +66,11 @@ class DatabaseUnreachableError(DatabaseError):
     """No connection to the configured server could be made in time."""
 
 
+class MigrationFailedError(DatabaseError):
+    """A revision's statement failed on a database that answers: the revision or the
+    schema it met is at fault, not the connection."""
+
+
 class SchemaNotAtHeadError(DatabaseError):
     """The database schema is not at the revision this code expects: Regent's, or, with
     ``project`` set, the application's own migrations in that directory."""
@@ -83,9 +91,17 @@ class SchemaNotAtHeadError(DatabaseError):
             )
         else:
             fix = f"run `{program()} migrate`"
+        if current:
+            at = f"at revision {current}"
+        elif project is None:
+            # No row in regent_alembic_version: a new database, or one an older Regent
+            # migrated (its revision in alembic_version), which `migrate` moves over.
+            at = "at no revision (a new database, or one an older Regent migrated)"
+        else:
+            at = "at no revision"
         super().__init__(
-            f"the database at {target} (DATABASE_URL): {schema} at revision "
-            f"{current or '<empty>'} but this code needs head {head or '<empty>'}; {fix}"
+            f"the database at {target} (DATABASE_URL): {schema} {at} but this code needs "
+            f"head {head or '<empty>'}; {fix}"
         )
 
 
@@ -158,22 +174,51 @@ def describe_target(url: str) -> str:
     return f"{host}:{port}/{parsed.database or ''}"
 
 
+# SQLSTATE classes of a failure to connect or log in: connection exception, invalid
+# authorization, no such database, insufficient resources (too many connections), the
+# server shutting down or starting. Any other SQLSTATE is a statement's failure.
+_CONNECTION_SQLSTATES = ("08", "28", "3D", "53", "57P")
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE the server answered ``exc`` with (through SQLAlchemy's wrapper or
+    a driver's error); None when no server answered."""
+    for error in (exc, getattr(exc, "orig", None), exc.__cause__):
+        state = getattr(error, "sqlstate", None)
+        if isinstance(state, str) and state:
+            return state
+    return None
+
+
+def _statement_failed(exc: BaseException) -> bool:
+    """True when a server answered a statement with an error (``exc`` is no failure to
+    connect or log in)."""
+    state = _sqlstate(exc)
+    return state is not None and not state.startswith(_CONNECTION_SQLSTATES)
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Class: first line`` of the driver's error under ``exc``, redacted."""
+    # SQLAlchemy wraps the driver's error in several lines; the driver's first says it.
+    cause = getattr(exc, "orig", None) or exc
+    cause = cause.__cause__ or cause
+    # A driver may quote the DSN it was given: never print its password.
+    return f"{cause.__class__.__name__}: {redact((str(cause).strip().splitlines() or [''])[0])}"
+
+
 def _connection_error(exc: BaseException, target: str) -> DatabaseError | None:
     """The DatabaseError that says what to fix, for a failure to connect or log in;
-    None for anything else (a bug, to be raised as it is)."""
+    None for anything else (a bug, or a statement's failure, to be raised as it is)."""
+    if _statement_failed(exc):
+        return None
     if isinstance(exc, OSError | TimeoutError):
         return DatabaseUnreachableError(
             f"cannot reach PostgreSQL at {target} ({exc.__class__.__name__}: {exc}); "
             "check DATABASE_URL and that the server runs"
         )
     if exc.__class__.__module__.startswith(("asyncpg", "psycopg", "sqlalchemy")):
-        # SQLAlchemy wraps the driver's error in several lines; the driver's first says it.
-        cause = getattr(exc, "orig", None) or exc
-        cause = cause.__cause__ or cause
-        # A driver may quote the DSN it was given: never print its password.
-        reason = redact((str(cause).strip().splitlines() or [""])[0])
         return DatabaseUnreachableError(
-            f"cannot use PostgreSQL at {target}: {cause.__class__.__name__}: {reason}; "
+            f"cannot use PostgreSQL at {target}: {_first_line(exc)}; "
             "check DATABASE_URL (user, password, database name)"
         )
     return None
@@ -185,27 +230,48 @@ def migrate(database_url: str, users: UserMigrations | None = None) -> None:
 
     Two runs at once are safe: the second waits for the first, then finds nothing to do.
     Raises DatabaseUnreachableError naming the target when it cannot connect or log in,
-    and SchemaNotAtHeadError for a database a newer release of Regent migrated (its
-    revision unknown to this code, which cannot migrate it either way).
+    SchemaNotAtHeadError for a database a newer release of Regent migrated (its
+    revision unknown to this code, which cannot migrate it either way), and
+    MigrationFailedError naming the chain when the server refused a revision's statement
+    (the revisions before it stay applied).
     """
+    target = describe_target(database_url)
     try:
         try:
-            command.upgrade(alembic_config(database_url), "head")
+            with _naming_the_chain("Regent's migrations", target):
+                command.upgrade(alembic_config(database_url), "head")
         except CommandError:
             current = _read_current_revision(database_url)
             if current is None or known_revision(current):
                 raise
-            raise SchemaNotAtHeadError(
-                current, head_revision(), describe_target(database_url)
-            ) from None
+            raise SchemaNotAtHeadError(current, head_revision(), target) from None
         if users is not None and users.exists:
             # psycopg: an env.py of the user's own making may be sync or async.
-            command.upgrade(users.config(sync_url(database_url)), "heads")
+            with _naming_the_chain(f"your migrations in {users.directory}", target):
+                command.upgrade(users.config(sync_url(database_url)), "heads")
+    except MigrationFailedError:
+        raise
     except Exception as exc:
-        error = _connection_error(exc, describe_target(database_url))
+        error = _connection_error(exc, target)
         if error is None:
             raise
         raise error from None
+
+
+@contextlib.contextmanager
+def _naming_the_chain(chain: str, target: str) -> Iterator[None]:
+    """Raise MigrationFailedError naming ``chain`` for a statement the server refused in
+    the block; anything else passes as it is."""
+    try:
+        yield
+    except Exception as exc:
+        if not _statement_failed(exc):
+            raise
+        raise MigrationFailedError(
+            f"{chain} failed on {target}: {_first_line(exc)}; the revisions before it "
+            f"are applied: fix the revision (or the schema it met), then run `{program()} "
+            "migrate` again"
+        ) from None
 
 
 def _read_current_revision(database_url: str) -> str | None:
@@ -242,6 +308,12 @@ async def verify_schema_at_head(
         ) from None
     except Exception as exc:
         error = _connection_error(exc, target)
+        if error is None and _statement_failed(exc):
+            error = DatabaseError(
+                f"cannot read the schema's revisions at {target}: {_first_line(exc)}; "
+                "check that DATABASE_URL's user may read them (regent_alembic_version, "
+                "and alembic_version for your own)"
+            )
         if error is None:
             raise
         raise error from None

@@ -64,3 +64,11 @@ def test_python_m_regent_runs_regents_command_line_where_nothing_shadows_app(
     done = _run(["-m", "regent", "--help"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: python -m regent "), done.stdout
+
+
+def test_a_start_up_of_a_project_whose_app_has_no_init_fails_in_one_line_naming_both(
+    project_with_its_own_namespace_app: Path,
+) -> None:
+    project = project_with_its_own_namespace_app
+    done = _run(["-m", "uvicorn", "app.main:app", "--port", str(free_port())], cwd=project)
+    _assert_one_line_naming_both(done, project)

@@ -2,6 +2,7 @@
 wheel migrates a database on its own, a user's alembic history on the same database is
 never touched, and a database made by an older Regent moves over by itself."""
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -13,7 +14,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.db import REGENT_VERSION_TABLE, head_revision, migrate
+from app.db import (
+    REGENT_VERSION_TABLE,
+    Database,
+    SchemaNotAtHeadError,
+    head_revision,
+    migrate,
+    verify_schema_at_head,
+)
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 
@@ -101,6 +109,29 @@ def test_a_database_made_by_an_older_regent_moves_to_its_own_version_table(
         == head_revision()
     )
     assert _one(empty_database_url, "SELECT to_regclass('alembic_version')") is None
+
+
+def test_the_start_up_check_of_an_older_regents_database_says_so_and_to_migrate(
+    empty_database_url: str,
+) -> None:
+    migrate(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        conn.execute(f"ALTER TABLE {REGENT_VERSION_TABLE} RENAME TO alembic_version")
+
+    async def start_up_check() -> None:
+        database = Database.from_url(empty_database_url)
+        try:
+            await verify_schema_at_head(database.engine)
+        finally:
+            await database.dispose()
+
+    with pytest.raises(SchemaNotAtHeadError) as refused:
+        asyncio.run(start_up_check())
+
+    message = str(refused.value)
+    assert "an older Regent migrated" in message
+    assert "migrate`" in message
+    assert "<empty>" not in message
 
 
 @pytest.fixture(scope="module")

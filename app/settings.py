@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from .project import project_root
 from .scheduler.keys import validate_schedule_name
 from .secret_url import SecretUrl
 
@@ -342,10 +343,21 @@ def _parse_postgres_url(value: str) -> URL:
 
 
 def load_settings(**overrides: object) -> Settings:
-    """Build Settings from the environment (and ``.env``), with ``overrides`` on top.
+    """Build Settings from the environment and the project's ``.env`` files, with
+    ``overrides`` on top (``_env_file=None``: no file at all).
+
+    The ``.env`` files are the project root's (app/project.py: found from the working
+    directory up, as its migrations are), then the working directory's, which goes over
+    it: every command run anywhere inside a project reads the same settings. The
+    environment goes over both.
 
     Raises SettingsError naming each bad variable, its value and what it accepts.
     """
+    if "_env_file" not in overrides:
+        here = Path.cwd()
+        overrides["_env_file"] = tuple(
+            dict.fromkeys((project_root(start=here) / ".env", here.resolve() / ".env"))
+        )
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:

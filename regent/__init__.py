@@ -2,18 +2,25 @@
 
 Regent's code is the package ``app`` (this repository's layout, installed beside this
 one); ``regent`` is its name in a project whose own code is elsewhere. It first checks
-that ``app`` is Regent's (regent/_import_name.py: a project with a top-level ``app`` of
+that ``app`` is Regent's (app/_import_name.py: a project with a top-level ``app`` of
 its own takes the name, and `import regent` then fails in one line naming both), then
 re-exports what a project builds on. The same objects as under ``app``: ``regent.X is
 app.<module>.X``. `python -m regent` is `python -m app`; ``regent.testing`` is the test
 kit, and ``pytest_plugins = ["regent.testing.plugin"]`` its fixtures.
 """
 
+import importlib.util
 from pathlib import Path
 
-from ._import_name import refuse_a_shadowed_app
-
-refuse_a_shadowed_app(Path(__file__).resolve().parent.parent / "app")
+# Loaded by its path: the name ``app``, which the check is about, may be another's.
+_REGENTS_APP = Path(__file__).resolve().parent.parent / "app"
+_spec = importlib.util.spec_from_file_location(
+    "regent._import_name", _REGENTS_APP / "_import_name.py"
+)
+assert _spec is not None and _spec.loader is not None
+_import_name = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_import_name)
+_import_name.refuse_a_shadowed_app(_REGENTS_APP)
 
 from app.db import Database as Database
 from app.main import DatabaseDep as DatabaseDep

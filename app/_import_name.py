@@ -1,4 +1,5 @@
-"""Whether the name ``app`` is Regent's: the check `import regent` makes first.
+"""Whether the name ``app`` is Regent's: the check `import regent` makes first (loading
+this file by its path) and `import app` makes as it begins.
 
 Regent's import package is ``app``, installed beside this one. A project of one's own
 with a top-level ``app`` of its own (FastAPI's "Bigger Applications" layout) takes the

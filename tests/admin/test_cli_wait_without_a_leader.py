@@ -6,6 +6,7 @@ leader key or waits behind its host's lock, it waits as for any run."""
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 import pytest
 from sqlalchemy import text
@@ -19,10 +20,11 @@ from ..conftest import StartScheduler
 from .conftest import app_command
 
 
-async def _requested_at(database: Database, job_id: str) -> object:
+async def _requested_at(database: Database, job_id: str) -> datetime | None:
     async with database.engine.connect() as conn:
         query = text("SELECT run_requested_at FROM scheduler_jobs WHERE id = :id")
-        return (await conn.execute(query, {"id": job_id})).scalar_one()
+        requested: datetime | None = (await conn.execute(query, {"id": job_id})).scalar_one()
+    return requested
 
 
 @pytest.mark.usefixtures("unled_report")

@@ -13,10 +13,12 @@
     python -m app db-url | psql [PSQL-ARGS...]
     python -m app prune [--dry-run] [--schedule NAME]
 
-The read commands take --json (for scripts). `jobs run ID --wait` prints the run once it
-has ended and exits 1 unless it ended ok. `db-url` prints the database's URL, password
-included (the embedded server's is readable by its owner only); `psql` opens psql on it
-(the password passed in the environment, never on the command line).
+The read commands take --json (for scripts), before or after the command. `jobs run
+ID --wait` prints the run once it has ended and exits 1 unless it ended ok (at once,
+with the request left queued, when no process leads the schedule or waits to).
+`db-url` prints the database's URL, password included (the embedded server's is
+readable by its owner only); `psql` opens psql on it (the password passed in the
+environment, never on the command line).
 
 Without DATABASE_URL both start the embedded PostgreSQL (see app/embedded.py); serve
 migrates it to head first. With DATABASE_URL nothing is started and serve migrates
@@ -45,7 +47,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from .app_target import DEFAULT_APP, AppTargetError, load_schedulers
 from .cli.commands import COMMANDS, add_commands, database_url, main_async
 from .cli.errors import RunNotOkError, UsageError
-from .cli.options import int_between
+from .cli.options import add_json, int_between
 from .cli.output import print_output
 from .db import DatabaseError, async_url, describe_target, migrate, verify_schema_at_head
 from .embedded import default_data_dir, embedded_postgres
@@ -68,6 +70,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser(prog: str = "python -m app") -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description=__doc__.split("\n")[0].replace("python -m app", prog))
+    # Before the command too (`python -m app --json jobs`); main refuses it for a
+    # command that prints no table.
+    add_json(parser)
     commands = parser.add_subparsers(dest="command")
     serve = commands.add_parser("serve", help="serve the app with uvicorn (the default)")
     for target in (parser, serve):
@@ -309,6 +314,11 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = _parse(list(sys.argv[1:] if argv is None else argv), prog or program())
     signal.signal(signal.SIGTERM, _terminate)
     try:
+        if getattr(args, "json", False) and args.command not in COMMANDS:
+            raise UsageError(
+                f"--json is for the read commands ({', '.join(COMMANDS)}); "
+                f"`{args.command or 'serve'}` prints no table"
+            )
         settings = load_settings()
         if args.command == "migrate":
             _migrate(settings)

@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
+import asyncpg
 import httpx
 import pytest
 from sqlalchemy import text
@@ -27,6 +28,7 @@ from app.db import Database, asyncpg_dsn
 from app.localpg import free_port
 from app.scheduler import Clock, FakeClock, Scheduler, SchedulerConfig, SystemClock
 from app.scheduler.election import LockConnection
+from app.scheduler.keys import DEFAULT_SCHEDULE, LeaderKey
 from app.scheduler.supervisor import Supervisor
 from app.settings import Settings, load_settings
 from app.testing import TestServer
@@ -217,6 +219,20 @@ async def start_scheduler(
     # As the app's lifespan does before it disposes the engine: the work that outlived
     # the stop (a thread, a carried statement) ends on this loop, not after it closed.
     await asyncio.gather(*(scheduler.wait_for_threads() for scheduler in started))
+
+
+@pytest.fixture
+async def leader_key_backend(database_url: str) -> AsyncIterator[int]:
+    """The backend pid of a connection that holds the default schedule's leader key
+    (a leader's lock connection, for takes fenced by it; a frozen leader, which fires
+    nothing), until the test ends."""
+    holder = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        key = LeaderKey.of(DEFAULT_SCHEDULE)
+        await holder.execute(key.call("pg_advisory_lock"), *key.args)
+        yield int(await holder.fetchval("SELECT pg_backend_pid()"))
+    finally:
+        await holder.close()
 
 
 # When a promotion elsewhere says it began: only operators read it.

@@ -44,9 +44,10 @@ _UNKNOWN_OUTBOX: Responses = {
 _UNKNOWN_MESSAGE: Responses = {
     404: error_response("ADMIN_TOKEN is unset, or no outbox of that name or message of that id")
 }
-_ROW_HELD = error_response(
-    "the job's row stayed held by another transaction past the wait (the message names "
-    "its backend pid); try again"
+_RETIRED_OR_HELD = error_response(
+    "the job is retired (the message names `jobs forget`, which removes it); or its row "
+    "stayed held by another transaction past the wait (the message names its backend "
+    "pid)"
 )
 
 
@@ -151,8 +152,8 @@ async def runs(
 )
 async def run_now(request: Request, job_id: JobId) -> dict[str, str]:
     """Fire now, through the same slot claim; 409 while the job runs (its running lease
-    holds), while it is paused, and for a per-worker job (each worker runs that on its
-    own schedule)."""
+    holds), while it is paused, for a retired job (forget it instead), and for a
+    per-worker job (each worker runs that on its own schedule)."""
     await run_job_now(
         engine_of(request),
         job_id,
@@ -179,17 +180,17 @@ async def forget(request: Request, job_id: JobId) -> dict[str, Any]:
     return {"status": "forgotten", "runs_deleted": runs}
 
 
-@router.post("/jobs/{job_id}/pause", responses=_UNKNOWN_JOB | {409: _ROW_HELD})
+@router.post("/jobs/{job_id}/pause", responses=_UNKNOWN_JOB | {409: _RETIRED_OR_HELD})
 async def pause(request: Request, job_id: JobId) -> dict[str, str]:
     """Pause the job: no slot is claimed (per-worker jobs: no worker runs a slot) until
-    it is resumed."""
+    it is resumed. 409 for a retired job (forget it instead)."""
     await set_paused(engine_of(request), job_id, True, schedule=schedule_name(request))
     return {"status": "paused"}
 
 
-@router.post("/jobs/{job_id}/resume", responses=_UNKNOWN_JOB | {409: _ROW_HELD})
+@router.post("/jobs/{job_id}/resume", responses=_UNKNOWN_JOB | {409: _RETIRED_OR_HELD})
 async def resume(request: Request, job_id: JobId) -> dict[str, str]:
-    """Resume a paused job."""
+    """Resume a paused job. 409 for a retired job (forget it instead)."""
     await set_paused(engine_of(request), job_id, False, schedule=schedule_name(request))
     return {"status": "resumed"}
 

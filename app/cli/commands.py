@@ -24,7 +24,8 @@ def add_commands(commands: Any) -> None:
     """Add the jobs, outbox, leader and prune sub-commands to an argparse sub-parser set.
 
     Every read command takes ``--json`` (rows as JSON, timestamps ISO-8601) for scripts,
-    before or after its sub-command.
+    after it or its sub-command; `python -m app` takes it before the command too (see
+    options.add_json).
     """
     jobs.add_parser(commands)
     outbox.add_parser(commands)
@@ -61,6 +62,8 @@ async def run_command(
     request; every lease and due time is read on the lease clock (app/scheduler/clock.py),
     the database server's under the system clock, never on the operator's machine."""
     clock = clock or SystemClock()
+    # --json is left unset where it was not given (options.add_json): unset is false.
+    args = argparse.Namespace(**({"json": False} | vars(args)))
     if args.command == "outbox":
         outbox.check_usage(args)
     url = database_url(settings)

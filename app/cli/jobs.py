@@ -10,7 +10,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ..operations import display
+from ..invocation import program
+from ..operations import display, leadership
 from ..operations.jobs import forget_job, list_jobs, run_job_now, set_paused
 from ..operations.run_status import RUN_STATUSES
 from ..operations.runs import job_runs, manual_run
@@ -34,7 +35,7 @@ def add_parser(commands: Any) -> None:
     jobs = commands.add_parser(
         "jobs", help="list the jobs; run, pause or resume one; show its history"
     )
-    add_json(jobs, inner=False)
+    add_json(jobs)
     jobs.add_argument(
         "--all", action="store_true", help="list retired jobs too (no longer registered)"
     )
@@ -63,7 +64,7 @@ def add_parser(commands: Any) -> None:
         default=600,
         help="seconds --wait waits for the run to end (default 600)",
     )
-    add_json(run, inner=True)
+    add_json(run)
     history.add_argument("--limit", type=int_between(1, 500), default=20)
     history.add_argument("--full", action="store_true", help="print each error whole")
     history.add_argument(
@@ -72,7 +73,7 @@ def add_parser(commands: Any) -> None:
         metavar="STATUS",
         help=f"only the runs of this status, one of {', '.join(RUN_STATUSES)}",
     )
-    add_json(history, inner=True)
+    add_json(history)
 
 
 def _history(runs: Sequence[dict[str, Any]], full: bool) -> str:
@@ -161,7 +162,8 @@ async def _wait_for_run(
 ) -> str:
     """The manual run asked for at ``requested``, once it has ended, as the command
     prints it; RunNotOkError carrying that when it ended other than ok or is still to
-    end after --timeout seconds."""
+    end after --timeout seconds, and at once, in one line, while it has not started and
+    no process leads the schedule or waits to (the request stays queued)."""
     deadline = clock.monotonic() + args.timeout
     while True:
         run = await manual_run(engine, args.job_id, requested, schedule=schedule)
@@ -170,6 +172,12 @@ async def _wait_for_run(
             if run["status"] != "ok":
                 raise RunNotOkError(shown)
             return shown
+        if run is None and not await _led(engine, schedule, clock):
+            raise RunNotOkError(
+                f"no process leads schedule {schedule} or waits to (no app of it runs), so "
+                f"nothing runs {printable(args.job_id)} now: its request stays queued for "
+                f"the leader of an app that starts (`{program()} leader` shows it)"
+            )
         if clock.monotonic() >= deadline:
             state = "has not started" if run is None else "is still running"
             raise RunNotOkError(
@@ -178,3 +186,11 @@ async def _wait_for_run(
                 f"{printable(args.job_id)}` (is a leader of schedule {schedule} running?)"
             )
         await clock.sleep(_RUN_POLL_SECONDS)
+
+
+async def _led(engine: AsyncEngine, schedule: str, clock: Clock) -> bool:
+    """Whether a process holds the schedule's leader key or waits for it (a standby on
+    the key, or behind its host's lock: a leader is coming), as `leader` and
+    /health/scheduler read it (operations/leadership.py, on the lease clock)."""
+    info = await leadership.leader(engine, lease_now=lease_now(clock), schedule=schedule)
+    return info["backend_pid"] is not None or info["standbys"] > 0

@@ -21,7 +21,7 @@ __all__ = ["add_parser", "execute"]
 def add_parser(commands: Any) -> None:
     """Add ``leader`` to an argparse sub-parser set."""
     leader = commands.add_parser("leader", help="show the leader and the standbys waiting")
-    add_json(leader, inner=False)
+    add_json(leader)
     add_schedule_options(leader, inner=False)
 
 

@@ -60,13 +60,16 @@ def add_schedule_options(parser: argparse.ArgumentParser, *, inner: bool) -> Non
     )
 
 
-def add_json(parser: argparse.ArgumentParser, *, inner: bool) -> None:
-    """--json on a command; an ``inner`` (sub-)command leaves it as given before it
-    (``jobs --json history ID`` prints JSON as ``jobs history ID --json`` does)."""
+def add_json(parser: argparse.ArgumentParser) -> None:
+    """--json on `python -m app`, a command or a sub-command. Each leaves it unset when
+    not given, so one given before holds: ``python -m app --json jobs history ID``,
+    ``jobs --json history ID`` and ``jobs history ID --json`` print JSON alike (a
+    command's default would overwrite the one given before it). Unset reads as false
+    (commands.run_command)."""
     parser.add_argument(
         "--json",
         action="store_true",
-        default=argparse.SUPPRESS if inner else False,
+        default=argparse.SUPPRESS,
         help="print JSON instead of a table",
     )
 

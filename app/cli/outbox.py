@@ -30,7 +30,7 @@ def add_parser(commands: Any) -> None:
     outbox = commands.add_parser(
         "outbox", help="outboxes and their rows: list, pending, scheduled, stuck, reset"
     )
-    add_json(outbox, inner=False)
+    add_json(outbox)
     outbox_commands = outbox.add_subparsers(dest="outbox_command", metavar=OUTBOX_COMMANDS)
     listing = outbox_commands.add_parser("list", help="each outbox with its counts per status")
     listing.add_argument(
@@ -45,7 +45,7 @@ def add_parser(commands: Any) -> None:
     stuck = outbox_commands.add_parser("stuck", help="list stuck rows")
     stuck.add_argument("name", nargs="?")
     for reader in (listing, pending, scheduled, stuck):
-        add_json(reader, inner=True)
+        add_json(reader)
     forget_outbox = outbox_commands.add_parser(
         "forget", help="delete a retired outbox's rows (refused while an app drains it)"
     )

@@ -14,7 +14,7 @@ from ..retention import RetentionPolicy, prunable, prune
 from ..scheduler import Clock
 from ..scheduler.clock import lease_now
 from ..settings import Settings
-from .options import add_schedule_options, schedule_of
+from .options import add_json, add_schedule_options, schedule_of
 from .output import to_json
 
 __all__ = ["add_parser", "execute"]
@@ -30,7 +30,7 @@ def add_parser(commands: Any) -> None:
     prune_command.add_argument(
         "--dry-run", action="store_true", help="print what would be deleted; delete nothing"
     )
-    prune_command.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    add_json(prune_command)
     add_schedule_options(prune_command, inner=False)
 
 

@@ -4,6 +4,6 @@ and their messages, each value as an operator reads it (``display``). Every read
 compares times with the lease clock (``reading``); a refusal is an ``AdminError`` whose
 ``status`` is the HTTP answer. Nothing here imports FastAPI: the CLI starts without it."""
 
-from .errors import AdminError, Conflict, NotFound, UnknownJobError
+from .errors import AdminError, Conflict, NotFound, RetiredJobError, UnknownJobError
 
-__all__ = ["AdminError", "Conflict", "NotFound", "UnknownJobError"]
+__all__ = ["AdminError", "Conflict", "NotFound", "RetiredJobError", "UnknownJobError"]

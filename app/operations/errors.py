@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..invocation import program
 
-__all__ = ["AdminError", "Conflict", "NotFound", "UnknownJobError"]
+__all__ = ["AdminError", "Conflict", "NotFound", "RetiredJobError", "UnknownJobError"]
 
 
 class AdminError(Exception):
@@ -38,3 +38,18 @@ class Conflict(AdminError):
     row a drain is delivering)."""
 
     status = 409
+
+
+class RetiredJobError(Conflict):
+    """A run now, pause or resume of a retired job (its schedule's leader registers it
+    no more, so nothing would act on it); ``job_id`` and ``schedule`` name it, and the
+    message names the command that removes it."""
+
+    def __init__(self, job_id: str, schedule: str) -> None:
+        self.job_id = job_id
+        self.schedule = schedule
+        super().__init__(
+            f"job {job_id!r} is retired: the leader of schedule {schedule!r} no longer "
+            "registers it, so nothing would act on it; register it again, or remove it "
+            f"with `{program()} jobs forget {job_id} --schedule {schedule}`"
+        )

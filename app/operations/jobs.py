@@ -25,7 +25,7 @@ from app.scheduler.rowlocks import RowHeldError, held_by_sql, patient_write, row
 from app.scheduler.store.leases import leader_run_leased_sql
 from app.storable import is_storable_text
 
-from .errors import Conflict, UnknownJobError
+from .errors import Conflict, RetiredJobError, UnknownJobError
 from .reading import plain_rows
 
 __all__ = ["forget_job", "list_jobs", "require_job", "run_job_now", "set_paused"]
@@ -89,7 +89,7 @@ _JOBS = text(
     """
 )
 _JOB = text("SELECT 1 FROM scheduler_jobs WHERE schedule = :schedule AND id = :job_id")
-# What an operator's write of a job may do (run now, forget), read on the lease clock,
+# What an operator's write of a job may do (run now, pause, forget), read on the lease clock,
 # and the row locked until the write is done: a claim of the job waits for it, so
 # "running" cannot change in between.
 _JOB_STATE = text(
@@ -114,7 +114,7 @@ _PAUSE = text(
     SET paused = :paused,
         run_requested_at = CASE WHEN :paused THEN NULL ELSE run_requested_at END,
         updated_at = now()
-    WHERE schedule = :schedule AND id = :job_id RETURNING id
+    WHERE schedule = :schedule AND id = :job_id
     """
 )
 _WAKE = text(f"NOTIFY {WAKE_CHANNEL}")
@@ -191,7 +191,7 @@ async def require_job(conn: AsyncConnection, job_id: str, schedule: str) -> None
 async def _job_state(
     engine: AsyncEngine, job_id: str, schedule: str, lease_now: datetime | None
 ) -> AsyncIterator[tuple[AsyncConnection, Row[Any]]]:
-    """An operator's write of a job (run now, forget), with what it may do (_JOB_STATE,
+    """An operator's write of a job (run now, pause, forget), with what it may do (_JOB_STATE,
     its running lease read on the lease clock: ``lease_now``, None for the database
     server's) and the row locked until the write is done. UnknownJobError for an
     unknown job; Conflict as _job_write says."""
@@ -219,7 +219,8 @@ async def run_job_now(
     leaves the job's next slot where it was. A request still pending when asked again
     is the same request. Returns the request's time: its run's slot (``manual_run``).
 
-    Raises UnknownJobError (a NotFound) for an unknown job, and Conflict while it runs
+    Raises UnknownJobError (a NotFound) for an unknown job, RetiredJobError (a Conflict)
+    for a retired one, and Conflict while it runs
     (its running lease holds, read on the lease clock as in list_jobs: ``lease_now``,
     None for the database server's), while it is paused, and for a per-worker job
     (``leader_only=False``): each worker runs that on its own schedule, and no leader
@@ -233,10 +234,7 @@ async def run_job_now(
                 "so it cannot be run now; each worker runs it at its next slot"
             )
         if row.retired:
-            raise Conflict(
-                f"job {job_id!r} is retired: the leader of schedule {schedule!r} no longer "
-                "registers it, so nothing would run it; register it again, or forget it"
-            )
+            raise RetiredJobError(job_id, schedule)
         if row.running:
             raise Conflict(f"job {job_id!r} is running; try again when it has finished")
         if row.paused:
@@ -275,10 +273,12 @@ async def set_paused(
     worker skips the slots of a paused per-worker job. Pausing drops a pending run-now
     request. Waits for a claim of the job's next slot that holds its row (at most
     CLAIM_AHEAD_SECONDS). Raises UnknownJobError for an unknown job, Conflict when the
-    row stays locked much longer."""
-    async with _job_write(engine, job_id, schedule) as conn:
-        await require_job(conn, job_id, schedule)
+    row stays locked much longer, and RetiredJobError for a retired job (nothing acts on
+    it: forget it)."""
+    # Read on the database server's clock, as every lease is.
+    async with _job_state(engine, job_id, schedule, None) as (conn, row):
+        if row.retired:
+            raise RetiredJobError(job_id, schedule)
         params = {"job_id": job_id, "paused": paused, "schedule": schedule}
-        if (await conn.execute(_PAUSE, params)).first() is None:
-            raise UnknownJobError(job_id, schedule)
+        await conn.execute(_PAUSE, params)
         await conn.execute(_WAKE)

@@ -12,6 +12,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
@@ -20,10 +21,11 @@ from sqlalchemy import text
 
 from app.db import Database
 from app.main import create_app
-from app.scheduler import Clock, Role, Scheduler
+from app.scheduler import Clock, JobContext, Role, Scheduler, SystemClock, every
+from app.scheduler.store import JobStore
 from app.settings import Settings
 
-from ..conftest import admin_sign_in
+from ..conftest import StartScheduler, admin_sign_in
 
 TOKEN = "truth-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -188,3 +190,38 @@ async def stuck_row(database: Database, message_id: int, outbox: str = "grants")
         outbox=outbox,
         key=f"k-{message_id}",
     )
+
+
+async def _report(ctx: JobContext) -> None:
+    return None
+
+
+def report_release(*job_ids: str) -> Scheduler:
+    """The Scheduler of a release that registers ``job_ids``, each hourly, a body that
+    ends ok at once."""
+    scheduler = Scheduler()
+    for job_id in job_ids:
+        scheduler.job(every(hours=1), id=job_id)(_report)
+    return scheduler
+
+
+@pytest.fixture
+async def unled_report(database: Database) -> Scheduler:
+    """Job 'report' of schedule 'default', registered by a release whose app runs no
+    more: no process leads the schedule or waits to. Returns that release's Scheduler,
+    for a test to start it."""
+    release = report_release("report")
+    rows = JobStore(database.engine, pid=0, host="previous-release")
+    await rows.register_leader_jobs(release.jobs.values(), SystemClock().now(), ZoneInfo("UTC"))
+    return release
+
+
+@pytest.fixture
+async def retired_old_report(database: Database, start_scheduler: StartScheduler) -> None:
+    """Job 'old_report' retired: an older release registered it beside 'report', and
+    the leader of a release that registers 'report' alone has promoted (and leads)."""
+    rows = JobStore(database.engine, pid=0, host="previous-release")
+    older = report_release("report", "old_report").jobs.values()
+    await rows.register_leader_jobs(older, SystemClock().now(), ZoneInfo("UTC"))
+    supervisor = await start_scheduler(report_release("report"))
+    await supervisor.wait_until_firing()

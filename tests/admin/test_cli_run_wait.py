@@ -1,8 +1,9 @@
 """`python -m app jobs run ID --wait`: the run's outcome, in the exit code too.
 
 The command asks for a run now, waits until the leader has run it, prints the run as
-`jobs history` does, and exits 0 only when it ended ok; a run that no leader takes
-within --timeout is a failure naming the wait."""
+`jobs history` does, and exits 0 only when it ended ok; a run that the leader does not
+take within --timeout is a failure naming the wait (with no leader at all, see
+test_cli_wait_without_a_leader.py)."""
 
 from __future__ import annotations
 
@@ -72,9 +73,12 @@ async def test_run_wait_exits_1_printing_the_error_when_the_run_fails(database_u
     assert "RuntimeError: the report store answered 503" in out
 
 
-async def test_run_wait_with_no_leader_exits_1_after_the_timeout_naming_it(
+@pytest.mark.usefixtures("leader_key_backend")
+async def test_run_wait_exits_1_after_the_timeout_naming_it_when_the_leader_takes_no_request(
     database_url: str, database: Database
 ) -> None:
+    # The key's holder fires nothing (a frozen leader): a leader holds the schedule, so
+    # the command waits for it.
     rows = JobStore(database.engine, pid=0, host="previous-release")
     await rows.register_leader_jobs(_jobs().jobs.values(), SystemClock().now(), ZoneInfo("UTC"))
     code, out, _ = await _cli(database_url, "jobs", "run", "report", "--wait", "--timeout", "1")

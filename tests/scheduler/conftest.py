@@ -16,20 +16,14 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import asyncpg
 import psycopg
 import pytest
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.db import Database, asyncpg_dsn
+from app.db import Database
 from app.scheduler import FakeClock, JobContext, Scheduler, SchedulerConfig, cron
-from app.scheduler.keys import (
-    DEFAULT_SCHEDULE,
-    LEADER_KEY_LOCKS,
-    SCHEDULER_LEADER_KEY,
-    LeaderKey,
-)
+from app.scheduler.keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
 from app.scheduler.retry import BUSY_ROW
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
@@ -478,19 +472,6 @@ async def service_row_held(engine: AsyncEngine, service_id: str) -> AsyncIterato
             text("SELECT 1 FROM scheduler_services WHERE id = :id FOR UPDATE"), {"id": service_id}
         )
         yield holder
-
-
-@pytest.fixture
-async def leader_key_backend(database_url: str) -> AsyncIterator[int]:
-    """The backend pid of a connection that holds the default schedule's leader key
-    (a leader's lock connection, for takes fenced by it), until the test ends."""
-    holder = await asyncpg.connect(asyncpg_dsn(database_url))
-    try:
-        key = LeaderKey.of(DEFAULT_SCHEDULE)
-        await holder.execute(key.call("pg_advisory_lock"), *key.args)
-        yield int(await holder.fetchval("SELECT pg_backend_pid()"))
-    finally:
-        await holder.close()
 
 
 async def prepared_claim_waits(engine: AsyncEngine) -> bool:

@@ -19,13 +19,15 @@ such a row could never be sent.
 from __future__ import annotations
 
 import re
-
-import httpx
+from typing import TYPE_CHECKING
 
 from app.redact import redact
 
 from .errors import PermanentDeliveryError
 from .message import Message
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = [
     "HEADER_KEY_PATTERN",
@@ -66,9 +68,14 @@ class HttpTransport:
     def __init__(
         self, url: str, *, timeout: float = 30, client: httpx.AsyncClient | None = None
     ) -> None:
+        # httpx (0.13 s to import) only once a transport is made: every `python -m app`
+        # command imports the outbox, and most never send.
+        import httpx
+
         self.url = url
         self.timeout = timeout
         self._client = client or httpx.AsyncClient(timeout=timeout)
+        self._http_error = httpx.HTTPError
 
     def key_problem(self, key: str) -> str | None:
         """Why ``key`` cannot be delivered (HEADER_KEY_RULE); None when it can. The
@@ -84,7 +91,7 @@ class HttpTransport:
                 headers={"Idempotency-Key": message.idempotency_key},
                 timeout=self.timeout,
             )
-        except httpx.HTTPError as exc:
+        except self._http_error as exc:
             # The drain stores and logs this text: it must not carry the URL's secrets.
             raise RetryableDeliveryError(
                 redact(f"POST {self.url}: {exc.__class__.__name__}: {exc}")

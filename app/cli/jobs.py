@@ -25,6 +25,15 @@ from .output import block, table, to_json
 
 __all__ = ["add_parser", "execute"]
 
+
+def _no_leader(schedule: str) -> str:
+    """What `jobs run` says (and `run --wait` raises) while nothing would run a request."""
+    return (
+        f"no process leads schedule {schedule} or waits to (no app of it runs): the request "
+        f"stays queued for the leader of an app that starts (`{program()} leader` shows it)"
+    )
+
+
 # How often `jobs run --wait` reads whether the run has ended.
 _RUN_POLL_SECONDS = 0.5
 
@@ -107,10 +116,10 @@ async def execute(
         )
         if args.wait:
             return await _wait_for_run(engine, args, schedule, requested, clock)
-        return (
-            f"queued {printable(args.job_id)} (schedule {schedule}): the leader fires it now, "
-            "through its slot claim"
-        )
+        queued = f"queued {printable(args.job_id)} (schedule {schedule})"
+        if not await _led(engine, schedule, clock):
+            return f"{queued}; {_no_leader(schedule)}"
+        return f"{queued}: the leader fires it now, through its slot claim"
     if args.jobs_command in ("pause", "resume"):
         paused = args.jobs_command == "pause"
         await set_paused(engine, args.job_id, paused, schedule=schedule)
@@ -174,9 +183,7 @@ async def _wait_for_run(
             return shown
         if run is None and not await _led(engine, schedule, clock):
             raise RunNotOkError(
-                f"no process leads schedule {schedule} or waits to (no app of it runs), so "
-                f"nothing runs {printable(args.job_id)} now: its request stays queued for "
-                f"the leader of an app that starts (`{program()} leader` shows it)"
+                f"nothing runs {printable(args.job_id)} now: " + _no_leader(schedule)
             )
         if clock.monotonic() >= deadline:
             state = "has not started" if run is None else "is still running"

@@ -71,3 +71,13 @@ async def test_run_wait_waits_while_a_worker_waits_behind_its_host_lock(
     waited = app_command(database_url, "jobs", "run", "report", "--wait", "--timeout", "2")
     assert waited.returncode == 1, waited.stderr
     assert "has not started after 2 s (--timeout)" in waited.stdout
+
+
+@pytest.mark.usefixtures("unled_report")
+async def test_run_without_wait_and_without_a_leader_says_nothing_runs_it_yet(
+    database_url: str,
+) -> None:
+    queued = app_command(database_url, "jobs", "run", "report")
+    assert queued.returncode == 0, queued.stderr
+    assert "queued report" in queued.stdout
+    assert "no process leads schedule default" in queued.stdout

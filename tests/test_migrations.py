@@ -17,6 +17,7 @@ import pytest
 from app.db import (
     REGENT_VERSION_TABLE,
     Database,
+    MigrationFailedError,
     SchemaNotAtHeadError,
     head_revision,
     migrate,
@@ -183,3 +184,22 @@ def test_the_wheel_built_from_the_sdist_migrates_an_empty_database_on_its_own(
         _one(empty_database_url, f"SELECT version_num FROM {REGENT_VERSION_TABLE}")
         == head_revision()
     )
+
+
+def test_regents_tables_with_no_regent_revision_recorded_are_refused_saying_how_to_record_it(
+    empty_database_url: str,
+) -> None:
+    migrate(empty_database_url)
+    # As an older Regent left a database whose own revisions were added after Regent's
+    # in the one chain: alembic_version names the user's revision, not Regent's.
+    with psycopg.connect(empty_database_url) as conn:
+        conn.execute(f"ALTER TABLE {REGENT_VERSION_TABLE} RENAME TO alembic_version")
+        conn.execute("UPDATE alembic_version SET version_num = 'a1b2c3d4e5f6'")
+
+    with pytest.raises(MigrationFailedError) as refused:
+        migrate(empty_database_url)
+
+    message = str(refused.value)
+    assert "a1b2c3d4e5f6" in message
+    assert REGENT_VERSION_TABLE in message
+    assert "DATABASE_URL" not in message

@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo
 
@@ -206,6 +207,20 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         except DatabaseError:
             await database.dispose()
             raise
+        if users is not None and not users.exists:
+            # A wheel carries no migrations/: a project deployed as one checks nothing of
+            # its own tables here, and its first job that needs one fails instead.
+            logger.info(
+                "app.no_migrations_of_yours: no migrations of your own at %s "
+                "(REGENT_MIGRATIONS=%r, looked from %s up): only Regent's schema was "
+                "checked; ship your migrations with the app and set REGENT_MIGRATIONS to "
+                "them, or set it empty if you have none (pid=%s)",
+                users.directory,
+                resolved.REGENT_MIGRATIONS,
+                Path.cwd(),
+                os.getpid(),
+                extra={"action": "app.no_migrations_of_yours", "pid": os.getpid()},
+            )
         app.state.database = database
         try:
             _bind_outboxes(resolved, database, scheduler)

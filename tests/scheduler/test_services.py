@@ -253,6 +253,12 @@ async def test_a_new_leader_starts_its_services_only_after_the_whole_handover_gr
     await clock.wait_for_sleepers(1)
     clock.advance(grace)
     await old.wait_until_firing()
+
+    async def old_service_started() -> bool:
+        # Firing comes first; the copy starts once its lease is taken.
+        return started == ["old"]
+
+    await eventually(old_service_started, what="the old leader's service")
     new = await start_scheduler(with_service("new"), clock=clock, handover_grace_seconds=grace)
     await new.wait_for_role(Role.STANDBY)
     assert old.lock is not None

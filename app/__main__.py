@@ -39,7 +39,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -59,6 +59,9 @@ from .project import project_root
 from .redact import redact
 from .settings import Settings, SettingsError, load_settings
 from .user_migrations import UserMigrations, configured_migrations, user_migrations
+
+if TYPE_CHECKING:
+    import uvicorn
 
 
 class _Parser(argparse.ArgumentParser):
@@ -233,21 +236,46 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
             file=sys.stderr,
         )
         print(admin_page_note(settings, args.host, args.port), file=sys.stderr)
+        config = uvicorn.Config(
+            target,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level=settings.LOG_LEVEL.lower(),
+            # X-Forwarded-For only from TRUSTED_PROXIES: uvicorn's own default
+            # believes any client on 127.0.0.1, so a local user could name any address.
+            proxy_headers=bool(settings.trusted_proxies),
+            forwarded_allow_ips=settings.trusted_proxies or None,
+        )
         try:
-            uvicorn.run(
-                target,
-                host=args.host,
-                port=args.port,
-                workers=args.workers,
-                log_level=settings.LOG_LEVEL.lower(),
-                # X-Forwarded-For only from TRUSTED_PROXIES: uvicorn's own default
-                # believes any client on 127.0.0.1, so a local user could name any address.
-                proxy_headers=bool(settings.trusted_proxies),
-                forwarded_allow_ips=settings.trusted_proxies or None,
-            )
+            _run_server(config)
         finally:
             if metrics_dir is not None:
                 shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _run_server(config: uvicorn.Config) -> None:
+    """Serve ``config`` (a uvicorn.Config) until stopped. Raises SystemExit with uvicorn's
+    start-up failure status (3) when the server's workers failed to start: uvicorn does
+    so for one worker, and its supervisor of several stops then but returns as from a
+    clean stop, which a process supervisor (systemd, a container runtime) would take for
+    one."""
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    if config.workers == 1:
+        server = uvicorn.Server(config)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run()
+        failed = not server.started
+    else:
+        supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+        with contextlib.suppress(KeyboardInterrupt):
+            supervisor.run()
+        failed = any(worker.exitcode == STARTUP_FAILURE for worker in supervisor.processes)
+    if failed:
+        raise SystemExit(STARTUP_FAILURE)
 
 
 def _migrate(settings: Settings) -> None:

@@ -17,6 +17,16 @@ from app.db import Database, asyncpg_dsn, migrate
 from app.localpg import LocalPostgres, free_port
 from app.localpg.access import APP_ROLE
 from app.scheduler import Role, Scheduler, SchedulerConfig
+from app.user_migrations import user_migrations
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def migrate_as_the_repository(url: str) -> None:
+    """Migrate ``url`` as `python -m app migrate` from this repository does: Regent's
+    migrations, then the repository's own (the demo jobs' tables), which an app started
+    from the repository's root checks at start."""
+    migrate(url, user_migrations("migrations", base=REPOSITORY))
 
 
 @contextlib.contextmanager
@@ -27,7 +37,7 @@ def migrated_database() -> Iterator[str]:
     server = LocalPostgres(root / "data", port=free_port(), fsync=False)
     server.start()
     try:
-        migrate(server.url)
+        migrate_as_the_repository(server.url)
         # Benches clone the migrated database per case (bench/scale.py): the app's role
         # may not create databases on its own server (app/localpg/access.py).
         with psycopg.connect(server.superuser_conninfo("postgres"), autocommit=True) as conn:

@@ -52,7 +52,8 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.db import migrate
+from _server import migrate_as_the_repository
+
 from app.localpg import APP_ROLE, LocalPostgres, free_port
 from app.scheduler.keys import LEADER_KEY_LOCKS
 from tests.procs.cluster import LEASE_SECONDS, PROBE_TABLE_SQL, Cluster
@@ -165,7 +166,7 @@ def _measure(
     with psycopg.connect(server.superuser_conninfo("postgres"), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}" OWNER "{APP_ROLE}"'.encode())
     url = server.url_for(name)
-    migrate(url)
+    migrate_as_the_repository(url)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(PROBE_TABLE_SQL.encode())
     cluster = Cluster(

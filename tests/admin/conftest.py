@@ -21,11 +21,11 @@ from sqlalchemy import text
 
 from app.db import Database
 from app.main import create_app
-from app.scheduler import Clock, JobContext, Role, Scheduler, SystemClock, every
+from app.scheduler import Clock, Role, Scheduler, SystemClock
 from app.scheduler.store import JobStore
 from app.settings import Settings
 
-from ..conftest import StartScheduler, admin_sign_in
+from ..conftest import StartScheduler, admin_sign_in, release
 
 TOKEN = "truth-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -192,28 +192,15 @@ async def stuck_row(database: Database, message_id: int, outbox: str = "grants")
     )
 
 
-async def _report(ctx: JobContext) -> None:
-    return None
-
-
-def report_release(*job_ids: str) -> Scheduler:
-    """The Scheduler of a release that registers ``job_ids``, each hourly, a body that
-    ends ok at once."""
-    scheduler = Scheduler()
-    for job_id in job_ids:
-        scheduler.job(every(hours=1), id=job_id)(_report)
-    return scheduler
-
-
 @pytest.fixture
 async def unled_report(database: Database) -> Scheduler:
     """Job 'report' of schedule 'default', registered by a release whose app runs no
     more: no process leads the schedule or waits to. Returns that release's Scheduler,
     for a test to start it."""
-    release = report_release("report")
+    unled = release("report")
     rows = JobStore(database.engine, pid=0, host="previous-release")
-    await rows.register_leader_jobs(release.jobs.values(), SystemClock().now(), ZoneInfo("UTC"))
-    return release
+    await rows.register_leader_jobs(unled.jobs.values(), SystemClock().now(), ZoneInfo("UTC"))
+    return unled
 
 
 @pytest.fixture
@@ -221,7 +208,7 @@ async def retired_old_report(database: Database, start_scheduler: StartScheduler
     """Job 'old_report' retired: an older release registered it beside 'report', and
     the leader of a release that registers 'report' alone has promoted (and leads)."""
     rows = JobStore(database.engine, pid=0, host="previous-release")
-    older = report_release("report", "old_report").jobs.values()
+    older = release("report", "old_report").jobs.values()
     await rows.register_leader_jobs(older, SystemClock().now(), ZoneInfo("UTC"))
-    supervisor = await start_scheduler(report_release("report"))
+    supervisor = await start_scheduler(release("report"))
     await supervisor.wait_until_firing()

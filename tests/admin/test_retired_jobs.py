@@ -13,39 +13,29 @@ import pytest
 from sqlalchemy import text
 
 from app.db import Database
-from app.scheduler import JobContext, Scheduler, SystemClock, every
+from app.scheduler import SystemClock
 from app.scheduler.store import JobStore
 
+from ..conftest import release
 from .conftest import AUTH, Serve
-
-
-async def _noop(ctx: JobContext) -> None:
-    return None
 
 
 @asynccontextmanager
 async def _leading(serve: Serve, *job_ids: str) -> AsyncIterator[httpx.AsyncClient]:
     """The admin of a release registering ``job_ids``, once its leader fires (its
     promotion has settled which jobs are retired)."""
-    scheduler = _release(*job_ids)
+    scheduler = release(*job_ids)
     async with serve(scheduler) as client:
         assert scheduler.supervisor is not None
         await scheduler.supervisor.wait_until_firing()
         yield client
 
 
-def _release(*job_ids: str) -> Scheduler:
-    scheduler = Scheduler()
-    for job_id in job_ids:
-        scheduler.job(every(hours=1), id=job_id)(_noop)
-    return scheduler
-
-
 @pytest.fixture
 async def retired_report(database: Database) -> None:
     """An older release registered 'report' and 'old_report'; 'old_report' ran once."""
     rows = JobStore(database.engine, pid=0, host="previous-release")
-    specs = _release("report", "old_report").jobs.values()
+    specs = release("report", "old_report").jobs.values()
     await rows.register_leader_jobs(specs, SystemClock().now(), ZoneInfo("UTC"))
     async with database.engine.begin() as conn:
         await conn.execute(

@@ -11,22 +11,16 @@ from datetime import UTC, datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.scheduler import FakeClock, JobContext, Scheduler, every
+from app.scheduler import FakeClock, Scheduler, every
 
+from ..conftest import release
 from .conftest import StartScheduler, runs, wait_for_runs
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-async def _noop(ctx: JobContext) -> None:
-    return None
-
-
 def _release(*job_ids: str) -> Scheduler:
-    scheduler = Scheduler()
-    for job_id in job_ids:
-        scheduler.job(every(seconds=10), id=job_id)(_noop)
-    return scheduler
+    return release(*job_ids, trigger=every(seconds=10))
 
 
 async def _retired(engine: AsyncEngine) -> dict[str, bool]:

@@ -9,20 +9,10 @@ from datetime import UTC, datetime
 import pytest
 
 from app.invocation import COMMAND_VARIABLE
-from app.scheduler import FakeClock, JobContext, Scheduler, every
+from app.scheduler import FakeClock
 
+from ..conftest import release
 from .conftest import StartScheduler
-
-
-async def _noop(ctx: JobContext) -> None:
-    return None
-
-
-def _release(*job_ids: str) -> Scheduler:
-    scheduler = Scheduler()
-    for job_id in job_ids:
-        scheduler.job(every(seconds=10), id=job_id)(_noop)
-    return scheduler
 
 
 async def test_the_retired_jobs_line_of_python_m_regent_names_python_m_regent(
@@ -33,10 +23,10 @@ async def test_the_retired_jobs_line_of_python_m_regent_names_python_m_regent(
     monkeypatch.setenv(COMMAND_VARIABLE, "python -m regent")
     caplog.set_level(logging.INFO, logger="app.scheduler")
     clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
-    for release in (_release("report", "old_report"), _release("report")):
-        supervisor = await start_scheduler(release, clock=clock)
+    for each in (release("report", "old_report"), release("report")):
+        supervisor = await start_scheduler(each, clock=clock)
         await supervisor.wait_until_firing()
-        await release.stop()
+        await each.stop()
 
     [line] = [r.getMessage() for r in caplog.records if r.msg.startswith("scheduler.jobs_retired")]
     assert "`python -m regent jobs forget ID`" in line, line

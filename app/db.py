@@ -178,6 +178,7 @@ def describe_target(url: str) -> str:
 # authorization, no such database, insufficient resources (too many connections), the
 # server shutting down or starting. Any other SQLSTATE is a statement's failure.
 _CONNECTION_SQLSTATES = ("08", "28", "3D", "53", "57P")
+_INSUFFICIENT_PRIVILEGE = "42501"
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -267,10 +268,16 @@ def _naming_the_chain(chain: str, target: str) -> Iterator[None]:
     except Exception as exc:
         if not _statement_failed(exc):
             raise
+        if _sqlstate(exc) == _INSUFFICIENT_PRIVILEGE:
+            fix = (
+                "the role in DATABASE_URL lacks a privilege they need: migrate as the "
+                "database's owner (or a role granted CREATE on its schema)"
+            )
+        else:
+            fix = "fix the revision (or the schema it met)"
         raise MigrationFailedError(
             f"{chain} failed on {target}: {_first_line(exc)}; the revisions before it "
-            f"are applied: fix the revision (or the schema it met), then run `{program()} "
-            "migrate` again"
+            f"are applied: {fix}, then run `{program()} migrate` again"
         ) from None
 
 

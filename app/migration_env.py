@@ -11,6 +11,7 @@ nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 from alembic import context
@@ -59,14 +60,23 @@ def run_online(
         try:
             async with engine.connect() as connection:
                 lock = {"key": MIGRATION_LOCK_KEY}
+                unlock = text("SELECT pg_advisory_unlock(:key)")
                 await connection.execute(text("SELECT pg_advisory_lock(:key)"), lock)
                 await connection.commit()
                 try:
                     await connection.run_sync(migrate)
                     await connection.commit()
-                finally:
-                    await connection.execute(text("SELECT pg_advisory_unlock(:key)"), lock)
-                    await connection.commit()
+                except BaseException:
+                    # The failed statement left its transaction aborted: a statement there
+                    # would raise in place of the first error, which says what to fix.
+                    # The lock ends with the session anyway.
+                    with contextlib.suppress(Exception):
+                        await connection.rollback()
+                        await connection.execute(unlock, lock)
+                        await connection.commit()
+                    raise
+                await connection.execute(unlock, lock)
+                await connection.commit()
         finally:
             await engine.dispose()
 

@@ -8,15 +8,19 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import uuid
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 from app.db import (
     REGENT_VERSION_TABLE,
     Database,
+    DatabaseError,
     MigrationFailedError,
     SchemaNotAtHeadError,
     head_revision,
@@ -203,3 +207,29 @@ def test_regents_tables_with_no_regent_revision_recorded_are_refused_saying_how_
     assert "a1b2c3d4e5f6" in message
     assert REGENT_VERSION_TABLE in message
     assert "DATABASE_URL" not in message
+
+
+@pytest.fixture
+def url_of_a_role_that_may_not_create(empty_database_url: str) -> Iterator[str]:
+    """``empty_database_url`` as a role that may connect but create nothing in it."""
+    role = f"weak_{uuid.uuid4().hex[:8]}"
+    url = make_url(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'weak'".encode())
+        conn.execute(f'GRANT CONNECT ON DATABASE "{url.database}" TO {role}'.encode())
+        conn.execute(b"REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    try:
+        yield url.set(username=role, password="weak").render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(empty_database_url, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}".encode())
+            conn.execute(f"DROP ROLE {role}".encode())
+
+
+def test_a_refusal_outside_any_revision_is_told_as_the_server_said_it(
+    url_of_a_role_that_may_not_create: str,
+) -> None:
+    with pytest.raises(DatabaseError) as refused:
+        migrate(url_of_a_role_that_may_not_create)
+
+    assert "permission denied for schema public" in str(refused.value)

@@ -23,6 +23,22 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 TS = sa.DateTime(timezone=True)
+# The comment Regent's 0025 recognises (its DEMO_MARK), quotes doubled for SQL.
+MARK = "the demo jobs'' table (this repository''s migrations/)"
+TABLES = (
+    "workspaces",
+    "bookings",
+    "standing_order_templates",
+    "journal_entries",
+    "credit_grants",
+    "subscriptions",
+    "subscription_charges",
+    "credit_reservations",
+    "tracking_events",
+    "report_stats",
+    "update_offsets",
+    "processed_updates",
+)
 
 
 def _workspace() -> sa.Column[int]:
@@ -32,10 +48,15 @@ def _workspace() -> sa.Column[int]:
 
 
 def upgrade() -> None:
-    if sa.inspect(op.get_bind()).has_table("workspaces"):
-        # A database Regent migrated before its revision 0025: Regent's 0003 made these
-        # tables there, and 0025 kept them, for they held rows.
-        return
+    if not sa.inspect(op.get_bind()).has_table("workspaces"):
+        _create()
+    # Marked as this chain's, so that Regent's 0025 leaves them alone whatever they hold
+    # (a database Regent migrated before 0025 had them from Regent's 0003: now ours).
+    for table in TABLES:
+        op.execute(f"COMMENT ON TABLE {table} IS '{MARK}'")
+
+
+def _create() -> None:
     op.create_table(
         "workspaces",
         sa.Column("id", sa.Integer, sa.Identity(), primary_key=True),
@@ -158,18 +179,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in (
-        "processed_updates",
-        "update_offsets",
-        "report_stats",
-        "tracking_events",
-        "credit_reservations",
-        "subscription_charges",
-        "subscriptions",
-        "credit_grants",
-        "journal_entries",
-        "standing_order_templates",
-        "bookings",
-        "workspaces",
-    ):
+    for table in reversed(TABLES):  # children first
         op.drop_table(table)

@@ -2,12 +2,13 @@
 
 Before this release Regent's revision 0003 created the demo's twelve tables in every
 database it migrated, taking names (``subscriptions``, ``bookings``, ...) an
-application's own migrations need. They are the demo's own migrations now. Here they are
-dropped, all twelve at once, when every one of them is there and none holds a row: a
-database that never ran the demo loses them; one whose demo tables hold rows keeps them
-all (the demo's migration then finds them), and so does one where any of them is
-missing or altered into something else's (a table of that name with rows). All or none,
-so no half of the demo's schema is left behind.
+application's own migrations need. They are the demo's own migrations now (this
+repository's ``migrations/``, which marks its tables with a comment). Here they are
+dropped, all twelve at once or none, when every one of them is there, none carries the
+demo migration's mark, none holds a row, no other object depends on them (a view of
+the user's), and no session is using them: so a database that never ran the demo loses
+them, and anything that may be someone's keeps them, untouched. Nothing here waits on a
+lock: tables in use are in use by someone, and stay.
 
 Revision ID: 0025
 Revises: 0024
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.exc import DBAPIError
 
 revision: str = "0025"
 down_revision: str | None = "0024"
@@ -39,6 +41,25 @@ DEMO_TABLES = (
     "bookings",
     "workspaces",
 )
+# The comment the demo's own migration puts on its tables (migrations/ at the root).
+DEMO_MARK = "the demo jobs' table (this repository's migrations/)"
+# lock_not_available (a session uses a table), dependent_objects_still_exist.
+_IN_USE = frozenset({"55P03", "2BP01"})
+
+
+def _holds_a_row(connection: sa.Connection) -> bool:
+    return any(
+        connection.execute(sa.text(f"SELECT EXISTS (SELECT 1 FROM {table})")).scalar()
+        for table in DEMO_TABLES
+    )
+
+
+def _sqlstate(exc: DBAPIError) -> str | None:
+    for error in (exc.orig, getattr(exc.orig, "__cause__", None)):
+        state = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+        if state:
+            return str(state)
+    return None
 
 
 def upgrade() -> None:
@@ -46,13 +67,29 @@ def upgrade() -> None:
     inspector = sa.inspect(connection)
     if not all(inspector.has_table(table) for table in DEMO_TABLES):
         return
-    # Locked first, so no row arrives between the look and the drop.
-    op.execute(f"LOCK TABLE {', '.join(DEMO_TABLES)} IN ACCESS EXCLUSIVE MODE")
-    for table in DEMO_TABLES:
-        if connection.execute(sa.text(f"SELECT EXISTS (SELECT 1 FROM {table})")).scalar():
+    marked = connection.execute(
+        sa.text("SELECT obj_description('workspaces'::regclass, 'pg_class') = :mark"),
+        {"mark": DEMO_MARK},
+    ).scalar()
+    # Looked at first without a lock: a live demo's tables hold rows, and stay unlocked.
+    if marked or _holds_a_row(connection):
+        return
+    attempt = connection.begin_nested()
+    try:
+        connection.execute(
+            sa.text(f"LOCK TABLE {', '.join(DEMO_TABLES)} IN ACCESS EXCLUSIVE MODE NOWAIT")
+        )
+        if _holds_a_row(connection):
+            attempt.rollback()
             return
-    for table in DEMO_TABLES:
-        op.drop_table(table)
+        for table in DEMO_TABLES:
+            connection.execute(sa.text(f"DROP TABLE {table}"))
+    except DBAPIError as exc:
+        if _sqlstate(exc) not in _IN_USE:
+            raise
+        attempt.rollback()
+        return
+    attempt.commit()
 
 
 def downgrade() -> None:

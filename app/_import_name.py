@@ -73,15 +73,25 @@ def refuse_a_shadowed_app(regents: Path) -> None:
 
 
 def _namespace_app_before(installed_in: Path) -> Path | None:
-    """A directory ``app`` of Python modules without ``__init__.py`` in a ``sys.path``
-    entry before ``installed_in`` (where Regent's ``app`` is): the project's own package,
-    which Python passes over for Regent's regular one (``app.main`` would be Regent's)."""
+    """A directory ``app`` of Python code without ``__init__.py`` in the working
+    directory, when that comes on ``sys.path`` before ``installed_in`` (where Regent's
+    ``app`` is): the project's own package, which Python passes over for Regent's
+    regular one (``app.main`` would be Regent's). Only the working directory: that is
+    where `python -m`, uvicorn and a project's scripts start from; another entry (a test
+    directory pytest puts first) holding an ``app/`` of test modules names no package
+    anyone imports as ``app``."""
+    here = Path.cwd().resolve()
     for entry in sys.path:
         directory = Path(entry or ".").resolve()
         if directory == installed_in:
             return None
+        if directory != here:
+            continue
         candidate = directory / "app"
-        # Python modules in it: not any directory of that name (a web front end's app/).
-        if not (candidate / "__init__.py").exists() and any(candidate.glob("*.py")):
+        # Python code in it (modules, or packages only): not any directory of that name
+        # (a web front end's app/ of .tsx files).
+        if not (candidate / "__init__.py").exists() and (
+            any(candidate.glob("*.py")) or any(candidate.glob("*/__init__.py"))
+        ):
             return candidate
     return None

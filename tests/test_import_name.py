@@ -7,6 +7,7 @@ runs Regent's command line."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +17,21 @@ from app.localpg import free_port
 
 # Regent's own `app`, the one the `regent` name must find.
 REGENTS_APP = Path(app.__file__).resolve().parent
+# Regent's `app` a regular package on the path, as a wheel installs it (an editable
+# install's finder comes after the path, where a namespace `app/` wins anyway).
+INSTALLED = {**os.environ, "PYTHONPATH": str(REGENTS_APP.parent)}
 
 
-def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+def _run(
+    command: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *command], cwd=cwd, capture_output=True, text=True, timeout=120
+        [sys.executable, *command],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -70,5 +81,31 @@ def test_a_start_up_of_a_project_whose_app_has_no_init_fails_in_one_line_naming_
     project_with_its_own_namespace_app: Path,
 ) -> None:
     project = project_with_its_own_namespace_app
-    done = _run(["-m", "uvicorn", "app.main:app", "--port", str(free_port())], cwd=project)
+    command = ["-m", "uvicorn", "app.main:app", "--port", str(free_port())]
+    done = _run(command, project, INSTALLED)
     _assert_one_line_naming_both(done, project)
+
+
+def test_a_start_up_of_a_project_whose_app_holds_only_packages_fails_in_one_line_naming_both(
+    project_with_its_own_namespace_app: Path,
+) -> None:
+    project = project_with_its_own_namespace_app
+    package = project / "app" / "api"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (project / "app" / "main.py").rename(package / "routes.py")
+    command = ["-m", "uvicorn", "app.api.routes:app", "--port", str(free_port())]
+    done = _run(command, project, INSTALLED)
+    _assert_one_line_naming_both(done, project)
+
+
+def test_an_app_directory_of_test_modules_beside_the_project_is_not_taken_for_one(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "tests" / "app").mkdir(parents=True)
+    (tmp_path / "tests" / "app" / "test_views.py").write_text("def test_views():\n    pass\n")
+    (tmp_path / "tests" / "test_top.py").write_text(
+        "import regent\n\n\ndef test_top():\n    assert regent.create_app\n"
+    )
+    done = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], tmp_path, INSTALLED)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -213,8 +213,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> None:
     target = _app_target(args, settings)
     if target == DEFAULT_APP:
         # Checked here too: each worker would otherwise fail alone, after a migration.
-        from .jobs import JobDeps, refuse_logging_gateways
+        from .jobs import JobDeps, refuse_logging_gateways, require_the_demos_tables
 
+        require_the_demos_tables()
         refuse_logging_gateways(settings, JobDeps())
 
     users = configured_migrations(settings)

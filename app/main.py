@@ -313,9 +313,10 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
 
 def _default_app() -> FastAPI:
     """The app with its own jobs and routes, configured from the environment."""
-    from .jobs import build
+    from .jobs import build, require_the_demos_tables
 
     try:
+        require_the_demos_tables()
         settings = load_settings()
         jobs = build(settings)
     except SettingsError as exc:

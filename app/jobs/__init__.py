@@ -12,6 +12,7 @@ job that is enabled.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, Security
 
@@ -42,12 +43,32 @@ from .gateways import (
 )
 
 __all__ = [
+    "DEMO_MIGRATIONS",
     "AppJobs",
     "JobDeps",
     "LoggingGatewayInProductionError",
     "build",
     "refuse_logging_gateways",
+    "require_the_demos_tables",
 ]
+
+DEMO_MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+"""The demo jobs' tables: this repository's own migrations, beside the package in a
+checkout. An installed Regent (a wheel) does not carry them."""
+
+
+def require_the_demos_tables() -> None:
+    """Return when the demo's migrations are there to make its tables (a checkout of
+    this repository); raise SettingsError naming the fix otherwise: served from an
+    installed Regent, the demo would fire into a database without its tables (and
+    query a user's own ``bookings`` or ``subscriptions``)."""
+    if not (DEMO_MIGRATIONS / "env.py").is_file():
+        raise SettingsError(
+            "the built-in app (app.main:app) is the demo of Regent's repository, and its "
+            f"tables are that repository's migrations/ (not at {DEMO_MIGRATIONS}: an "
+            "installed Regent does not carry them); serve your own app with --app "
+            "mypkg.main:app, or REGENT_APP=mypkg.main:app"
+        )
 
 
 @dataclass

@@ -76,18 +76,27 @@ class SchemaNotAtHeadError(DatabaseError):
     ``project`` set, the application's own migrations in that directory."""
 
     def __init__(
-        self, current: str | None, head: str, target: str, project: Path | None = None
+        self,
+        current: str | None,
+        head: str,
+        target: str,
+        project: Path | None = None,
+        *,
+        known: bool | None = None,
     ) -> None:
         self.current = current
         self.head = head
         self.project = project
         schema = "Regent's schema" if project is None else f"your migrations in {project}"
-        if project is None and current is not None and not known_revision(current):
+        if known is None:
+            known = project is not None or current is None or known_revision(current)
+        if not known:
             # Migrated by a newer release (this one was deployed back): no migration of
             # this code knows the way, up or down.
+            release = "Regent" if project is None else "your app"
             fix = (
-                f"this code does not know revision {current}, so a newer release of Regent "
-                "migrated it: deploy that release or a newer one"
+                f"this code does not know revision {current}, so a newer release of "
+                f"{release} migrated it: deploy that release or a newer one"
             )
         else:
             fix = f"run `{program()} migrate`"
@@ -151,10 +160,12 @@ def head_revision() -> str:
     return head
 
 
-def known_revision(revision: str) -> bool:
-    """True when ``revision`` is one of the migrations shipped with this code."""
+def known_revision(revision: str, config: Config | None = None) -> bool:
+    """True when ``revision`` is one of the migrations shipped with this code: Regent's,
+    or those of the alembic project ``config`` names (the application's own)."""
     try:
-        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+        script = ScriptDirectory.from_config(config or alembic_config())
+        return script.get_revision(revision) is not None
     except CommandError:
         return False
 
@@ -248,8 +259,17 @@ def migrate(database_url: str, users: UserMigrations | None = None) -> None:
             raise SchemaNotAtHeadError(current, head_revision(), target) from None
         if users is not None and users.exists:
             # psycopg: an env.py of the user's own making may be sync or async.
-            with _naming_the_chain(f"your migrations in {users.directory}", target):
-                command.upgrade(users.config(sync_url(database_url)), "heads")
+            chain = f"your migrations in {users.directory}"
+            with _naming_the_chain(chain, target):
+                try:
+                    command.upgrade(users.config(sync_url(database_url)), "heads")
+                except CommandError as exc:
+                    # Alembic's own refusal: the database at a revision the project does
+                    # not have (a newer release of the app migrated it), or a bad chain.
+                    raise MigrationFailedError(
+                        f"{chain} cannot migrate {target}: {exc}; if a newer release of "
+                        "your app migrated it, deploy that release or a newer one"
+                    ) from None
     except MigrationFailedError:
         raise
     except Exception as exc:
@@ -328,11 +348,13 @@ async def verify_schema_at_head(
     if current != head:
         raise SchemaNotAtHeadError(current, head, target)
     if users is not None and users_current != (users_head := users.heads()):
+        config = users.config()
         raise SchemaNotAtHeadError(
             ", ".join(sorted(users_current)),
             ", ".join(sorted(users_head)),
             target,
             users.directory,
+            known=all(known_revision(revision, config) for revision in users_current),
         )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["project_root"]
+__all__ = ["dot_env_files", "project_root"]
 
 
 def project_root(migrations: str | Path = "migrations", start: Path | None = None) -> Path:
@@ -16,6 +16,27 @@ def project_root(migrations: str | Path = "migrations", start: Path | None = Non
     holds the project's ``migrations`` (a relative path: their env.py) or a
     pyproject.toml; ``start`` itself when none does. Resolved (no symlinks)."""
     here = (start or Path.cwd()).resolve()
+    return _marked_root(here, migrations) or here
+
+
+def dot_env_files(start: Path | None = None) -> tuple[Path, ...]:
+    """The ``.env`` files a command run in ``start`` (default: the working directory)
+    reads, the later over the earlier: the project root's, then the nearest one from
+    ``start`` up (no higher than a marked root; with none marked, as far up as one is
+    found, as python-dotenv's find_dotenv looks), then ``start``'s own. Paths that do
+    not exist are skipped by the reader; none repeats."""
+    here = (start or Path.cwd()).resolve()
+    root = _marked_root(here, "migrations")
+    upward = (here, *here.parents)
+    if root is not None:
+        upward = upward[: upward.index(root) + 1]
+    found = (directory / ".env" for directory in upward if (directory / ".env").is_file())
+    nearest = next(found, None)
+    files = [(root or here) / ".env", *([nearest] if nearest else []), here / ".env"]
+    return tuple(dict.fromkeys(files))
+
+
+def _marked_root(here: Path, migrations: str | Path) -> Path | None:
     relative = Path(migrations)
     looks_for_migrations = bool(str(migrations).strip()) and not relative.is_absolute()
     for candidate in (here, *here.parents):
@@ -23,4 +44,4 @@ def project_root(migrations: str | Path = "migrations", start: Path | None = Non
             return candidate
         if (candidate / "pyproject.toml").is_file():
             return candidate
-    return here
+    return None

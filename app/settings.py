@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
-from .project import project_root
+from .project import dot_env_files
 from .scheduler.keys import validate_schedule_name
 from .secret_url import SecretUrl
 
@@ -347,17 +347,15 @@ def load_settings(**overrides: object) -> Settings:
     ``overrides`` on top (``_env_file=None``: no file at all).
 
     The ``.env`` files are the project root's (app/project.py: found from the working
-    directory up, as its migrations are), then the working directory's, which goes over
-    it: every command run anywhere inside a project reads the same settings. The
-    environment goes over both.
+    directory up, as its migrations are), then the nearest one above the working
+    directory, then the working directory's, each over the one before
+    (``dot_env_files``): every command run anywhere inside a project reads the same
+    settings. The environment goes over them all.
 
     Raises SettingsError naming each bad variable, its value and what it accepts.
     """
     if "_env_file" not in overrides:
-        here = Path.cwd()
-        overrides["_env_file"] = tuple(
-            dict.fromkeys((project_root(start=here) / ".env", here.resolve() / ".env"))
-        )
+        overrides["_env_file"] = dot_env_files()
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:

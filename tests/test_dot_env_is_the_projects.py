@@ -42,3 +42,28 @@ def test_a_dot_env_in_the_working_directory_goes_over_the_projects(
     settings = load_settings()
 
     assert (settings.TIMEZONE, settings.LOG_LEVEL) == ("Asia/Tokyo", "WARNING")
+
+
+def test_a_dot_env_above_the_working_directory_is_read_where_no_project_root_is_marked(
+    user_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (user_project / ".env").write_text("TIMEZONE=Europe/Berlin\n")
+    monkeypatch.delenv("TIMEZONE", raising=False)
+    subdirectory = user_project / "sub"
+    subdirectory.mkdir()
+    monkeypatch.chdir(subdirectory)
+
+    assert load_settings().TIMEZONE == "Europe/Berlin"
+
+
+def test_a_dot_env_above_a_marked_project_root_is_not_read(
+    user_project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (user_project / ".env").write_text("TIMEZONE=Europe/Berlin\n")
+    monkeypatch.delenv("TIMEZONE", raising=False)
+    inner = user_project / "inner"
+    inner.mkdir()
+    (inner / "pyproject.toml").write_text('[project]\nname = "inner"\n')
+    monkeypatch.chdir(inner)
+
+    assert load_settings().TIMEZONE == "UTC"

@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import (
 from sqlalchemy.orm import Session, sessionmaker
 
 from .invocation import program
+from .migration_env import NotConnectedError
 from .redact import redact
 from .user_migrations import UserMigrations
 
@@ -205,6 +206,8 @@ def _sqlstate(exc: BaseException) -> str | None:
 def _statement_failed(exc: BaseException) -> bool:
     """True when a server answered a statement with an error (``exc`` is no failure to
     connect or log in)."""
+    if isinstance(exc, NotConnectedError):
+        return False
     state = _sqlstate(exc)
     return state is not None and not state.startswith(_CONNECTION_SQLSTATES)
 
@@ -223,6 +226,8 @@ def _connection_error(exc: BaseException, target: str) -> DatabaseError | None:
     None for anything else (a bug, or a statement's failure, to be raised as it is)."""
     if _statement_failed(exc):
         return None
+    if isinstance(exc, NotConnectedError):
+        exc = exc.args[0]
     if isinstance(exc, OSError | TimeoutError):
         return DatabaseUnreachableError(
             f"cannot reach PostgreSQL at {target} ({exc.__class__.__name__}: {exc}); "

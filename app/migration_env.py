@@ -16,15 +16,21 @@ from collections.abc import Callable
 
 from alembic import context
 from sqlalchemy import Connection, MetaData, pool, text
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from .invocation import program
 from .scheduler.keys import MIGRATION_LOCK_KEY
 
-__all__ = ["USER_VERSION_TABLE", "run_online", "run_users_migrations"]
+__all__ = ["USER_VERSION_TABLE", "NotConnectedError", "run_online", "run_users_migrations"]
 
 USER_VERSION_TABLE = "alembic_version"
 """The user's chain keeps alembic's default version table, as any alembic project does."""
+
+
+class NotConnectedError(Exception):
+    """The migration's connection was refused or never made; ``args[0]`` is why (an
+    authentication, a missing CONNECT privilege, an unreachable server): a problem of
+    the URL or role, told apart from a statement a revision ran."""
 
 
 def run_online(
@@ -58,27 +64,36 @@ def run_online(
     async def run() -> None:
         engine = create_async_engine(url, poolclass=pool.NullPool)
         try:
-            async with engine.connect() as connection:
-                lock = {"key": MIGRATION_LOCK_KEY}
-                unlock = text("SELECT pg_advisory_unlock(:key)")
-                await connection.execute(text("SELECT pg_advisory_lock(:key)"), lock)
-                await connection.commit()
-                try:
-                    await connection.run_sync(migrate)
-                    await connection.commit()
-                except BaseException:
-                    # The failed statement left its transaction aborted: a statement there
-                    # would raise in place of the first error, which says what to fix.
-                    # The lock ends with the session anyway.
-                    with contextlib.suppress(Exception):
-                        await connection.rollback()
-                        await connection.execute(unlock, lock)
-                        await connection.commit()
-                    raise
-                await connection.execute(unlock, lock)
-                await connection.commit()
+            try:
+                connection = await engine.connect().start()
+            except Exception as exc:
+                raise NotConnectedError(exc) from exc
+            try:
+                await locked(connection)
+            finally:
+                await connection.close()
         finally:
             await engine.dispose()
+
+    async def locked(connection: AsyncConnection) -> None:
+        lock = {"key": MIGRATION_LOCK_KEY}
+        unlock = text("SELECT pg_advisory_unlock(:key)")
+        await connection.execute(text("SELECT pg_advisory_lock(:key)"), lock)
+        await connection.commit()
+        try:
+            await connection.run_sync(migrate)
+            await connection.commit()
+        except BaseException:
+            # The failed statement left its transaction aborted: a statement there
+            # would raise in place of the first error, which says what to fix. The
+            # lock ends with the session anyway.
+            with contextlib.suppress(Exception):
+                await connection.rollback()
+                await connection.execute(unlock, lock)
+                await connection.commit()
+            raise
+        await connection.execute(unlock, lock)
+        await connection.commit()
 
     asyncio.run(run())
 

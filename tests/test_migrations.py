@@ -21,6 +21,7 @@ from app.db import (
     REGENT_VERSION_TABLE,
     Database,
     DatabaseError,
+    DatabaseUnreachableError,
     MigrationFailedError,
     SchemaNotAtHeadError,
     head_revision,
@@ -233,3 +234,22 @@ def test_a_refusal_outside_any_revision_is_told_as_the_server_said_it(
         migrate(url_of_a_role_that_may_not_create)
 
     assert "permission denied for schema public" in str(refused.value)
+
+
+def test_a_role_that_may_not_connect_is_told_to_check_database_url(
+    empty_database_url: str,
+) -> None:
+    role = f"outside_{uuid.uuid4().hex[:8]}"
+    url = make_url(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'outside'".encode())
+        conn.execute(f'REVOKE CONNECT ON DATABASE "{url.database}" FROM PUBLIC'.encode())
+    try:
+        with pytest.raises(DatabaseUnreachableError) as refused:
+            migrate(url.set(username=role, password="outside").render_as_string(False))
+    finally:
+        with psycopg.connect(empty_database_url, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {role}".encode())
+
+    assert "permission denied for database" in str(refused.value)
+    assert "DATABASE_URL" in str(refused.value)

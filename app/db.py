@@ -8,9 +8,7 @@ one libpq URL in ``DATABASE_URL``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,9 +27,16 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
+from .db_errors import (
+    DatabaseError,
+    DatabaseUnreachableError,
+    MigrationFailedError,
+    connection_error,
+    first_line,
+    naming_the_chain,
+    statement_failed,
+)
 from .invocation import program
-from .migration_env import NotConnectedError
-from .redact import redact
 from .user_migrations import UserMigrations
 
 __all__ = [
@@ -57,19 +62,6 @@ REGENT_VERSION_TABLE = "regent_alembic_version"
 """Where Regent keeps its schema's revision: a table of its own, so that an application's
 own alembic history on the same database (the default ``alembic_version``) never meets
 Regent's."""
-
-
-class DatabaseError(Exception):
-    """The database cannot be used as configured; the message says what to do."""
-
-
-class DatabaseUnreachableError(DatabaseError):
-    """No connection to the configured server could be made in time."""
-
-
-class MigrationFailedError(DatabaseError):
-    """A revision's statement failed on a database that answers: the revision or the
-    schema it met is at fault, not the connection."""
 
 
 class SchemaNotAtHeadError(DatabaseError):
@@ -186,61 +178,6 @@ def describe_target(url: str) -> str:
     return f"{host}:{port}/{parsed.database or ''}"
 
 
-# SQLSTATE classes of a failure to connect or log in: connection exception, invalid
-# authorization, no such database, insufficient resources (too many connections), the
-# server shutting down or starting. Any other SQLSTATE is a statement's failure.
-_CONNECTION_SQLSTATES = ("08", "28", "3D", "53", "57P")
-_INSUFFICIENT_PRIVILEGE = "42501"
-
-
-def _sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE the server answered ``exc`` with (through SQLAlchemy's wrapper or
-    a driver's error); None when no server answered."""
-    for error in (exc, getattr(exc, "orig", None), exc.__cause__):
-        state = getattr(error, "sqlstate", None)
-        if isinstance(state, str) and state:
-            return state
-    return None
-
-
-def _statement_failed(exc: BaseException) -> bool:
-    """True when a server answered a statement with an error (``exc`` is no failure to
-    connect or log in)."""
-    if isinstance(exc, NotConnectedError):
-        return False
-    state = _sqlstate(exc)
-    return state is not None and not state.startswith(_CONNECTION_SQLSTATES)
-
-
-def _first_line(exc: BaseException) -> str:
-    """``Class: first line`` of the driver's error under ``exc``, redacted."""
-    # SQLAlchemy wraps the driver's error in several lines; the driver's first says it.
-    cause = getattr(exc, "orig", None) or exc
-    cause = cause.__cause__ or cause
-    # A driver may quote the DSN it was given: never print its password.
-    return f"{cause.__class__.__name__}: {redact((str(cause).strip().splitlines() or [''])[0])}"
-
-
-def _connection_error(exc: BaseException, target: str) -> DatabaseError | None:
-    """The DatabaseError that says what to fix, for a failure to connect or log in;
-    None for anything else (a bug, or a statement's failure, to be raised as it is)."""
-    if _statement_failed(exc):
-        return None
-    if isinstance(exc, NotConnectedError):
-        exc = exc.args[0]
-    if isinstance(exc, OSError | TimeoutError):
-        return DatabaseUnreachableError(
-            f"cannot reach PostgreSQL at {target} ({exc.__class__.__name__}: {exc}); "
-            "check DATABASE_URL and that the server runs"
-        )
-    if exc.__class__.__module__.startswith(("asyncpg", "psycopg", "sqlalchemy")):
-        return DatabaseUnreachableError(
-            f"cannot use PostgreSQL at {target}: {_first_line(exc)}; "
-            "check DATABASE_URL (user, password, database name)"
-        )
-    return None
-
-
 def migrate(database_url: str, users: UserMigrations | None = None) -> None:
     """Upgrade the database to head: Regent's migrations, then the application's own
     (``users``, when its project exists), each run holding the migration advisory lock.
@@ -255,7 +192,7 @@ def migrate(database_url: str, users: UserMigrations | None = None) -> None:
     target = describe_target(database_url)
     try:
         try:
-            with _naming_the_chain("Regent's migrations", target):
+            with naming_the_chain("Regent's migrations", target):
                 command.upgrade(alembic_config(database_url), "head")
         except CommandError:
             current = _read_current_revision(database_url)
@@ -265,7 +202,7 @@ def migrate(database_url: str, users: UserMigrations | None = None) -> None:
         if users is not None and users.exists:
             # psycopg: an env.py of the user's own making may be sync or async.
             chain = f"your migrations in {users.directory}"
-            with _naming_the_chain(chain, target):
+            with naming_the_chain(chain, target):
                 try:
                     command.upgrade(users.config(sync_url(database_url)), "heads")
                 except CommandError as exc:
@@ -278,32 +215,10 @@ def migrate(database_url: str, users: UserMigrations | None = None) -> None:
     except MigrationFailedError:
         raise
     except Exception as exc:
-        error = _connection_error(exc, target)
+        error = connection_error(exc, target)
         if error is None:
             raise
         raise error from None
-
-
-@contextlib.contextmanager
-def _naming_the_chain(chain: str, target: str) -> Iterator[None]:
-    """Raise MigrationFailedError naming ``chain`` for a statement the server refused in
-    the block; anything else passes as it is."""
-    try:
-        yield
-    except Exception as exc:
-        if not _statement_failed(exc):
-            raise
-        if _sqlstate(exc) == _INSUFFICIENT_PRIVILEGE:
-            fix = (
-                "the role in DATABASE_URL lacks a privilege they need: migrate as the "
-                "database's owner (or a role granted CREATE on its schema)"
-            )
-        else:
-            fix = "fix the revision (or the schema it met)"
-        raise MigrationFailedError(
-            f"{chain} failed on {target}: {_first_line(exc)}; the revisions before it "
-            f"are applied: {fix}, then run `{program()} migrate` again"
-        ) from None
 
 
 def _read_current_revision(database_url: str) -> str | None:
@@ -339,10 +254,10 @@ async def verify_schema_at_head(
             "check DATABASE_URL and that the server runs"
         ) from None
     except Exception as exc:
-        error = _connection_error(exc, target)
-        if error is None and _statement_failed(exc):
+        error = connection_error(exc, target)
+        if error is None and statement_failed(exc):
             error = DatabaseError(
-                f"cannot read the schema's revisions at {target}: {_first_line(exc)}; "
+                f"cannot read the schema's revisions at {target}: {first_line(exc)}; "
                 "check that DATABASE_URL's user may read them (regent_alembic_version, "
                 "and alembic_version for your own)"
             )

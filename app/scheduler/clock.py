@@ -156,6 +156,19 @@ class FakeClock:
         async with asyncio.timeout(timeout), self._parked:
             await self._parked.wait_for(lambda: self.sleepers >= count)
 
+    async def wait_for_a_sleeper_until(self, moment: datetime, timeout: float = 10) -> None:
+        """Return once a sleep() whose deadline is exactly ``moment`` is parked on this
+        clock: a test that knows when one loop wakes next (a tick ends at now + the
+        tick) waits for that loop, where a count of sleepers can be made up by another
+        loop's sleep (a running lease's renewal) while the one it means is still awake."""
+        async with asyncio.timeout(timeout), self._parked:
+            await self._parked.wait_for(
+                lambda: any(
+                    deadline == moment and not future.done()
+                    for deadline, _, future in self._sleepers
+                )
+            )
+
     async def _notify_parked(self) -> None:
         async with self._parked:
             self._parked.notify_all()

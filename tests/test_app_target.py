@@ -23,6 +23,7 @@ from app.app_target import AppTargetError, load_scheduler
 from app.cli.options import schedule_of
 from app.localpg import free_port
 from app.settings import load_settings
+from tests.forked_cli import run_app
 
 from .conftest import ServeUserApp
 
@@ -79,13 +80,7 @@ def test_the_scheduler_is_found_inside_closure_middleware(attribute: str) -> Non
     ],
 )
 def test_a_bad_app_target_fails_in_one_line_naming_it(target: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "app", "--app", target, "--port", str(free_port())],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_app(["--app", target, "--port", str(free_port())], dict(os.environ))
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1, result.stderr
     assert target in result.stderr

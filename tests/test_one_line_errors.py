@@ -14,6 +14,7 @@ from sqlalchemy.engine import make_url
 
 from app.localpg import free_port
 from app.testing import TestServer
+from tests.forked_cli import run_app
 
 PAST_INT64 = str(2**64)
 
@@ -26,7 +27,8 @@ def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
 
 
 def _app(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return _run([sys.executable, "-m", "app", *args], env)
+    clean = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    return run_app(list(args), clean | env, timeout=90)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *named: str) -> None:

@@ -8,7 +8,6 @@ import asyncio
 import os
 import re
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -24,6 +23,7 @@ from app.main import create_app
 from app.scheduler import Clock, Role, Scheduler, SystemClock
 from app.scheduler.store import JobStore
 from app.settings import Settings
+from tests.forked_cli import run_app
 
 from ..conftest import StartScheduler, admin_sign_in, release
 
@@ -163,14 +163,7 @@ def worker_admin(settings: Settings) -> WorkerAdmin:
 
 def app_command(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     """`python -m app ARGS` on ``database_url``, its output captured (60 s at most)."""
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args],
-        env={**os.environ, "DATABASE_URL": database_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_app(list(args), {**os.environ, "DATABASE_URL": database_url})
 
 
 async def execute(database: Database, sql: str, **params: object) -> None:

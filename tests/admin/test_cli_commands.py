@@ -11,19 +11,13 @@ import psycopg
 import pytest
 
 from app.localpg import free_port
+from tests.forked_cli import run_app
 
 
 def _app(
     database_url: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args],
-        env={**os.environ, "DATABASE_URL": database_url, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_app(list(args), {**os.environ, "DATABASE_URL": database_url, **(env or {})})
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 
 import httpx
 import psycopg
@@ -17,6 +16,7 @@ from app.db import Database, asyncpg_dsn
 from app.logging import configure_logging
 from app.outbox import HttpTransport, Outbox
 from app.printable import printable
+from tests.forked_cli import run_app
 
 # Retitle the terminal, clear it, forge a line, reverse the text that follows.
 HOSTILE = "k\x1b]0;owned\x07\x1b[2J\r\n2026-12-04 09:00:00 INFO all jobs ok\u202eevil"
@@ -43,14 +43,7 @@ def test_printable_escapes_control_characters_and_keeps_the_rest(text: str, show
 
 
 def _app(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app", *args],
-        env={**os.environ, "DATABASE_URL": database_url},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_app(list(args), {**os.environ, "DATABASE_URL": database_url})
 
 
 @pytest.fixture

@@ -37,8 +37,8 @@ def test_bad_setting_exits_with_the_variable_named() -> None:
     assert "Traceback" not in result.stderr
 
 
-# A real process whose time is the guarantee: the serial lane (took 28 s beside the
-# parallel lane at load 9-10, within 10 s alone).
+# A real process whose time is the guarantee: the real-processes lane (took 28 s beside
+# the first lane at load 9-10, within 10 s alone).
 @pytest.mark.multiprocess
 def test_unreachable_database_fails_fast_naming_host_and_port() -> None:
     port = free_port()

@@ -69,7 +69,8 @@ pytest_plugins = ["app.testing.plugin"]
 # fires within 3 s", a server back within its restart) are what they test, measured on
 # the wall clock, and real processes' start-ups are CPU the first lane, which keeps both
 # cores busy, would take from them. Two at a time leave them CPU to spare: four runs of
-# the lane alone at -n 2 took 2 min 45 s each, every bound held (one at a time: 4 min 31 s).
+# the lane alone at -n 2 took 2 min 45 s (3 min 12 s beside another run), every bound
+# held; one at a time it took 4 min 31 s.
 _REAL_PROCESSES_LANE = ("multiprocess", "restarts_server")
 
 

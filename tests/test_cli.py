@@ -1,5 +1,6 @@
 """`python -m app`: the embedded default end to end, and clean errors."""
 
+import contextlib
 import os
 import re
 import signal
@@ -81,8 +82,8 @@ class EmbeddedApp:
     env: dict[str, str]
 
 
-@pytest.fixture
-def embedded_app() -> Iterator[EmbeddedApp]:
+@contextlib.contextmanager
+def _embedded_app() -> Iterator[EmbeddedApp]:
     """`python -m app` with no DATABASE_URL, serving on a free port, until it answers."""
     data_dir = Path(tempfile.mkdtemp(prefix="regent-embedded-"))
     data_dir.chmod(0o755)
@@ -126,6 +127,27 @@ def embedded_app() -> Iterator[EmbeddedApp]:
         subprocess.run(["rm", "-rf", str(data_dir)], check=False)
 
 
+@pytest.fixture
+def embedded_app() -> Iterator[EmbeddedApp]:
+    """An embedded app of the test's own, which the test may stop, kill or restart."""
+    with _embedded_app() as app:
+        yield app
+
+
+# The tests of running_embedded_app run on one worker (pyproject's --dist loadgroup),
+# so the app starts once, not once on each worker that draws one of them.
+_SHARES_THE_RUNNING_APP = pytest.mark.xdist_group("running_embedded_app")
+
+
+@pytest.fixture(scope="module")
+def running_embedded_app() -> Iterator[EmbeddedApp]:
+    """One embedded app for the tests that only read from it or ask it something (its
+    start-up, initdb and two workers, is most of a test's time): none stops it, kills a
+    worker or writes through it."""
+    with _embedded_app() as app:
+        yield app
+
+
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_embedded_app_stops_on_a_signal_and_leaves_no_process(
     embedded_app: EmbeddedApp, stop_signal: signal.Signals
@@ -140,10 +162,13 @@ def test_embedded_app_stops_on_a_signal_and_leaves_no_process(
     assert not [pid for pid in tree if _alive(pid)]
 
 
-def test_second_run_on_the_same_data_directory_is_refused(embedded_app: EmbeddedApp) -> None:
+@_SHARES_THE_RUNNING_APP
+def test_second_run_on_the_same_data_directory_is_refused(
+    running_embedded_app: EmbeddedApp,
+) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "app", "--port", str(free_port())],
-        env=embedded_app.env,
+        env=running_embedded_app.env,
         capture_output=True,
         text=True,
         timeout=60,
@@ -151,11 +176,12 @@ def test_second_run_on_the_same_data_directory_is_refused(embedded_app: Embedded
     )
     assert result.returncode == 2
     assert "in use by `python -m app`" in result.stderr
-    assert embedded_app.process.poll() is None
+    assert running_embedded_app.process.poll() is None
 
 
-def test_metrics_are_aggregated_across_workers(embedded_app: EmbeddedApp) -> None:
-    url = f"http://127.0.0.1:{embedded_app.http_port}/metrics"
+@_SHARES_THE_RUNNING_APP
+def test_metrics_are_aggregated_across_workers(running_embedded_app: EmbeddedApp) -> None:
+    url = f"http://127.0.0.1:{running_embedded_app.http_port}/metrics"
     deadline = time.monotonic() + 20
     while "regent_is_leader 1.0" not in httpx.get(url).text:
         assert time.monotonic() < deadline, "no leader reported"
@@ -230,8 +256,11 @@ def test_a_killed_app_leaves_no_worker_and_restarts_at_once(embedded_app: Embedd
         restarted.wait(60)
 
 
-def test_start_up_says_the_admin_page_is_off_without_a_token(embedded_app: EmbeddedApp) -> None:
-    log = (embedded_app.data_dir / "app.log").read_text(errors="replace")
+@_SHARES_THE_RUNNING_APP
+def test_start_up_says_the_admin_page_is_off_without_a_token(
+    running_embedded_app: EmbeddedApp,
+) -> None:
+    log = (running_embedded_app.data_dir / "app.log").read_text(errors="replace")
     assert "admin page off: ADMIN_TOKEN is unset" in log
 
 
@@ -247,10 +276,13 @@ def test_start_up_names_the_admin_page_url_with_a_token() -> None:
     )
 
 
-def test_operator_commands_reach_the_running_embedded_server(embedded_app: EmbeddedApp) -> None:
+@_SHARES_THE_RUNNING_APP
+def test_operator_commands_reach_the_running_embedded_server(
+    running_embedded_app: EmbeddedApp,
+) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "app", "jobs"],
-        env=embedded_app.env,
+        env=running_embedded_app.env,
         capture_output=True,
         text=True,
         timeout=60,

@@ -117,7 +117,7 @@ class Bodies:
         its outcome is recorded (and logged) when it ends. The run's lease holds while
         its body or any thread it started (RunThreads) runs."""
         pid, slot = self._pid, claim.slot
-        log = job_log(spec.id, pid)
+        log = job_log(spec, pid)
         if self._past_its_lease(claim):
             await self._never_started(spec, claim, log)
             return
@@ -256,7 +256,7 @@ class Bodies:
         outcome is then recorded without clearing its lease, and the job stays busy
         here, its lease renewed, until they end (then the lease is released)."""
         threads.close()
-        if threads.ended.is_set():
+        if threads.has_ended:
             return False
         run.recorded = (status, error)
         watcher = asyncio.ensure_future(self._outlast.outlast(self._job_outliving(run), threads))

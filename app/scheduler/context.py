@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from .clock import Clock
 from .errors import LeadershipLostError, SchedulerError
 from .keys import DEFAULT_SCHEDULE
+from .registry import JobSpec
 
 __all__ = ["JobContext", "ServiceContext", "job_log", "service_log"]
 
@@ -152,18 +153,16 @@ class ServiceContext:
     sessions: async_sessionmaker[AsyncSession]
 
 
-def job_log(job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:
+def job_log(spec: JobSpec, pid: int) -> logging.LoggerAdapter[logging.Logger]:
     """The logger a job's context logs through (``ctx.log``): ``regent.job.<id>``, a
     name of Regent's whatever package the job lives in, with the job id and the pid in
     every record."""
-    return _context_log(f"regent.job.{job_id}", job_id, pid)
+    return logging.LoggerAdapter(spec.logger, {"job_id": spec.id, "pid": pid})
 
 
 def service_log(service_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:
     """The logger a service's context logs through: ``regent.service.<id>``, with the
     service id (as ``job_id``) and the pid in every record."""
-    return _context_log(f"regent.service.{service_id}", service_id, pid)
-
-
-def _context_log(name: str, job_id: str, pid: int) -> logging.LoggerAdapter[logging.Logger]:
-    return logging.LoggerAdapter(logging.getLogger(name), {"job_id": job_id, "pid": pid})
+    return logging.LoggerAdapter(
+        logging.getLogger(f"regent.service.{service_id}"), {"job_id": service_id, "pid": pid}
+    )

@@ -7,12 +7,12 @@ job id in the message, never later at 3 a.m. in a log.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
+import logging
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 from zoneinfo import ZoneInfo
@@ -112,12 +112,16 @@ class JobSpec:
     timeout: float | None = None
     jitter: float = 0.0
     misfire_grace: float | None = None
+    # Worked out at registration, not per fire: a thundering slot starts a thousand
+    # bodies at once, and inspect and a first getLogger are slow. ``is_async``: an
+    # ``async def`` (or an object with an ``async def __call__``); ``logger``:
+    # ``regent.job.<id>``, which its context logs through.
+    is_async: bool = field(init=False, repr=False, compare=False)
+    logger: logging.Logger = field(init=False, repr=False, compare=False)
 
-    @functools.cached_property
-    def is_async(self) -> bool:
-        """True for ``async def`` jobs (or objects with an ``async def __call__``)."""
-        # Cached: a thundering slot asks it of a thousand jobs at once, and inspect is slow.
-        return _is_async(self.func)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_async", _is_async(self.func))
+        object.__setattr__(self, "logger", logging.getLogger(f"regent.job.{self.id}"))
 
     def jitter_delay(self, slot: datetime, *, salt: str = "") -> float:
         """Seconds to wait after ``slot`` before firing it, in [0, jitter).

@@ -214,7 +214,7 @@ class Runner:
         paused = self._paused_before_start.pop(spec.id, None) is task
         if self._waiting.get(spec.id) is task:
             del self._waiting[spec.id]
-        log = job_log(spec.id, self.store.pid)
+        log = job_log(spec, self.store.pid)
         run = Run(spec, claim, log, time.perf_counter(), self.clock.now() - claim.slot)
         error = _PAUSED_BEFORE_START if paused else _CANCELLED_BEFORE_START
         self._recorder.spawn(self._recorder.finish(run, "cancelled", error))

@@ -114,7 +114,7 @@ class ServiceCopies:
                 functools.partial(self._recorder.release_service, lease),
                 functools.partial(self._recorder.release_service_in_thread, lease),
             )
-            if threads.ended.is_set():
+            if threads.has_ended:
                 self._leases.drop(lease.run_id)
                 # Released before the step-down lets the key go, so that the next
                 # leader's copy starts at once; shielded, so that it lands whatever.

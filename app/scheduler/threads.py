@@ -21,8 +21,9 @@ start the same work beside them. So each run keeps a ``RunThreads``:
   app set). So a task a body leaves behind, and every thread that task starts later,
   holds the run's lease, though the body returned. Tasks started otherwise (before the
   run, or from another task's context) are not the run's.
-- ``close()`` says the run's own part (its task) ended; ``ended`` is set once it did
-  and none of its threads (or tasks) runs.
+- ``close()`` says the run's own part (its task) ended; ``has_ended`` is true (and the
+  ``ended`` Event a thread waits on set) once it did and none of its threads (or tasks)
+  runs.
 
 ``asyncio.run`` cancels every task before it waits for the executor's threads, the
 runner's lease renewal and its watch over the threads among them. So when that watch
@@ -47,9 +48,9 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any, ParamSpec, TypeVar
 
 from .retry import renewal_delay
@@ -119,26 +120,38 @@ class RunThreads:
     """The executor threads of one run, as any thread sees them: whether the run and
     its threads ended, and who settles the run when the event loop no longer watches."""
 
+    # Made per run, a thousand at once on a thundering slot: what only an outliving
+    # run needs (the waiters, the Event a keeper thread waits on) is made when needed.
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._running: set[Future[Any] | asyncio.Future[Any]] = set()
         self._closed = False
+        self._ended = False
+        self._ended_event: threading.Event | None = None
         self._on_end: Callable[[], None] | None = None
         # (loop, future) of every wait() in progress, resolved when no thread runs.
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
-        self.ended = threading.Event()
 
-    @contextlib.contextmanager
-    def owning(self) -> Iterator[None]:
-        """Within the block, what the running task (and every task or callback it
+    def owning(self) -> _Owning:
+        """A block within which what the running task (and every task or callback it
         starts meanwhile) submits to the loop's default executor is one of this run's
-        threads; the executor is made an OwningExecutor first."""
-        owning_executor(asyncio.get_running_loop())
-        token = _OWNER.set(self)
-        try:
-            yield
-        finally:
-            _OWNER.reset(token)
+        threads; the executor is made an OwningExecutor on entering it."""
+        return _Owning(self)
+
+    @property
+    def has_ended(self) -> bool:
+        """True once the run was closed and none of its threads (or tasks) runs."""
+        return self._ended
+
+    @property
+    def ended(self) -> threading.Event:
+        """An Event set once the run has ended (has_ended), for a thread to wait on."""
+        with self._lock:
+            if self._ended_event is None:
+                self._ended_event = threading.Event()
+                if self._ended:
+                    self._ended_event.set()
+            return self._ended_event
 
     @property
     def running(self) -> bool:
@@ -150,13 +163,13 @@ class RunThreads:
         """Count ``future``'s thread (or task) as one of this run's until it is done. A
         thread started after the run ended holds nothing: its lease is gone."""
         with self._lock:
-            if self.ended.is_set():
+            if self._ended:
                 return
             self._running.add(future)
         future.add_done_callback(self._thread_ended)
 
     def close(self) -> None:
-        """The run's own part ended: ``ended`` is set once none of its threads runs."""
+        """The run's own part ended: it has ended once none of its threads runs."""
         with self._lock:
             self._closed = True
         self._settle_if_done()
@@ -177,7 +190,7 @@ class RunThreads:
         since the event loop will not see it. False when the run has ended already:
         nothing will call ``on_end`` and the caller settles the run itself."""
         with self._lock:
-            if self.ended.is_set():
+            if self._ended:
                 return False
             self._on_end = on_end
             return True
@@ -194,8 +207,10 @@ class RunThreads:
                 return
             waiters, self._waiters = self._waiters, []
             on_end = None
-            if self._closed and not self.ended.is_set():
-                self.ended.set()
+            if self._closed and not self._ended:
+                self._ended = True
+                if self._ended_event is not None:
+                    self._ended_event.set()
                 on_end = self._on_end
         for loop, waiter in waiters:
             # A loop already closed has no one waiting any more.
@@ -203,6 +218,24 @@ class RunThreads:
                 loop.call_soon_threadsafe(_resolve, waiter)
         if on_end is not None:
             on_end()
+
+
+class _Owning:
+    """RunThreads.owning()'s block (a class, not a generator: one is entered per run)."""
+
+    __slots__ = ("_threads", "_token")
+
+    def __init__(self, threads: RunThreads) -> None:
+        self._threads = threads
+        self._token: Token[RunThreads | None] | None = None
+
+    def __enter__(self) -> None:
+        owning_executor(asyncio.get_running_loop())
+        self._token = _OWNER.set(self._threads)
+
+    def __exit__(self, *exc_info: object) -> None:
+        assert self._token is not None
+        _OWNER.reset(self._token)
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

@@ -11,6 +11,7 @@ import asyncio
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alembic import command
 from alembic.config import Config
@@ -37,7 +38,11 @@ from .db_errors import (
     statement_failed,
 )
 from .invocation import program
-from .user_migrations import UserMigrations
+
+if TYPE_CHECKING:
+    # Only named here: importing it loads the app's settings (pydantic-settings), which
+    # a process that runs the engine alone does without.
+    from .user_migrations import UserMigrations
 
 __all__ = [
     "REGENT_VERSION_TABLE",

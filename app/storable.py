@@ -1,28 +1,20 @@
-"""Values PostgreSQL can store, as types that routes and models declare, and text made
-storable by escaping.
+"""Values PostgreSQL can store: the limits of its integer columns, checks that text
+fits a text column, and text made storable by escaping.
 
 A number past the column's type or a string with a NUL byte or a lone surrogate makes
-the driver raise inside the handler (a 500). Declared on the route instead, the same
-value is a 422 that names the field, before any query runs. Text the code writes itself
-(an error message quoting raw bytes) is escaped instead (escape_unstorable).
+the driver raise (inside a handler: a 500). Routes and models declare the types of
+storable_types.py, so the same value is a 422 that names the field, before any query
+runs. Text the code writes itself (an error message quoting raw bytes) is escaped
+instead (escape_unstorable). No pydantic here: the scheduler's engine escapes its
+errors with this module and runs without it.
 """
 
 from __future__ import annotations
-
-from typing import Annotated
-
-from annotated_types import Interval
-from pydantic import AfterValidator
 
 __all__ = [
     "INT32_MAX",
     "INT64_MAX",
     "JSON_INT_MAX",
-    "Int32Id",
-    "Int64Id",
-    "PositiveInt64",
-    "PositiveJsonInt",
-    "StorableText",
     "escape_unstorable",
     "is_int64",
     "is_storable_text",
@@ -31,6 +23,9 @@ __all__ = [
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+JSON_INT_MAX = 2**53 - 1
+"""The largest integer every JSON reader holds exactly (RFC 8259, section 6): past it a
+client that reads numbers as doubles (JavaScript, and many schema validators) rounds."""
 
 
 def is_int64(value: int) -> bool:
@@ -61,24 +56,3 @@ def escape_unstorable(value: str) -> str:
     written as backslash escapes."""
     value = value.replace("\x00", "\\x00")
     return value.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-StorableText = Annotated[str, AfterValidator(storable_text)]
-"""A string a text column accepts."""
-
-Int32Id = Annotated[int, Interval(ge=1, le=INT32_MAX)]
-"""The id of a row keyed by an ``integer`` identity column."""
-
-Int64Id = Annotated[int, Interval(ge=1, le=INT64_MAX)]
-"""The id of a row keyed by a ``bigint`` identity column."""
-
-PositiveInt64 = Annotated[int, Interval(gt=0, le=INT64_MAX)]
-"""A positive amount in a ``bigint`` column."""
-
-JSON_INT_MAX = 2**53 - 1
-"""The largest integer every JSON reader holds exactly (RFC 8259, section 6): past it a
-client that reads numbers as doubles (JavaScript, and many schema validators) rounds."""
-
-PositiveJsonInt = Annotated[int, Interval(gt=0, le=JSON_INT_MAX)]
-"""A positive amount in a JSON body (so in a ``bigint`` column too) that every client
-sends and reads back exactly."""

@@ -17,7 +17,6 @@ from app.db import Database, asyncpg_dsn, migrate
 from app.localpg import LocalPostgres, free_port
 from app.localpg.access import APP_ROLE
 from app.scheduler import Role, Scheduler, SchedulerConfig
-from app.user_migrations import user_migrations
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
@@ -26,6 +25,10 @@ def migrate_as_the_repository(url: str) -> None:
     """Migrate ``url`` as `python -m app migrate` from this repository does: Regent's
     migrations, then the repository's own (the demo jobs' tables), which an app started
     from the repository's root checks at start."""
+    # Imported here: it loads the app's settings, and the benches' child processes,
+    # whose memory some measure, run the engine alone.
+    from app.user_migrations import user_migrations
+
     migrate(url, user_migrations("migrations", base=REPOSITORY))
 
 

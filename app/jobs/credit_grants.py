@@ -31,7 +31,7 @@ from app.outbox import (
 )
 from app.scheduler import Scheduler
 from app.settings import Settings
-from app.storable import Int32Id, PositiveJsonInt, StorableText
+from app.storable_types import Int32Id, PositiveJsonInt, StorableText
 
 __all__ = ["GrantIn", "GrantOut", "build"]
 

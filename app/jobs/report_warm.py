@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.db import Database
 from app.http_errors import error_response
 from app.scheduler import JobContext, Scheduler, every
-from app.storable import Int32Id
+from app.storable_types import Int32Id
 
 __all__ = ["Stats", "register", "router", "warm_report_stats"]
 

@@ -246,7 +246,9 @@ A job that goes away
 A promotion's registration settles which job rows of its schedule are *retired*
 (registration.settle_retirement): a row whose id the promoted leader's registry lacks
 (a job removed from the code, or renamed) gets ``retired_at``; a retired row whose id
-it has again loses it, its history intact. No registry claims a retired job, so it
+it has again loses it, its history intact. It writes only when the rows the
+registration read show a mark wrong, so a failover of an unchanged release pays no
+statement for it. No registry claims a retired job, so it
 fires no more; the admin listing hides it unless asked, run-now, pause and resume
 refuse it (naming `jobs forget`), and an operator may forget it (its row and runs
 deleted), never a live one.

@@ -92,7 +92,7 @@ class Leadership:
         registered = await register_leader_rows(
             leader_jobs, store=self.store, broken=self.broken, zone=self.config.zone, now=now
         )
-        await settle_retirement(self.store, self.registry.jobs)
+        await settle_retirement(self.store, self.registry.jobs, registered.stored)
         rows = LeaderRows(
             registered.rows,
             registered.horizon,

@@ -13,7 +13,7 @@ from ..invocation import program
 from .broken import BrokenJobs
 from .faults import blames_job, is_busy_row
 from .registry import JobSpec
-from .store import JobRow, JobStore, LeaderRow, format_error
+from .store import JobRow, JobStore, LeaderRow, StoredJobs, format_error
 from .triggers import Trigger
 
 __all__ = ["Registered", "refresh_statistics", "register_leader_rows", "settle_retirement"]
@@ -29,12 +29,13 @@ _GREW_ROWS = 1000
 @dataclass(frozen=True)
 class Registered:
     """What a registration read and wrote: the rows of the jobs registered, the horizon
-    where the first tick's look for changes starts, and whether it grew the schedule
-    enough that the planner should count its rows."""
+    where the first tick's look for changes starts, whether it grew the schedule
+    enough that the planner should count its rows, and every row as it was read."""
 
     rows: dict[str, JobRow]
     horizon: str
     grew: bool
+    stored: StoredJobs
 
 
 async def register_leader_rows(
@@ -112,16 +113,22 @@ async def register_leader_rows(
         await broken.repaired(sorted(repaired))
     inserted = sum(1 for row in rows if row.id in registered and row.id not in stored.jobs)
     grew = inserted >= _GREW_ROWS and inserted > len(stored.jobs)
-    return Registered(registered, stored.horizon, grew)
+    return Registered(registered, stored.horizon, grew, stored)
 
 
-async def settle_retirement(store: JobStore, job_ids: Iterable[str]) -> None:
+async def settle_retirement(store: JobStore, job_ids: Iterable[str], read: StoredJobs) -> None:
     """Retire the job rows of the schedule that the promoted leader's registry
     (``job_ids``, per-worker jobs included) no longer has (a job removed from the code
     or renamed), and bring back the retired ones it has again, their history intact.
     No registry claims a retired job, so it fires no more; the listing hides it unless
     asked; its history stays until an operator forgets it. Logged as
-    ``scheduler.jobs_retired`` and ``scheduler.jobs_returned``."""
+    ``scheduler.jobs_retired`` and ``scheduler.jobs_returned``. Writes nothing when
+    the rows as the registration ``read`` them show no mark wrong (a failover of an
+    unchanged release): a row another release inserted since is settled by the next
+    promotion, as a row held elsewhere is."""
+    job_ids = list(job_ids)
+    if not read.retirement_wrong(job_ids):
+        return
     retired, returned = await store.settle_retirement(job_ids)
     pid = os.getpid()
     if retired:

@@ -34,7 +34,8 @@ _PROMOTION_HORIZON = text(
 )
 _STORED_JOBS = text(
     "SELECT id, name, trigger, leader_only, next_run_at, paused, run_requested_at,"
-    " running_until FROM scheduler_jobs WHERE schedule = :schedule"
+    " running_until, retired_at IS NOT NULL AS retired FROM scheduler_jobs"
+    " WHERE schedule = :schedule"
 )
 _ANALYZE_JOBS = text("ANALYZE scheduler_jobs")
 # The rows changed at or after a horizon, each with this read's own horizon. A row never
@@ -105,11 +106,12 @@ def _aware_or_none(moment: datetime | None) -> datetime | None:
 @dataclass(frozen=True)
 class StoredJob:
     """A job's row as a promotion finds it: what registration compares (name, trigger,
-    leader_only) and its schedule state."""
+    leader_only), whether it is retired, and its schedule state."""
 
     name: str
     trigger: str
     leader_only: bool
+    retired: bool
     row: JobRow
 
 
@@ -121,6 +123,13 @@ class StoredJobs:
     horizon: str
     jobs: dict[str, StoredJob]
     broken: frozenset[str]
+
+    def retirement_wrong(self, job_ids: Iterable[str]) -> bool:
+        """Whether a row read is retired while ``job_ids`` (a registry's) has its id, or
+        not retired while they lack it: what a promotion's settle_retirement would
+        write."""
+        registered = set(job_ids)
+        return any(job.retired == (job_id in registered) for job_id, job in self.jobs.items())
 
 
 @dataclass(frozen=True)
@@ -147,6 +156,7 @@ class JobRowStore(StoreBase):
                     row.name,
                     row.trigger,
                     row.leader_only,
+                    row.retired,
                     JobRow.of(row),
                 )
                 for row in result

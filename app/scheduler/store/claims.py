@@ -1,8 +1,8 @@
 """The claim: every slot and run-now request a wake claims, in one conditional UPDATE
 of the jobs' free rows (fenced by the leader's lock connection), with their run rows,
 in one commit; the running lease a started run takes with it. Its steps, in one
-transaction: the busy rows left out (busy.py) and the lapsed leases reaped (reap.py),
-run ids allocated, the one UPDATE, the run rows recorded (claim_runs.py), and a
+transaction: the busy rows left out (busy.py) and the lapsed leases reaped (reap.py) in
+one statement, run ids allocated, the one UPDATE, the run rows recorded (claim_runs.py), and a
 prepared claim's wait for its commit (prepared.py)."""
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ from ..clock import LEASE_NOW_SQL
 from ..errors import JobRowBusyError
 from ..keys import LEADER_KEY_LOCKS_BOUND
 from .base import StoreBase, as_text, flag, iso
-from .busy import lock_free_rows
 from .claim_runs import Recording, record_runs
 from .prepared import PreparedCommit, begin_prepared, commit_prepared
-from .reap import reap_jobs
+from .reap import lock_and_reap
 from .slots import ClaimedSlot, SlotClaim
 
 __all__ = ["ClaimStore"]
@@ -104,7 +103,7 @@ class ClaimStore(StoreBase):
     ) -> list[ClaimedSlot | JobRowBusyError | None]:
         """Claim every slot and run-now request in ``items`` (one per job) and record
         their run rows, in one commit and a fixed number of statements however many
-        there are: one lock of their rows, one reap of their lapsed leases, one
+        there are: one lock of their rows with the reap of their lapsed leases, one
         allocation of run ids, ONE conditional UPDATE that claims them all, one insert
         of the run rows.
 
@@ -160,12 +159,9 @@ class ClaimStore(StoreBase):
         """Lock the free rows of ``ids`` and reap the lapsed leases of the jobs that
         would start a run; return the jobs left out as busy: their row is held
         elsewhere, or their dead run's row is (its lease is kept until a later reap)."""
-        busy = await lock_free_rows(self, conn, ids)
-        runs = [item.job_id for item in ordered if item.runs and item.job_id not in busy]
-        if runs:
-            reaps = await reap_jobs(self, conn, now, renewing, runs, lease_now)
-            busy |= {job_id: JobRowBusyError(job_id) for job_id in reaps.held}
-        return busy
+        runs = [item.job_id for item in ordered if item.runs]
+        held, reaps = await lock_and_reap(self, conn, ids, runs, now, renewing, lease_now)
+        return {job_id: JobRowBusyError(job_id) for job_id in held + reaps.held}
 
     async def _claim_free(
         self,

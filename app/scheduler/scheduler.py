@@ -224,10 +224,11 @@ class Scheduler:
             lease_clock=lease_clock(clock),
             schedule=self.name,
         )
-        if lease_clock(clock) is None and not isinstance(clock, ServerClock):
+        if lease_clock(clock) is None:
             # Slots come due on the database server's clock, as leases run out on it:
             # the host's clock only measures the time since the last reading of it.
-            clock = ServerClock(clock)
+            if not isinstance(clock, ServerClock):
+                clock = ServerClock(clock)
             try:
                 await clock.measure(store.server_now)
             except DBAPIError as exc:

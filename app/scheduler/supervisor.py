@@ -323,8 +323,10 @@ class Supervisor:
     async def _follow_server_clock(self) -> None:
         """Every leader tick, in every role, measure the database server's clock again
         (when slots come due on it, a ServerClock): a host clock that drifts or steps
-        moves when slots fire for at most a tick. Never raises; a failed reading keeps
-        the last offset."""
+        moves when slots fire for at most a tick. The first measurement is a tick after
+        the start, which measured it (Scheduler.start): a reading beside the election
+        would only hold up the first fire. Never raises; a failed reading keeps the last
+        offset."""
         clock = self.clock
         if not isinstance(clock, ServerClock):
             return
@@ -336,7 +338,8 @@ class Supervisor:
                 logger.debug("scheduler: could not read the database's clock", exc_info=True)
             return self.config.leader_tick_seconds
 
-        await run_loop(measure, clock)
+        tick = self.config.leader_tick_seconds
+        await run_loop(measure, clock, first_delay=tick)
 
     async def _standby(self) -> None:
         await self._set_role(Role.STANDBY)

@@ -25,7 +25,7 @@ from app.db import sync_url
 from app.localpg import free_port
 from app.main import create_app
 from app.scheduler import JobContext, Scheduler, every
-from app.settings import Settings
+from app.settings import load_settings
 
 SLEEP_SQL = text("SELECT pg_sleep(0.25)")
 INTERVAL = 0.005
@@ -77,7 +77,7 @@ def _on_loop_scheduler(url: str) -> Scheduler:
 async def _run(
     url: str, scheduler: Scheduler | None, seconds: float
 ) -> tuple[list[float], list[float]]:
-    settings = Settings(  # type: ignore[call-arg]
+    settings = load_settings(
         _env_file=None,
         DATABASE_URL=url,
         ENVIRONMENT="test",

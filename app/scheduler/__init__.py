@@ -156,8 +156,9 @@ a timeout) it runs on. Two things keep the next slot from starting beside it:
   have been reaped and the job started elsewhere: its slot is recorded ``missed``
   (``job.start_too_late``). When a
   slot is due is read on that clock as well: on the system clock a scheduler runs on a
-  ``ServerClock``, the host's clock plus the offset to the server's, measured every
-  tick, so a leader whose host clock is off fires no slot early or late.
+  ``ServerClock``, the host's clock plus the offset to the server's, measured at the
+  start and every tick after, so a leader whose host clock is off fires no slot early
+  or late.
 
 On demotion an async body is cancelled at once and recorded ``cancelled``. A thread's
 run stays ``running`` and gets its real outcome (``ok``, ``error``) when the thread

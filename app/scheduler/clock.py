@@ -191,6 +191,13 @@ class ServerClock:
     def __init__(self, host: Clock) -> None:
         self.host = host
         self._offset = timedelta(0)
+        self._measured = False
+
+    @property
+    def measured(self) -> bool:
+        """Whether a measurement was taken: until then the offset is 0, the host's own
+        clock, which must not decide "is it due"."""
+        return self._measured
 
     @property
     def offset(self) -> timedelta:
@@ -221,6 +228,7 @@ class ServerClock:
         round_trip = (answered_at - asked_at).total_seconds()
         if 0 <= round_trip <= MAX_ROUND_TRIP_SECONDS:
             self._offset = server_now - (asked_at + (answered_at - asked_at) / 2)
+            self._measured = True
 
 
 def lease_clock(clock: Clock) -> Clock | None:

@@ -324,9 +324,10 @@ class Supervisor:
         """Every leader tick, in every role, measure the database server's clock again
         (when slots come due on it, a ServerClock): a host clock that drifts or steps
         moves when slots fire for at most a tick. The first measurement is a tick after
-        the start, which measured it (Scheduler.start): a reading beside the election
-        would only hold up the first fire. Never raises; a failed reading keeps the last
-        offset."""
+        the start when the start measured it (Scheduler.start): a reading beside the
+        election would only hold up the first fire; at once when the start's reading
+        was refused (the host's clock stepped during it, or the database was slow).
+        Never raises; a failed reading keeps the last offset."""
         clock = self.clock
         if not isinstance(clock, ServerClock):
             return
@@ -339,7 +340,7 @@ class Supervisor:
             return self.config.leader_tick_seconds
 
         tick = self.config.leader_tick_seconds
-        await run_loop(measure, clock, first_delay=tick)
+        await run_loop(measure, clock, first_delay=tick if clock.measured else 0.0)
 
     async def _standby(self) -> None:
         await self._set_role(Role.STANDBY)

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import text
 
 from app.db import Database
-from app.scheduler import JobContext, Scheduler, SchedulerConfig, every
+from app.scheduler import JobContext, Scheduler, SchedulerConfig, SystemClock, every
 from app.scheduler.clock import ServerClock
 
 from ..conftest import SkewedClock, StartScheduler
@@ -89,3 +89,39 @@ async def test_a_leader_whose_host_clock_steps_follows_the_database_clock_within
         await fired.wait()
 
     assert starts[0] >= slot
+
+
+class _AheadAfterTheFirstReading(SystemClock):
+    """A host clock two minutes ahead of the database's, stepped there (NTP) just after
+    its first reading: the start's measurement of the server's clock sees a round trip
+    of two minutes and is refused, leaving the offset unmeasured."""
+
+    def __init__(self) -> None:
+        self.readings = 0
+
+    def now(self) -> datetime:
+        self.readings += 1
+        real = super().now()
+        return real if self.readings == 1 else real + timedelta(minutes=2)
+
+
+async def test_a_leader_whose_first_clock_reading_is_refused_fires_no_slot_early(
+    database: Database, start_scheduler: StartScheduler
+) -> None:
+    starts: list[datetime] = []
+    fired = asyncio.Event()
+    first = _hourly(starts, fired, database)
+    await (await start_scheduler(first)).wait_until_firing()
+    await first.stop()
+    slot = await _slot_soon(database)
+
+    await start_scheduler(
+        _hourly(starts, fired, database),
+        clock=_AheadAfterTheFirstReading(),
+        leader_tick_seconds=5,
+        lease_seconds=30,
+    )
+    async with asyncio.timeout(FIRE_WITHIN_SECONDS):
+        await fired.wait()
+
+    assert starts[0] >= slot, f"fired {slot - starts[0]} before its slot"

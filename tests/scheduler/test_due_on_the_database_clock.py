@@ -5,6 +5,7 @@ read on that clock; "is it due" is the other half of the same rule."""
 
 import asyncio
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import text
 
@@ -48,25 +49,34 @@ async def _slot_soon(database: Database) -> datetime:
     return slot
 
 
+async def _first_start_of_a_slot_soon(
+    database: Database, start_scheduler: StartScheduler, **leader: Any
+) -> tuple[datetime, datetime]:
+    """The job's row made by a leader on the database's clock, which then steps down;
+    its slot moved a few seconds ahead; a second leader started with ``leader`` (its
+    clock, its settings). Returns when that leader's first body started, and the slot."""
+    starts: list[datetime] = []
+    fired = asyncio.Event()
+    first = _hourly(starts, fired, database)
+    await (await start_scheduler(first)).wait_until_firing()
+    await first.stop()
+    slot = await _slot_soon(database)
+
+    await start_scheduler(_hourly(starts, fired, database), **leader)
+    async with asyncio.timeout(FIRE_WITHIN_SECONDS):
+        await fired.wait()
+    return starts[0], slot
+
+
 async def test_a_leader_on_a_host_two_minutes_off_fires_a_slot_when_the_database_clock_reaches_it(
     database: Database,
     config: SchedulerConfig,
     start_scheduler: StartScheduler,
     skewed_clock: SkewedClock,
 ) -> None:
-    starts: list[datetime] = []
-    fired = asyncio.Event()
-    # The job's row, made by a leader on the database's clock, which then steps down.
-    first = _hourly(starts, fired, database)
-    await (await start_scheduler(first)).wait_until_firing()
-    await first.stop()
-    slot = await _slot_soon(database)
+    started, slot = await _first_start_of_a_slot_soon(database, start_scheduler, clock=skewed_clock)
 
-    await start_scheduler(_hourly(starts, fired, database), clock=skewed_clock)
-    async with asyncio.timeout(FIRE_WITHIN_SECONDS):
-        await fired.wait()
-
-    assert starts[0] >= slot
+    assert started >= slot
 
 
 async def test_a_leader_whose_host_clock_steps_follows_the_database_clock_within_a_tick(
@@ -108,20 +118,12 @@ class _AheadAfterTheFirstReading(SystemClock):
 async def test_a_leader_whose_first_clock_reading_is_refused_fires_no_slot_early(
     database: Database, start_scheduler: StartScheduler
 ) -> None:
-    starts: list[datetime] = []
-    fired = asyncio.Event()
-    first = _hourly(starts, fired, database)
-    await (await start_scheduler(first)).wait_until_firing()
-    await first.stop()
-    slot = await _slot_soon(database)
-
-    await start_scheduler(
-        _hourly(starts, fired, database),
+    started, slot = await _first_start_of_a_slot_soon(
+        database,
+        start_scheduler,
         clock=_AheadAfterTheFirstReading(),
         leader_tick_seconds=5,
         lease_seconds=30,
     )
-    async with asyncio.timeout(FIRE_WITHIN_SECONDS):
-        await fired.wait()
 
-    assert starts[0] >= slot, f"fired {slot - starts[0]} before its slot"
+    assert started >= slot, f"fired {slot - started} before its slot"

@@ -2,7 +2,10 @@
 surface's median answer time on an empty database and after a bulk load of run history
 and delivered outbox rows, side by side, from one run; the lateness of a 1 s job in
 both; and how long one retention batch (a DELETE of 1000 rows) takes on the filled
-database.
+database. The surfaces: the admin API's job list, runs and outbox counts, the admin
+page (signed in: it shows the jobs and the outbox counts), `/metrics`, the health
+check, and the reads behind the CLI's `jobs` and `outbox list` (timed in-process: a
+CLI's own interpreter start is the same with any history).
 
 The app is `create_app(settings, scheduler)` in this process (served through httpx's
 ASGI transport, so the times are the app's and the database's, not a network's), its
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import time
 
@@ -31,10 +35,13 @@ from sqlalchemy import text
 
 from app.db import Database
 from app.main import create_app
+from app.operations.jobs import list_jobs
+from app.operations.outboxes import list_outboxes
 from app.outbox import Message, Outbox
 from app.outbox.retention import prune_delivered_batch
 from app.retention import BATCH_SIZE
 from app.scheduler import JobContext, Role, Scheduler, every
+from app.scheduler.clock import SystemClock, lease_now
 from app.scheduler.store.retention import prune_runs_batch
 from app.settings import load_settings
 
@@ -47,7 +54,9 @@ SURFACES = {
     "GET /admin/api/outboxes": "/admin/api/outboxes",
     "GET /metrics": "/metrics",
     "GET /health/scheduler": "/health/scheduler",
+    "GET /admin (the page, signed in)": "/admin",
 }
+CLI_READS = ("CLI jobs (its read)", "CLI outbox list (its read)")
 CHUNK = 200_000
 
 # The 50 jobs the load's runs belong to, paused (nothing fires them): rows of an app's
@@ -76,8 +85,35 @@ _DELIVERED = text(
 )
 
 
-async def _surfaces(client: httpx.AsyncClient, samples: int) -> dict[str, float]:
+async def _sign_in(client: httpx.AsyncClient) -> None:
+    """Sign in to the admin page as a browser does; the client keeps the cookie."""
+    form = await client.get("/admin")
+    found = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    if found is None:
+        raise RuntimeError(f"no sign-in form at /admin: {form.status_code}")
+    signed = await client.post("/admin/login", data={"token": TOKEN, "csrf": found[1]})
+    if signed.status_code != 303:
+        raise RuntimeError(f"sign-in refused: {signed.status_code}")
+    if 'name="token"' in (await client.get("/admin")).text:
+        raise RuntimeError("signed in, but /admin still shows the sign-in form")
+
+
+async def _surfaces(
+    client: httpx.AsyncClient, database: Database, samples: int
+) -> dict[str, float]:
     medians = {}
+    clock = SystemClock()
+    reads = {
+        CLI_READS[0]: lambda: list_jobs(database.engine, lease_now(clock)),
+        CLI_READS[1]: lambda: list_outboxes(database.engine, lease_now(clock)),
+    }
+    for label, read in reads.items():
+        times = []
+        for _ in range(samples):
+            began = time.perf_counter()
+            await read()
+            times.append(time.perf_counter() - began)
+        medians[label] = statistics.median(times)
     for label, path in SURFACES.items():
         times = []
         for _ in range(samples):
@@ -153,12 +189,13 @@ async def _measure(url: str, args: argparse.Namespace) -> None:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
             empty_late = await _lateness(lateness, args.lateness_seconds)
-            empty = await _surfaces(client, args.samples)
+            await _sign_in(client)
+            empty = await _surfaces(client, database, args.samples)
             print(f"filling {args.runs:,} runs and {args.delivered:,} delivered rows ...")
             took = await _fill(database, args.runs, args.delivered)
             print(f"filled in {took:.0f} s")
             filled_late = await _lateness(lateness, args.lateness_seconds)
-            filled = await _surfaces(client, args.samples)
+            filled = await _surfaces(client, database, args.samples)
             pruning = await _prune_batches(database, args.prune_batches)
     await database.dispose()
 
@@ -167,7 +204,7 @@ async def _measure(url: str, args: argparse.Namespace) -> None:
         f"{args.delivered:,} delivered rows; ms"
     )
     print(f"{'surface':<32} {'empty':>8} {'filled':>8} {'growth':>7}")
-    for label in SURFACES:
+    for label in (*SURFACES, *CLI_READS):
         ratio = filled[label] / empty[label]
         print(
             f"{label:<32} {empty[label] * 1000:>8.1f} {filled[label] * 1000:>8.1f} {ratio:>6.2f}x"

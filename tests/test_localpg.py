@@ -158,8 +158,8 @@ def test_a_data_directory_an_older_version_made_is_given_to_the_apps_role_on_sta
     # What an older version left: the app logged in as the superuser, which owned the
     # app's database and tables, and every client was trusted.
     with psycopg.connect(server.superuser_conninfo("regent"), autocommit=True) as conn:
-        conn.execute("CREATE TABLE kept (id serial, note text)")
-        conn.execute("INSERT INTO kept (note) VALUES ('one')")
+        conn.execute("CREATE TABLE public.kept (id serial, note text)")
+        conn.execute("INSERT INTO public.kept (note) VALUES ('one')")
         conn.execute("ALTER DATABASE regent OWNER TO regent")
         conn.execute("DROP ROLE regent_app")
     server.stop()

@@ -90,9 +90,18 @@ class LocalPostgres:
     def superuser_conninfo(self, database: str) -> str:
         """libpq connection string of ``database`` for the superuser, through the
         socket; it works only in the server's account or the process that started it
-        (peer authentication, no password)."""
+        (peer authentication, no password).
+
+        Its search_path is pg_catalog's alone, set in the connection (which outranks any
+        ALTER DATABASE ... SET the app's role, owner of its database, could make): the
+        superuser's statements never resolve a name, an operator above all, to an
+        object the app's role made."""
         return make_conninfo(
-            host=str(self.data_dir), port=self.port, user=SUPERUSER, dbname=database
+            host=str(self.data_dir),
+            port=self.port,
+            user=SUPERUSER,
+            dbname=database,
+            options="-c search_path=pg_catalog,pg_temp",
         )
 
     @property

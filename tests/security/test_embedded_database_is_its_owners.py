@@ -122,6 +122,37 @@ def test_the_applications_role_cannot_run_programs_as_the_servers_account(
         assert super_user == (False,)
 
 
+# What an injection into the app's SQL could leave in the app's own database: an
+# operator in ``public`` that matches ``oid = integer`` better than pg_catalog's, whose
+# function makes the app's role a superuser when a superuser runs it.
+_SUPERUSER_TRAP = """
+CREATE FUNCTION public.trap_eq(oid, integer) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+  IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+    EXECUTE 'ALTER ROLE regent_app SUPERUSER';
+  END IF;
+  RETURN $1 OPERATOR(pg_catalog.=) $2::oid;
+END $$;
+CREATE OPERATOR public.= (LEFTARG = oid, RIGHTARG = integer, FUNCTION = public.trap_eq);
+ALTER DATABASE regent SET search_path = public, pg_catalog;
+"""
+
+
+def test_the_applications_role_cannot_become_a_superuser_at_the_next_start(
+    reachable_dir: Path,
+) -> None:
+    data_dir, port = reachable_dir / "regent", free_port()
+    with embedded_postgres(data_dir, port) as server:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            conn.execute(_SUPERUSER_TRAP)
+    with embedded_postgres(data_dir, port) as server:
+        with psycopg.connect(server.url, autocommit=True) as conn:
+            super_user = conn.execute(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+            ).fetchone()
+    assert super_user == (False,), "the app's role made itself a superuser at the restart"
+
+
 def test_no_superuser_has_a_password_or_the_applications_database(
     embedded_server: LocalPostgres,
 ) -> None:

@@ -5,10 +5,12 @@ second one is refused by a lock file before it could start a second postmaster. 
 holds one project's database: the first project started on it claims it
 (``regent.project``), and another is refused, for the default directory is one per
 user (as root, one per machine) and a second project would migrate, retire the jobs
-of, and serve the first's. The
-directory is its owner's: others may pass through it (the server's account, as root,
-must reach pgdata/) but list and read nothing; the server's socket is in pgdata/ (see
-app/localpg/).
+of, and serve the first's.
+
+The directory is its owner's: one another user made, or a link, is refused (its owner
+could move pgdata/ aside and answer on its socket). Others may pass through it (the
+server's account, as root, must reach pgdata/) but list and read nothing; the server's
+socket is in pgdata/ (see app/localpg/).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 from .invocation import program
-from .localpg import LocalPostgres, LocalPostgresError, local_url
+from .localpg import LocalPostgres, LocalPostgresError, local_url, user_name
 
 __all__ = ["default_data_dir", "embedded_postgres", "embedded_url", "socket_path"]
 
@@ -76,6 +79,7 @@ def embedded_postgres(
     lock_path = data_dir / "regent.lock"
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
+        _refuse_unless_ours(data_dir)
         data_dir.chmod(0o711)
         descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         os.fchmod(descriptor, 0o600)
@@ -107,6 +111,24 @@ def embedded_postgres(
             yield server
         finally:
             server.stop()
+
+
+def _refuse_unless_ours(data_dir: Path) -> None:
+    """Raise LocalPostgresError unless ``data_dir`` is a directory of this user (not a
+    link to one): its owner could move pgdata/ aside and answer on its socket, asking
+    the app for its password (root could chmod it, but not take it back)."""
+    info = data_dir.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise LocalPostgresError(
+            f"data directory {data_dir} is not a directory (a link?); set REGENT_DATA_DIR "
+            "to a directory of this user's"
+        )
+    if info.st_uid != os.geteuid():
+        raise LocalPostgresError(
+            f"data directory {data_dir} belongs to {user_name(info.st_uid)}, not to "
+            f"{user_name(os.geteuid())}, and its owner could stand in for the database; "
+            "set REGENT_DATA_DIR to a directory of this user's (or remove that one)"
+        )
 
 
 def _claim(data_dir: Path, project: Path) -> None:

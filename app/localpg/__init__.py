@@ -14,7 +14,9 @@ stand in for it on a port while it is down, and be sent a password. Two roles:
 
 - ``regent``, the bootstrap superuser, has no password. It logs in only through the
   socket, only as the server's account or the user who started it (``peer``, mapped in
-  pg_ident.conf). This module uses it to create the application's role and database.
+  pg_ident.conf). This module uses it to create the application's role and database, and its
+  connections resolve names in pg_catalog only (search_path set by the connection), so
+  nothing the app's role leaves in its database runs as the superuser.
 - ``regent_app``, the application's role: no superuser, no CREATEDB, CREATEROLE or
   REPLICATION; it owns the app's database and what is in it, so it cannot run programs
   as the server's account (``COPY ... TO PROGRAM``). Its password (scram-sha-256) is
@@ -31,7 +33,7 @@ writes (the log beside the data directory too) is mode 0600.
 from .access import APP_ROLE, local_url
 from .binaries import find_bindir
 from .errors import LocalPostgresError
-from .processes import free_port
+from .processes import free_port, user_name
 from .server import LocalPostgres
 
 __all__ = [
@@ -41,4 +43,5 @@ __all__ = [
     "find_bindir",
     "free_port",
     "local_url",
+    "user_name",
 ]

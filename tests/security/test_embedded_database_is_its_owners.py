@@ -18,7 +18,7 @@ from psycopg import errors
 from sqlalchemy.engine import make_url
 
 from app.embedded import embedded_postgres
-from app.localpg import APP_ROLE, LocalPostgres, free_port
+from app.localpg import APP_ROLE, LocalPostgres, LocalPostgresError, free_port
 
 from .conftest import AsOther, Impostor
 
@@ -122,6 +122,26 @@ def test_the_applications_role_cannot_run_programs_as_the_servers_account(
         assert super_user == (False,)
 
 
+def test_a_data_directory_another_user_made_is_refused(
+    shared_tmp: Path, as_other: AsOther, other_user: pwd.struct_passwd
+) -> None:
+    data_dir = shared_tmp / "regent"
+    made = as_other("import os, sys; os.mkdir(sys.argv[1], 0o777)", str(data_dir))
+    assert made.returncode == 0, made.stderr
+    refused = pytest.raises(LocalPostgresError, match=f"belongs to {other_user.pw_name}")
+    with refused, embedded_postgres(data_dir, free_port()):
+        pass
+    assert not (data_dir / "pgdata").exists(), "a server was made in it before the refusal"
+
+
+def test_a_data_directory_that_is_a_link_is_refused(reachable_dir: Path) -> None:
+    (reachable_dir / "elsewhere").mkdir()
+    (reachable_dir / "regent").symlink_to(reachable_dir / "elsewhere")
+    refused = pytest.raises(LocalPostgresError, match="not a directory")
+    with refused, embedded_postgres(reachable_dir / "regent", free_port()):
+        pass
+
+
 # What an injection into the app's SQL could leave in the app's own database: an
 # operator in ``public`` that matches ``oid = integer`` better than pg_catalog's, whose
 # function makes the app's role a superuser when a superuser runs it.
@@ -142,14 +162,18 @@ def test_the_applications_role_cannot_become_a_superuser_at_the_next_start(
     reachable_dir: Path,
 ) -> None:
     data_dir, port = reachable_dir / "regent", free_port()
-    with embedded_postgres(data_dir, port) as server:
-        with psycopg.connect(server.url, autocommit=True) as conn:
-            conn.execute(_SUPERUSER_TRAP)
-    with embedded_postgres(data_dir, port) as server:
-        with psycopg.connect(server.url, autocommit=True) as conn:
-            super_user = conn.execute(
-                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
-            ).fetchone()
+    with (
+        embedded_postgres(data_dir, port) as server,
+        psycopg.connect(server.url, autocommit=True) as conn,
+    ):
+        conn.execute(_SUPERUSER_TRAP)
+    with (
+        embedded_postgres(data_dir, port) as server,
+        psycopg.connect(server.url, autocommit=True) as conn,
+    ):
+        super_user = conn.execute(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
     assert super_user == (False,), "the app's role made itself a superuser at the restart"
 
 

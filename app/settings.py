@@ -31,6 +31,8 @@ _URL_PARAMETERS = ("sslmode", "target_session_attrs", "host", "port")
 
 
 ADMIN_TOKEN_MIN_LENGTH = 32
+# A random token of 32 hex digits has ~14 distinct ones; fewer than this is a pattern.
+_TOKEN_MIN_DISTINCT = 8
 _WEEK = 7 * 24 * 3600
 
 
@@ -206,6 +208,12 @@ class Settings(BaseSettings):
                 f"is {len(token)} characters; it must be at least {ADMIN_TOKEN_MIN_LENGTH}, "
                 "a random value: make one with `openssl rand -hex 32`"
             )
+        if len(set(token)) < _TOKEN_MIN_DISTINCT:
+            # Its length guards against guessing only when it is random.
+            raise ValueError(
+                f"has only {len(set(token))} distinct characters: it is no random value; "
+                "make one with `openssl rand -hex 32`"
+            )
         return value
 
     @field_validator("TRUSTED_PROXIES")
@@ -270,6 +278,20 @@ class Settings(BaseSettings):
         except (ZoneInfoNotFoundError, ValueError) as exc:
             raise ValueError(f"unknown IANA time zone {value!r}; use e.g. 'Europe/Zurich'") from exc
         return value
+
+    @model_validator(mode="after")
+    def _tokens_apart(self) -> Settings:
+        admin, api = self.ADMIN_TOKEN, self.API_TOKEN
+        if (
+            admin is not None
+            and api is not None
+            and admin.get_secret_value() == api.get_secret_value()
+        ):
+            raise ValueError(
+                "ADMIN_TOKEN and API_TOKEN are the same token, so the API's holder could "
+                "use the admin page and API too; give each its own (`openssl rand -hex 32`)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tick_inside_lease(self) -> Settings:

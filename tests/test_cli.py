@@ -270,7 +270,7 @@ def test_start_up_names_the_admin_page_url_with_a_token() -> None:
     from app.__main__ import admin_page_note
     from app.settings import Settings
 
-    settings = Settings(_env_file=None, ADMIN_TOKEN=SecretStr("x" * 32))  # type: ignore[call-arg]
+    settings = Settings(_env_file=None, ADMIN_TOKEN=SecretStr("0123456789abcdef" * 2))  # type: ignore[call-arg]
     assert admin_page_note(settings, "127.0.0.1", 8000) == (
         "regent: admin page at http://127.0.0.1:8000/admin"
     )

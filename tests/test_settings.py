@@ -123,7 +123,7 @@ def test_admin_token_refuses_empty_blank_and_short_values(token: str) -> None:
 
 
 def test_admin_token_of_32_characters_is_accepted() -> None:
-    settings = load_settings(_env_file=None, ADMIN_TOKEN="a" * 32)
+    settings = load_settings(_env_file=None, ADMIN_TOKEN="0123456789abcdef" * 2)
     assert settings.ADMIN_TOKEN is not None
 
 

@@ -13,6 +13,7 @@ like.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from typing import Annotated, Any
 
@@ -90,11 +91,21 @@ def token_matches(key: bytes, offered: str | None) -> bool:
     return hmac.compare_digest(offered.encode("utf-8", "surrogatepass"), key)
 
 
+# The longest address text a client is counted under as it is (an IPv6 address with a
+# zone is ~60 characters); a longer one is counted under its digest.
+_LONGEST_ADDRESS = 64
+
+
 def client_address(request: Request) -> str:
     """The address the throttle counts a request against: the peer's, or the one a
     proxy named in TRUSTED_PROXIES forwarded (uvicorn's proxy headers, configured by
-    `python -m app`)."""
-    return request.client.host if request.client else "unknown"
+    `python -m app`). A forwarded value is any text a client put in X-Forwarded-For:
+    one longer than an address is counted under ``sha256:<its digest>``, so it fits the
+    count's index and is still counted, always under the same name."""
+    address = request.client.host if request.client else "unknown"
+    if len(address) <= _LONGEST_ADDRESS:
+        return address
+    return "sha256:" + hashlib.sha256(address.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 async def refuse_wrong_token(request: Request) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import secrets
 import subprocess
 import sys
 import time
@@ -14,8 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.admin.throttle import FREE_FAILURES
+from app.admin.throttle import FORGET_AFTER, FREE_FAILURES
 from app.localpg import free_port
 from app.settings import SettingsError, load_settings
 
@@ -45,6 +49,31 @@ async def test_wrong_bearer_tokens_on_the_example_api_are_throttled(
             for _ in range(FREE_FAILURES + 3)
         ]
     assert codes == [401] * FREE_FAILURES + [429] * 3
+
+
+async def test_wrong_tokens_from_a_client_named_by_a_long_forwarded_address_are_throttled(
+    open_app: Open,
+) -> None:
+    # What a trusted proxy passes on from X-Forwarded-For: any text, of any length.
+    # Random text does not compress below the index's row size limit as "9" * 6000 would.
+    async with open_app(client_ip=secrets.token_urlsafe(4500)) as client:
+        codes = [
+            (await client.get("/admin/api/jobs", headers=WRONG)).status_code
+            for _ in range(FREE_FAILURES + 1)
+        ]
+    assert codes == [401] * FREE_FAILURES + [429]
+
+
+async def test_forgetting_old_counts_reads_only_the_old_ones(engine: AsyncEngine) -> None:
+    # Every wrong token runs this DELETE; the table has a row per address ever counted.
+    forget = (
+        "DELETE FROM admin_login_failures WHERE last_failure_at"
+        f" < now() - interval '{FORGET_AFTER.total_seconds()} seconds'"
+    )
+    async with engine.begin() as conn:
+        await conn.execute(text("SET LOCAL enable_seqscan = off"))
+        plan = (await conn.execute(text(f"EXPLAIN {forget}"))).scalars().all()
+    assert "admin_login_failures_age" in "\n".join(plan), plan
 
 
 async def test_the_page_and_both_apis_count_into_one_throttle(
@@ -126,6 +155,25 @@ def test_a_token_shorter_than_32_characters_is_refused_with_the_command_that_mak
     assert "openssl rand -hex 32" in str(refused.value)
 
 
+@pytest.mark.parametrize("name", ["ADMIN_TOKEN", "API_TOKEN"])
+def test_a_token_of_one_character_repeated_is_refused_with_the_command_that_makes_one(
+    name: str,
+) -> None:
+    with pytest.raises(SettingsError) as refused:
+        load_settings(_env_file=None, **{name: "a" * 40})
+    assert name in str(refused.value)
+    assert "openssl rand -hex 32" in str(refused.value)
+
+
+def test_one_token_for_the_admin_and_the_api_is_refused() -> None:
+    # The API's holder (a billing service) would hold the admin's rights too.
+    token = "0123456789abcdef" * 3
+    with pytest.raises(SettingsError) as refused:
+        load_settings(_env_file=None, ADMIN_TOKEN=token, API_TOKEN=token)
+    assert "ADMIN_TOKEN" in str(refused.value) and "API_TOKEN" in str(refused.value)
+    assert token not in str(refused.value), "the token itself is never echoed"
+
+
 def _serve(database_url: str, log: Path, **env: str) -> Iterator[int]:
     """`python -m app serve` on the test database, one worker; yields its port."""
     port = free_port()
@@ -193,3 +241,15 @@ def test_python_m_app_believes_x_forwarded_for_from_a_proxy_named_in_trusted_pro
     for port in _serve(database_url, tmp_path / "stderr.txt", TRUSTED_PROXIES="127.0.0.1"):
         codes = _forwarded_guesses(port)
     assert codes == [401] * (FREE_FAILURES + 2)
+
+
+def test_every_uvicorn_command_the_readme_gives_believes_no_forwarded_header() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    commands = re.findall(r"`((?:[A-Z_]+=\S+ )*uvicorn [^`]*)`", readme)
+    assert commands, "the README gives no uvicorn command"
+    believing = [
+        command
+        for command in commands
+        if "--no-proxy-headers" not in command and "--forwarded-allow-ips" not in command
+    ]
+    assert believing == [], f"uvicorn commands believing X-Forwarded-For: {believing}"

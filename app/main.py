@@ -26,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import multiprocess
 from pydantic import BaseModel
+from starlette.types import ASGIApp
 
 from .admin import (
     AdminError,
@@ -35,7 +36,7 @@ from .admin import (
     index_router,
     page_router,
 )
-from .admin.headers import AdminHeaders
+from .admin.headers import SecurityHeaders
 from .db import Database, DatabaseError, asyncpg_dsn, verify_schema_at_head
 from .http_errors import documented_error_bodies, validation_error_response
 from .invocation import program
@@ -155,11 +156,17 @@ class Readiness(BaseModel):
 
 class RegentAPI(FastAPI):
     """FastAPI whose OpenAPI schema documents the error bodies as Regent's handlers
-    answer them (app/http_errors.py), on every route, a user's own included."""
+    answer them (app/http_errors.py), on every route, a user's own included, and whose
+    every answer carries the security headers (app/admin/headers.py)."""
 
     def openapi(self) -> dict[str, Any]:
         """The schema, with the 400 and 422 bodies as app/http_errors.py documents them."""
         return documented_error_bodies(super().openapi())
+
+    def build_middleware_stack(self) -> ASGIApp:
+        """Starlette's stack inside SecurityHeaders: outside the error middleware, so a
+        500 carries the security headers too (app/admin/headers.py)."""
+        return SecurityHeaders(super().build_middleware_stack())
 
 
 def create_app(settings: Settings | None = None, scheduler: Scheduler | None = None) -> FastAPI:
@@ -284,7 +291,6 @@ def create_app(settings: Settings | None = None, scheduler: Scheduler | None = N
         instrument(scheduler)
     app.add_exception_handler(AdminError, admin_error_response)
     app.add_exception_handler(RequestValidationError, validation_error_response)
-    app.add_middleware(AdminHeaders)
     app.add_middleware(OneLineStartupRefusal)
 
     @app.get("/healthz")

@@ -1,5 +1,5 @@
-"""The headers of every answer under /admin: no caching, and no way to run, frame or
-sniff anything.
+"""The security headers of every answer: the admin's strict set under /admin, a base set
+everywhere else.
 
 The signed-in page lists jobs, outbox payloads and errors; a shared or browser cache
 must not keep it, nor any other admin answer (a 401 or 404 included, so no cached
@@ -8,8 +8,17 @@ and its style is a file of its own (``/admin/admin.css``), so its Content-Securi
 allows no script at all, styles and images from the page's origin only, forms posted
 back to it only, and no framing (``frame-ancestors 'none'``, clickjacking); the browser
 must not guess a content type (``nosniff``) nor send the admin's URLs to another site
-(``no-referrer``). A middleware, not a per-route header, so a new admin route and every
-error answer are covered.
+(``no-referrer``).
+
+Every other answer (health, metrics, the schema, the example API, a 404, a user's own
+routes) gets ``nosniff``, ``no-referrer`` and a policy of ``frame-ancestors 'none'``,
+each only where the route set none of its own, so a user's route that wants to be
+framed or referred says so and is obeyed.
+
+SecurityHeaders wraps the whole application, outside Starlette's error middleware
+(RegentAPI.build_middleware_stack), so a 500 carries them too; it decides what is an
+admin path as the router does, after the root path a proxy set-up strips
+(``--root-path``).
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from __future__ import annotations
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["ADMIN_HEADERS", "AdminHeaders"]
+__all__ = ["ADMIN_HEADERS", "BASE_HEADERS", "SecurityHeaders"]
 
 ADMIN_HEADERS = {
     "Cache-Control": "no-store",
@@ -29,26 +38,42 @@ ADMIN_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
 }
+BASE_HEADERS = {
+    "Content-Security-Policy": "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
-class AdminHeaders:
-    """ASGI middleware: adds ADMIN_HEADERS to /admin and /admin/... answers."""
+def _route_path(scope: Scope) -> str:
+    """The path the router matches: the request's, less the root path (as Starlette's
+    routing takes it off)."""
+    path: str = scope.get("path", "")
+    root_path: str = scope.get("root_path", "")
+    return path[len(root_path) :] if root_path and path.startswith(root_path) else path
+
+
+class SecurityHeaders:
+    """ASGI middleware: ADMIN_HEADERS on /admin and /admin/... answers (replacing what a
+    route set), BASE_HEADERS on every other answer (where the route set none)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the request on; mark the answer's headers when the path is an admin one."""
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path != "/admin" and not path.startswith("/admin/"):
+        """Pass the request on; add the headers to its answer's start."""
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = _route_path(scope)
+        admin = path == "/admin" or path.startswith("/admin/")
 
         async def send_guarded(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)
-                for name, value in ADMIN_HEADERS.items():
-                    headers[name] = value
+                for name, value in (ADMIN_HEADERS if admin else BASE_HEADERS).items():
+                    if admin or name not in headers:
+                        headers[name] = value
             await send(message)
 
         await self.app(scope, receive, send_guarded)

@@ -219,19 +219,33 @@ async def workspace(database: Database) -> int:
     return 1
 
 
+async def _fails() -> None:
+    raise RuntimeError("a route that fails")
+
+
 @pytest.fixture
 def open_app(security_settings: Settings) -> Open:
     """A worker of the default app (admin page and API, the example routes; no
     scheduler), its own app and state over the test database, as a client at
-    ``client_ip``."""
+    ``client_ip``, served under ``root_path`` (as behind a proxy), with a route at
+    ``failing_route`` that raises (a 500)."""
 
     @asynccontextmanager
-    async def open_(client_ip: str = "203.0.113.7") -> AsyncIterator[httpx.AsyncClient]:
+    async def open_(
+        client_ip: str = "203.0.113.7", root_path: str = "", failing_route: str | None = None
+    ) -> AsyncIterator[httpx.AsyncClient]:
         jobs = build(security_settings)
         app = create_app(security_settings)
         app.include_router(jobs.router)
+        if failing_route is not None:
+            app.add_api_route(failing_route, _fails)
         async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app, client=(client_ip, 40000))
+            transport = httpx.ASGITransport(
+                app=app,
+                client=(client_ip, 40000),
+                root_path=root_path,
+                raise_app_exceptions=False,
+            )
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
                 yield client
 

@@ -42,6 +42,49 @@ async def test_every_admin_answer_carries_the_security_headers(open_app: Open) -
         _assert_guarded(answer)
 
 
+async def test_an_admin_answer_that_fails_still_carries_the_security_headers(
+    open_app: Open,
+) -> None:
+    async with open_app(failing_route="/admin/api/fails") as client:
+        answer = await client.get("/admin/api/fails", headers=ADMIN)
+    assert answer.status_code == 500
+    _assert_guarded(answer)
+
+
+async def test_the_admin_page_behind_a_root_path_carries_the_security_headers(
+    open_app: Open,
+) -> None:
+    async with open_app(root_path="/regent") as client:
+        answer = await client.get("/regent/admin")
+    assert answer.status_code == 200 and 'name="token"' in answer.text
+    _assert_guarded(answer)
+
+
+async def test_every_other_answer_is_neither_sniffed_framed_nor_referred(
+    open_app: Open,
+) -> None:
+    async with open_app(failing_route="/api/fails") as client:
+        answers = [
+            await client.get(path)
+            for path in (
+                "/healthz",
+                "/readyz",
+                "/health/scheduler",
+                "/metrics",
+                "/openapi.json",
+                "/no-such-path",
+                "/api/stats",
+                "/api/fails",
+            )
+        ]
+    for answer in answers:
+        where = f"{answer.request.url.path} {answer.status_code}"
+        assert answer.headers.get("x-content-type-options") == "nosniff", where
+        assert answer.headers.get("referrer-policy") == "no-referrer", where
+        policy = answer.headers.get("content-security-policy", "")
+        assert "frame-ancestors 'none'" in policy, where
+
+
 async def test_the_admin_page_needs_no_inline_style_or_script(open_app: Open) -> None:
     async with open_app() as client:
         form = (await client.get("/admin")).text

@@ -5,11 +5,17 @@ is one line: its message, which may quote data (an outbox key, a receiver's erro
 body), is printed through app/printable.py, so a CR or LF in it cannot start a forged
 line and an escape sequence cannot reach the terminal; a traceback follows on lines of
 its own, indented and escaped the same way.
+
+uvicorn's own loggers (``uvicorn.error``, ``uvicorn.access``) keep uvicorn's handlers and
+formatters (its colours, its access line), configured before the app is imported; a
+filter on them escapes what their records carry (a client address a proxy forwarded, a
+request path) and writes a traceback on indented escaped lines the same way.
 """
 
 from __future__ import annotations
 
 import logging
+import traceback
 
 from .printable import printable
 from .redact import redact
@@ -40,8 +46,38 @@ class _LineFormatter(logging.Formatter):
         return "\n".join(lines)
 
 
+def _shown(value: object) -> object:
+    return printable(value) if isinstance(value, str) else value
+
+
+class _EscapeData(logging.Filter):
+    """Escapes, in place, the data a record of another library's logger carries (its
+    message's arguments, its traceback) before that logger's own formatter sees it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_shown(arg) for arg in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {name: _shown(arg) for name, arg in record.args.items()}
+        if isinstance(record.msg, str):
+            # uvicorn ends some messages with a newline of its own.
+            record.msg = printable(record.msg.rstrip("\n"))
+        if record.exc_info and not record.exc_text:
+            # The formatter prints exc_text as it is, on the lines after the message.
+            text = "".join(traceback.format_exception(*record.exc_info))
+            record.exc_text = "\n".join(
+                _INDENT + printable(line) for line in redact(text).splitlines()
+            )
+        return True
+
+
+_ESCAPE_DATA = _EscapeData()
+_UVICORN_LOGGERS = ("uvicorn.error", "uvicorn.access")
+
+
 def configure_logging(level: str) -> None:
-    """Send app logs to stderr at ``level``; idempotent across repeated calls."""
+    """Send app logs to stderr at ``level``, and escape the data of uvicorn's own log
+    lines (whatever handlers uvicorn gave them); idempotent across repeated calls."""
     root = logging.getLogger()
     if not any(getattr(handler, "_regent", False) for handler in root.handlers):
         handler = logging.StreamHandler()
@@ -55,4 +91,8 @@ def configure_logging(level: str) -> None:
     logging.getLogger("alembic.runtime.migration").setLevel(logging.WARNING)
     # httpx logs every request's full URL at INFO, credentials included.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    for name in _UVICORN_LOGGERS:
+        logger = logging.getLogger(name)
+        if _ESCAPE_DATA not in logger.filters:
+            logger.addFilter(_ESCAPE_DATA)
     root.setLevel(min(logging.WARNING, logging.getLevelName(level)))

@@ -8,7 +8,9 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -250,3 +252,46 @@ def open_app(security_settings: Settings) -> Open:
                 yield client
 
     return open_
+
+
+def serve_python_m_app(database_url: str, log: Path, **env: str) -> Iterator[int]:
+    """`python -m app serve` on the test database, one worker, its output (uvicorn's
+    access lines on stdout too) in ``log``; yields its port (use it as ``for port in``)."""
+    port = free_port()
+    environment = (
+        os.environ
+        | {
+            "DATABASE_URL": database_url,
+            "ADMIN_TOKEN": ADMIN_TOKEN,
+            "BOOKING_REMINDERS_ENABLED": "false",
+            "SUBSCRIPTIONS_ENABLED": "false",
+            "UPDATES_CONSUMER_ENABLED": "false",
+        }
+        | env
+    )
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app", "serve", "--port", str(port), "--workers", "1"],
+            env=environment,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log.read_text()[-800:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "python -m app did not answer"
+            time.sleep(0.1)
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

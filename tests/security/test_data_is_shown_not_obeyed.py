@@ -5,18 +5,25 @@ row or one event per line."""
 from __future__ import annotations
 
 import logging
+import logging.config
 import os
+import re
+import socket
 import subprocess
+from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
+import uvicorn.config
 
 from app.db import Database, asyncpg_dsn
 from app.logging import configure_logging
 from app.outbox import HttpTransport, Outbox
 from app.printable import printable
 from tests.forked_cli import run_app
+
+from .conftest import serve_python_m_app
 
 # Retitle the terminal, clear it, forge a line, reverse the text that follows.
 HOSTILE = "k\x1b]0;owned\x07\x1b[2J\r\n2026-12-04 09:00:00 INFO all jobs ok\u202eevil"
@@ -140,3 +147,46 @@ async def test_a_receivers_error_body_stays_on_its_log_line(
     line = handler.format(stuck)
     assert "\n" not in line and not [c for c in RAW if c in line], line
     assert "bad grant\\r\\nk\\x1b]0;owned" in line
+
+
+# What a client may put in X-Forwarded-For, which a proxy named in TRUSTED_PROXIES passes
+# on as the client's address: C1 CSI and OSC, a string terminator, U+202E.
+_FORWARDED = b"9.9.9.9\xc2\x9b2J\xc2\x9d0;TITLE\xc2\x9c\xe2\x80\xae"
+_RAW = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]")
+
+
+def test_uvicorns_access_line_shows_a_forwarded_address_escaped(
+    database_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "output.txt"
+    for port in serve_python_m_app(database_url, log, TRUSTED_PROXIES="127.0.0.1"):
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.sendall(
+                b"GET /healthz?seen=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                b"X-Forwarded-For: " + _FORWARDED + b"\r\n\r\n"
+            )
+            assert conn.recv(64).startswith(b"HTTP/1.1 200")
+    # The server has stopped: its buffered output is all in the log.
+    [line] = [line for line in log.read_text().splitlines() if "seen=1" in line]
+    assert _RAW.search(line) is None, line
+    # uvicorn reads header bytes as latin-1: each UTF-8 byte above 0x7f is a character.
+    assert "\\x9b2J" in line and "\\x9d0;TITLE" in line, line
+
+
+def test_uvicorns_own_log_lines_show_data_escaped_under_its_own_log_config(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Plain `uvicorn app.main:app` configures its loggers before it imports the app.
+    logging.config.dictConfig(uvicorn.config.LOGGING_CONFIG)
+    configure_logging("INFO")
+    access = ("9.9.9.9\x1b]0;TITLE\x07\u202e:1", "GET", "/x\r\nforged", "1.1", 200)
+    logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', *access)
+    try:
+        raise ValueError("a body\nwith\x1b[2J lines")
+    except ValueError:
+        logging.getLogger("uvicorn.error").exception("Exception in ASGI application")
+    written = capsys.readouterr()
+    lines = (written.out + written.err).splitlines()
+    assert lines and all(_RAW.search(line) is None for line in lines), lines
+    assert not any(line.startswith("forged") for line in lines), lines
+    assert all(line.startswith((" ", "INFO", "ERROR")) for line in lines), lines

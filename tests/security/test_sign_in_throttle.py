@@ -5,13 +5,8 @@ CSRF value, and the right token never refused for what others sent."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import secrets
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,11 +15,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.admin.throttle import FORGET_AFTER, FREE_FAILURES
-from app.localpg import free_port
 from app.settings import SettingsError, load_settings
 
 from ..conftest import admin_sign_in as sign_in
-from .conftest import ADMIN, ADMIN_TOKEN, API, Open
+from .conftest import ADMIN, ADMIN_TOKEN, API, Open, serve_python_m_app
 
 WRONG = {"Authorization": "Bearer wrong-token-0123456789abcdef0123456789"}
 
@@ -174,48 +168,6 @@ def test_one_token_for_the_admin_and_the_api_is_refused() -> None:
     assert token not in str(refused.value), "the token itself is never echoed"
 
 
-def _serve(database_url: str, log: Path, **env: str) -> Iterator[int]:
-    """`python -m app serve` on the test database, one worker; yields its port."""
-    port = free_port()
-    environment = (
-        os.environ
-        | {
-            "DATABASE_URL": database_url,
-            "ADMIN_TOKEN": ADMIN_TOKEN,
-            "BOOKING_REMINDERS_ENABLED": "false",
-            "SUBSCRIPTIONS_ENABLED": "false",
-            "UPDATES_CONSUMER_ENABLED": "false",
-        }
-        | env
-    )
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "app", "serve", "--port", str(port), "--workers", "1"],
-            env=environment,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log.read_text()[-800:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "python -m app did not answer"
-            time.sleep(0.1)
-        yield port
-    finally:
-        process.terminate()
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def _forwarded_guesses(port: int) -> list[int]:
     """Wrong tokens from 127.0.0.1, each naming another address in X-Forwarded-For."""
     return [
@@ -230,7 +182,7 @@ def _forwarded_guesses(port: int) -> list[int]:
 def test_python_m_app_believes_no_x_forwarded_for_by_default(
     database_url: str, tmp_path: Path
 ) -> None:
-    for port in _serve(database_url, tmp_path / "stderr.txt"):
+    for port in serve_python_m_app(database_url, tmp_path / "stderr.txt"):
         codes = _forwarded_guesses(port)
     assert codes == [401] * FREE_FAILURES + [429] * 2
 
@@ -238,7 +190,9 @@ def test_python_m_app_believes_no_x_forwarded_for_by_default(
 def test_python_m_app_believes_x_forwarded_for_from_a_proxy_named_in_trusted_proxies(
     database_url: str, tmp_path: Path
 ) -> None:
-    for port in _serve(database_url, tmp_path / "stderr.txt", TRUSTED_PROXIES="127.0.0.1"):
+    for port in serve_python_m_app(
+        database_url, tmp_path / "stderr.txt", TRUSTED_PROXIES="127.0.0.1"
+    ):
         codes = _forwarded_guesses(port)
     assert codes == [401] * (FREE_FAILURES + 2)
 

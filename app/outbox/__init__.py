@@ -24,7 +24,6 @@ from .errors import (
     OutboxNameTakenError,
     PayloadError,
     PermanentDeliveryError,
-    UndeliverableKeyError,
     UnknownMessageError,
     UnregisteredDrainError,
 )
@@ -64,7 +63,6 @@ __all__ = [
     "PermanentDeliveryError",
     "RetryableDeliveryError",
     "StuckReset",
-    "UndeliverableKeyError",
     "UnknownMessageError",
     "UnregisteredDrainError",
     "drain_job_id",

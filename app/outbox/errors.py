@@ -16,7 +16,6 @@ __all__ = [
     "OutboxNameTakenError",
     "PayloadError",
     "PermanentDeliveryError",
-    "UndeliverableKeyError",
     "UnknownMessageError",
     "UnregisteredDrainError",
 ]
@@ -48,21 +47,6 @@ class PayloadError(OutboxError, ValueError):
     """Raised at enqueue when the payload cannot be stored as JSON (a value that is not
     JSON, a string PostgreSQL cannot store, a container that holds itself, nesting past
     MAX_PAYLOAD_DEPTH); names the field and the fix."""
-
-
-class UndeliverableKeyError(OutboxError):
-    """Raised at enqueue for a key the outbox's deliverer cannot send (HttpTransport: a
-    key an HTTP header cannot carry): such a row could never be delivered. ``outbox``,
-    ``key`` and ``rule`` (what the deliverer accepts) name the problem."""
-
-    def __init__(self, outbox: str, key: str, rule: str) -> None:
-        self.outbox = outbox
-        self.key = key
-        self.rule = rule
-        super().__init__(
-            f"outbox {outbox!r}: key '{printable(key)}' cannot be delivered: {rule}; "
-            "encode it before enqueueing (e.g. urllib.parse.quote(key, safe=''))"
-        )
 
 
 class UnregisteredDrainError(OutboxError):

@@ -11,13 +11,22 @@ The error of a failed attempt names the URL with its credentials redacted (useri
 logs it.
 
 Every attempt carries ``Idempotency-Key: <outbox>:<key>``, so a receiver that got a
-delivery whose answer was lost recognises the retry. A header carries printable ASCII
-only, so the outbox refuses at enqueue any other key (``key_problem``, HEADER_KEY_RULE):
-such a row could never be sent.
+delivery whose answer was lost recognises the retry. A header carries visible ASCII
+only, and a key may be any text, so the value is sent by one rule (``header_value``):
+
+- unchanged when it is visible ASCII with spaces only inside (HEADER_KEY_PATTERN) and
+  holds no ``=?``: every key of letters, digits and punctuation, as it always was;
+- otherwise as one RFC 2047 encoded-word of its UTF-8, ``=?UTF-8?B?<base64>?=`` (longer
+  than RFC 2047's 75 characters when the key is: HTTP sets no such limit), which a
+  receiver decodes with a standard decoder (Python: ``email.header.decode_header``).
+
+Unchanged values hold no ``=?`` and encoded ones begin with it, so two keys never share
+a header, and a standard decoder gives back every value exactly.
 """
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import TYPE_CHECKING
 
@@ -35,6 +44,7 @@ __all__ = [
     "HttpTransport",
     "RetryableDeliveryError",
     "header_safe_key",
+    "header_value",
 ]
 
 _RETRYABLE_4XX = frozenset({408, 429})
@@ -48,6 +58,15 @@ HEADER_KEY_PATTERN = r"^[!-~](?:[ -~]*[!-~])?$"
 """HEADER_KEY_RULE as a regular expression (anchored, so a JSON Schema ``pattern`` too):
 visible ASCII, with spaces only inside, as a receiver trims a header value's ends."""
 _HEADER_SAFE = re.compile(HEADER_KEY_PATTERN)
+
+
+def header_value(value: str) -> str:
+    """``value`` as an HTTP header carries it, by the rule in this module's docstring:
+    itself when a header can carry it and it holds no ``=?``, else an RFC 2047
+    encoded-word of its UTF-8. Distinct values give distinct results."""
+    if _HEADER_SAFE.fullmatch(value) is not None and "=?" not in value:
+        return value
+    return f"=?UTF-8?B?{base64.b64encode(value.encode('utf-8')).decode('ascii')}?="
 
 
 def header_safe_key(key: str) -> str:
@@ -77,18 +96,13 @@ class HttpTransport:
         self._client = client or httpx.AsyncClient(timeout=timeout)
         self._http_error = httpx.HTTPError
 
-    def key_problem(self, key: str) -> str | None:
-        """Why ``key`` cannot be delivered (HEADER_KEY_RULE); None when it can. The
-        outbox asks at enqueue."""
-        return None if _HEADER_SAFE.fullmatch(key) else HEADER_KEY_RULE
-
     async def __call__(self, message: Message) -> None:
         """Deliver or raise: PermanentDeliveryError for a refusal, anything else to retry."""
         try:
             response = await self._client.post(
                 self.url,
                 json=message.payload,
-                headers={"Idempotency-Key": message.idempotency_key},
+                headers={"Idempotency-Key": header_value(message.idempotency_key)},
                 timeout=self.timeout,
             )
         except self._http_error as exc:

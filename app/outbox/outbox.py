@@ -46,7 +46,6 @@ from .errors import (
     OutboxArgumentError,
     OutboxError,
     OutboxNameTakenError,
-    UndeliverableKeyError,
 )
 from .message import DrainReport, Enqueued, Message
 from .payload import dump_payload
@@ -74,9 +73,6 @@ class Outbox:
 
     ``deliver(message)`` is an async callable: it returns on success, raises
     PermanentDeliveryError to make the row stuck, and raises anything else to retry.
-    A deliver with a ``key_problem(key) -> str | None`` method (HttpTransport: the key
-    goes into a header) is asked at enqueue, which refuses a key it names a problem
-    with (UndeliverableKeyError): that row could never be delivered.
     Pass ``scheduler=`` (or call ``register``) to put its drain job, every minute by
     default, and its NOTIFY wake-up service on that scheduler.
 
@@ -221,8 +217,7 @@ class Outbox:
         Raises, before writing anything: OutboxArgumentError naming ``key`` (not a
         non-empty str PostgreSQL can store, or past MAX_KEY_BYTES), ``at`` (naive, more
         than ten years ahead, or given with ``delay``) or ``delay`` (not a timedelta
-        from 0 to ten years); PayloadError naming a field that jsonb cannot store;
-        UndeliverableKeyError for a key the deliverer cannot send.
+        from 0 to ten years); PayloadError naming a field that jsonb cannot store.
         """
         params = self._insert_params(payload, key, at, delay)
         row_id = (await session.execute(sql.INSERT, params)).scalar()
@@ -311,10 +306,6 @@ class Outbox:
     def _insert_params(self, payload: Any, key: str, at: object, delay: object) -> dict[str, Any]:
         check_key(self.name, key)
         deliver_at, after = deliver_when(self.name, at, delay, self.clock)
-        key_problem = getattr(self.deliver, "key_problem", None)
-        problem = key_problem(key) if callable(key_problem) else None
-        if problem is not None:
-            raise UndeliverableKeyError(self.name, key, problem)
         return {
             "outbox": self.name,
             "key": key,

@@ -1,27 +1,24 @@
-"""Every accepted message can be delivered: an outbox whose deliverer sends the key in
-an HTTP header refuses at enqueue a key the header cannot carry, and the credit-grant
+"""Every accepted message can be delivered: HttpTransport sends a key an HTTP header
+cannot carry as it is as an RFC 2047 encoded-word the receiver decodes (through any
+wrapper a user puts around it), and the credit-grant
 API answers 422 for such a reference and 409 for a reference reused with different
 parameters."""
 
 from __future__ import annotations
+
+from email.header import decode_header
 
 import httpx
 import pytest
 from sqlalchemy import text
 
 from app.db import Database
-from app.outbox import HttpTransport, Outbox, UndeliverableKeyError
+from app.outbox import HttpTransport, Message, Outbox
+from app.outbox.http import header_value
 
 from .conftest import API, Open
 
 UNSENDABLE = ["rechnung-müller-42", "grant\r\nX-Injected: 1", "bell\x07", " padded", "tab\t"]
-
-
-def _http_outbox(database: Database) -> Outbox:
-    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(200)))
-    outbox = Outbox("grants", HttpTransport("http://receiver.test/grants", client=client))
-    outbox.bind(database.engine, listen_dsn="")
-    return outbox
 
 
 async def _rows(database: Database) -> int:
@@ -29,26 +26,50 @@ async def _rows(database: Database) -> int:
         return int((await conn.execute(text("SELECT count(*) FROM outbox_messages"))).scalar_one())
 
 
-@pytest.mark.parametrize("key", UNSENDABLE)
-async def test_an_http_outbox_refuses_at_enqueue_a_key_its_header_cannot_carry(
+def _receiver() -> tuple[httpx.AsyncClient, list[str]]:
+    """A receiver (outside the system, faked) that keeps each Idempotency-Key it got."""
+    received: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        received.append(request.headers.get("idempotency-key", ""))
+        return httpx.Response(200)
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(answer)), received
+
+
+def _decoded(header: str) -> str:
+    """The receiver's reversal of the documented rule (app/outbox/http.py)."""
+    parts = decode_header(header)
+    if len(parts) == 1 and isinstance(parts[0][0], str):
+        return parts[0][0]
+    return b"".join(part if isinstance(part, bytes) else part.encode() for part, _ in parts).decode(
+        "utf-8"
+    )
+
+
+@pytest.mark.parametrize("key", [*UNSENDABLE, "=?UTF-8?B?YQ==?=", "\u202eevil", "esc\x1b[2J"])
+async def test_a_wrapped_http_transport_delivers_any_key_by_a_reversible_header(
     database: Database, key: str
 ) -> None:
-    outbox = _http_outbox(database)
-    with pytest.raises(UndeliverableKeyError) as refused:
-        async with database.sessions() as session, session.begin():
-            await outbox.enqueue(session, {"amount": 5}, key=key)
-    assert refused.value.key == key
-    assert "Idempotency-Key" in str(refused.value) and "ASCII" in str(refused.value)
-    assert await _rows(database) == 0
+    client, received = _receiver()
+    transport = HttpTransport("http://receiver.test/grants", client=client)
 
+    async def deliver(message: Message) -> None:  # a user's own wrapper: log, then send
+        await transport(message)
 
-async def test_an_http_outbox_delivers_a_key_of_visible_ascii_and_inner_spaces(
-    database: Database,
-) -> None:
-    outbox = _http_outbox(database)
+    outbox = Outbox("grants", deliver)
+    outbox.bind(database.engine, listen_dsn="")
     async with database.sessions() as session, session.begin():
-        await outbox.enqueue(session, {"amount": 5}, key="invoice 42/2026-12:a~b")
+        await outbox.enqueue(session, {"amount": 5}, key=key)
     assert (await outbox.drain_once()).delivered == 1
+    [header] = received
+    assert _decoded(header) == f"grants:{key}"
+
+
+def test_distinct_keys_are_sent_as_distinct_headers() -> None:
+    keys = [*UNSENDABLE, "plain", "=?UTF-8?B?YQ==?=", "a", "=?", "é", "e\u0301", " ", "  "]
+    sent = [header_value(f"grants:{key}") for key in keys]
+    assert len(set(sent)) == len(keys), sent
 
 
 @pytest.mark.parametrize("reference", UNSENDABLE)

@@ -118,6 +118,10 @@ async def test_sync_enqueue_refuses_as_enqueue_does(database: Database, outbox: 
     assert await _rows(database) == 0
 
 
+def _sync_deliver(message: object) -> None:
+    return None
+
+
 _BAD_OUTBOXES: dict[str, tuple[dict[str, Any], str]] = {
     "non-ascii-name": ({"name": "café"}, "name"),
     "arabic-digits-name": ({"name": "٣"}, "name"),
@@ -125,6 +129,9 @@ _BAD_OUTBOXES: dict[str, tuple[dict[str, Any], str]] = {
     "name-too-long": ({"name": "n" * (MAX_NAME_LENGTH + 1)}, "name"),
     "name-not-text": ({"name": 5}, "name"),
     "deliver-none": ({"deliver": None}, "deliver"),
+    # A plain function sends, then its result cannot be awaited: each retry sends again.
+    "deliver-not-async": ({"deliver": _sync_deliver}, "deliver"),
+    "deliver-a-class": ({"deliver": Exception}, "deliver"),
     "batch-size-text": ({"batch_size": "10"}, "batch_size"),
     "batch-size-zero": ({"batch_size": 0}, "batch_size"),
     "concurrency-float": ({"concurrency": 2.5}, "concurrency"),

@@ -9,6 +9,7 @@ transaction or a drain that fails on every pass.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -61,14 +62,16 @@ def check_name(name: object) -> str:
 
 
 def check_deliver(name: str, deliver: object) -> None:
-    """Raise unless ``deliver`` is callable (an async function or an object with an async
-    ``__call__``, such as HttpTransport)."""
-    if not callable(deliver):
+    """Raise unless ``deliver`` is an async function or an object with an async
+    ``__call__`` (such as HttpTransport). A plain function would send the message and
+    then fail the attempt (its result cannot be awaited): every retry a second send."""
+    call = getattr(deliver, "__call__", None)  # noqa: B004 - the method itself is checked
+    if not (inspect.iscoroutinefunction(deliver) or inspect.iscoroutinefunction(call)):
         raise OutboxArgumentError(
             "deliver",
             deliver,
             f"outbox {name!r} needs an async callable that takes a Message (an async def,"
-            " or HttpTransport(url))",
+            " or HttpTransport(url)); wrap a plain function in an async def",
         )
 
 

@@ -42,8 +42,14 @@ class _LineFormatter(logging.Formatter):
         if record.stack_info:
             details.append(self.formatStack(record.stack_info))
         for detail in details:
-            lines += [_INDENT + printable(line) for line in redact(detail).splitlines()]
+            lines.append(_indented(detail))
         return "\n".join(lines)
+
+
+def _indented(detail: str) -> str:
+    """A traceback (or stack) as the lines below its event: redacted, each escaped and
+    indented, so none can pass for an event of its own."""
+    return "\n".join(_INDENT + printable(line) for line in redact(detail).splitlines())
 
 
 def _shown(value: object) -> object:
@@ -64,10 +70,7 @@ class _EscapeData(logging.Filter):
             record.msg = printable(record.msg.rstrip("\n"))
         if record.exc_info and not record.exc_text:
             # The formatter prints exc_text as it is, on the lines after the message.
-            text = "".join(traceback.format_exception(*record.exc_info))
-            record.exc_text = "\n".join(
-                _INDENT + printable(line) for line in redact(text).splitlines()
-            )
+            record.exc_text = _indented("".join(traceback.format_exception(*record.exc_info)))
         return True
 
 

@@ -10,7 +10,6 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +18,7 @@ from sqlalchemy.exc import ArgumentError
 
 from .project import dot_env_files
 from .scheduler.keys import validate_schedule_name
+from .scheduler.triggers import zone_named
 from .secret_url import SecretUrl
 
 __all__ = ["ADMIN_TOKEN_MIN_LENGTH", "Settings", "SettingsError", "load_settings"]
@@ -273,10 +273,7 @@ class Settings(BaseSettings):
     @field_validator("TIMEZONE")
     @classmethod
     def _known_zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"unknown IANA time zone {value!r}; use e.g. 'Europe/Zurich'") from exc
+        zone_named(value)  # the triggers' own rule and message
         return value
 
     @model_validator(mode="after")

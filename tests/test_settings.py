@@ -49,6 +49,11 @@ def test_unknown_timezone_is_refused() -> None:
         load_settings(_env_file=None, TIMEZONE="Mars/Olympus")
 
 
+def test_a_timezone_that_is_the_hosts_own_is_refused() -> None:
+    with pytest.raises(SettingsError, match=r"TIMEZONE='localtime'.*not a place"):
+        load_settings(_env_file=None, TIMEZONE="localtime")
+
+
 def test_leader_tick_must_fit_twice_in_the_lease() -> None:
     with pytest.raises(SettingsError, match="LEADER_TICK_SECONDS"):
         load_settings(_env_file=None, LEASE_SECONDS=6, LEADER_TICK_SECONDS=5)

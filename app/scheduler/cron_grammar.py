@@ -137,17 +137,15 @@ def _field(expression: str, spec: _Field, text: str) -> str:
 
 def _weekdays(items: list[str]) -> str:
     """Checked day-of-week items as the list of weekdays 0-6 they name. croniter reads
-    a range or step starting at 7 as every day, and ends ``a/n`` at 6 where the grammar
-    ends it at 7 (Sunday again): it is given plain days only."""
+    a range starting at 7 as every day, and ``7`` is Sunday again: it is given plain
+    days only."""
     days: set[int] = set()
-    for item in items:
-        span, _, step = item.partition("/")
+    for token in ",".join(items).split(","):
+        span, _, step = token.partition("/")
         first, _, last = span.partition("-")
         if span == "*":
             first, last = "0", "7"
-        elif not last:
-            last = "7" if step else first
-        days.update(day % 7 for day in range(int(first), int(last) + 1, int(step or 1)))
+        days.update(day % 7 for day in range(int(first), int(last or first) + 1, int(step or 1)))
     return ",".join(str(day) for day in sorted(days))
 
 
@@ -159,19 +157,25 @@ def _item(item: str, spec: _Field, refuse: _Refuse) -> str:
     base, step = match["base"], match["step"]
     if step is not None and not 1 <= int(step) <= high - low + 1:
         raise refuse(f"has step {step}, outside 1-{high - low + 1}")
-    every = "" if step is None else f"/{step}"
     if base == "*":
-        return f"*{every}"
+        return "*" if step is None else f"*/{step}"
     first, dash, last = base.partition("-")
     start = _value(first, spec, refuse)
-    if not dash:
-        return f"{start}{every}"
-    # Sunday ends a week: mon-sun is 1-7 (and sun-sun is Sunday alone).
-    sunday_ends = name == "day-of-week" and last == "sun" and start > 0
-    end = 7 if sunday_ends else _value(last, spec, refuse)
-    if end < start:
-        raise refuse(f"has the range {base} running backwards; split it, e.g. 5-6,0-1")
-    return f"{start}-{end}{every}"
+    if dash:
+        # Sunday ends a week: mon-sun is 1-7 (and sun-sun is Sunday alone).
+        sunday_ends = name == "day-of-week" and last == "sun" and start > 0
+        end = 7 if sunday_ends else _value(last, spec, refuse)
+        if end < start:
+            raise refuse(f"has the range {base} running backwards; split it, e.g. 5-6,0-1")
+    else:
+        end = high if step is not None else start
+    if step is None:
+        return f"{start}-{end}" if dash else f"{start}"
+    # A stepped item is handed over as the values it names: croniter's readings of
+    # ``a/n`` and ``a-a/n`` differ between versions (6.0 reads ``23/2`` as ``*/2``, 7.0
+    # reads ``23-23/2`` so), and one meaning in every process cannot depend on the
+    # croniter a host installed.
+    return ",".join(str(value) for value in range(start, end + 1, int(step)))
 
 
 def _value(text: str, spec: _Field, refuse: _Refuse) -> int:

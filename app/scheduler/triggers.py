@@ -37,7 +37,7 @@ from . import cron_grammar
 from .durations import finite_number
 from .errors import TriggerArgumentError
 
-__all__ = ["COUNTED_SLOTS", "Cron", "Interval", "Trigger", "cron", "every"]
+__all__ = ["COUNTED_SLOTS", "Cron", "Interval", "Trigger", "cron", "every", "zone_named"]
 
 # A catch-up counts the slots an outage passed over one by one up to this many, then
 # reports "at least" this many: the count is a note, and must never stall the loop.
@@ -51,6 +51,29 @@ _ONE_MINUTE = timedelta(minutes=1)
 _VALIDATION_MOMENT = datetime(2000, 1, 1, tzinfo=UTC)
 _UNIT_SECONDS = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
 _MAX_PERIOD_SECONDS = 10 * 366 * 86400
+# Names the zone database holds that are not a place: ``localtime`` is the host's own
+# zone (two hosts, or one host before and after a change, would give a job different
+# slots), ``posixrules`` and ``Factory`` are the database's internals, and ``right/``
+# zones count leap seconds, so their wall clock is some 27 s off every other's.
+_NOT_PLACES = frozenset({"localtime", "posixrules", "Factory"})
+_LEAP_SECOND_ZONES = "right/"
+
+
+def zone_named(name: str) -> ZoneInfo:
+    """The IANA zone ``name`` names, the same on every host. Raises ValueError naming it
+    for a name the zone database does not know, and for one whose meaning is the host's
+    or no place's (``localtime``, ``posixrules``, ``Factory``, ``right/...``)."""
+    if name in _NOT_PLACES or name.startswith(_LEAP_SECOND_ZONES):
+        raise ValueError(
+            f"time zone {name!r} is not a place whose clock every host shares;"
+            " use an IANA name such as 'Europe/Zurich' or 'UTC'"
+        )
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"unknown time zone {name!r}; use an IANA name such as 'Europe/Zurich'"
+        ) from None
 
 
 class Trigger(ABC):
@@ -134,12 +157,7 @@ class Cron(Trigger):
         to come (ValueError naming the field, the zone or the days otherwise)."""
         self._walls_expressions  # noqa: B018 (parsing is validating)
         if self.tz is not None:
-            try:
-                ZoneInfo(self.tz)
-            except (ZoneInfoNotFoundError, ValueError):
-                raise ValueError(
-                    f"unknown time zone {self.tz!r}; use an IANA name such as 'Europe/Zurich'"
-                ) from None
+            zone_named(self.tz)
 
     @cached_property
     def _walls_expressions(self) -> tuple[str, ...]:
@@ -294,18 +312,30 @@ def every(*, seconds: float = 0, minutes: float = 0, hours: float = 0, days: flo
     """A trigger due every so much elapsed time; the first slot is one period after the
     job's row is created (or ``first_run`` after it). Validated when the job registers;
     raises TriggerArgumentError (a ValueError) at once, naming the part, for one that is
-    not a finite number (int or float) of at most ten years.
+    not a finite number (int or float) at or above zero, and for parts that add up to
+    more than ten years.
     """
     parts = {"seconds": seconds, "minutes": minutes, "hours": hours, "days": days}
+    total = 0.0
     for unit, value in parts.items():
         number = finite_number(value)
-        if number is None or abs(number) * _UNIT_SECONDS[unit] > _MAX_PERIOD_SECONDS:
+        if number is None or not 0 <= number * _UNIT_SECONDS[unit] <= _MAX_PERIOD_SECONDS:
             raise TriggerArgumentError(
                 unit,
                 value,
-                f"every({unit}=...) takes a finite number (int or float) and a period of at"
-                " most ten years, e.g. every(seconds=5)",
+                f"every({unit}=...) takes a finite number (int or float), not negative, and a"
+                " period of at most ten years, e.g. every(seconds=5)",
             )
+        total += number * _UNIT_SECONDS[unit]
+    if total > _MAX_PERIOD_SECONDS:
+        # Each part alone was within the bound; their sum is the period.
+        given = ", ".join(f"{unit}={value!r}" for unit, value in parts.items() if value)
+        raise TriggerArgumentError(
+            "period",
+            f"every({given})",
+            f"{total / 86400:,.0f} days is past ten years; every() takes a period of at most"
+            " ten years",
+        )
     return Interval(timedelta(seconds=seconds, minutes=minutes, hours=hours, days=days))
 
 

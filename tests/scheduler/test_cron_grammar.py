@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from app.scheduler import InvalidJobError, JobContext, Scheduler, cron
+from app.scheduler.cron_grammar import parse
 
 UTC_ZONE = ZoneInfo("UTC")
 MONDAY, FRIDAY, SUNDAY = 0, 4, 6  # date.weekday()
@@ -163,3 +164,17 @@ def test_a_cron_slot_is_the_same_at_every_evaluation() -> None:
     trigger = cron("0 9 10 * 1#2")
     moment = datetime(2026, 1, 1, tzinfo=UTC)
     assert len({trigger.next_after(moment, UTC_ZONE) for _ in range(20)}) == 1
+
+
+@pytest.mark.parametrize(
+    "expression", ["0 23/2 * * *", "59/2 * * * *", "0 0 31/2 * *", "0 0 1 12/5 *", "5/15 * * * *"]
+)
+def test_croniter_is_given_no_item_whose_reading_changed_between_its_versions(
+    expression: str,
+) -> None:
+    # croniter 6.0 (which pyproject allows) reads 23/2 as */2, croniter 7.0 reads
+    # 23-23/2 so: an ``a/n`` or ``a-b/n`` item handed over would make a job's slots
+    # depend on the croniter each host installed.
+    for handed_over in parse(expression):
+        for item in ",".join(handed_over.split()).split(","):
+            assert "/" not in item or item.startswith("*/"), (expression, handed_over)

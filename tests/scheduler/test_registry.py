@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.scheduler import InvalidJobError, JobContext, Scheduler, cron, every
+from app.scheduler import InvalidJobError, JobContext, Scheduler, TriggerArgumentError, cron, every
 
 
 async def _noop(ctx: JobContext) -> None:
@@ -40,10 +40,35 @@ def test_service_and_job_share_one_id_space() -> None:
         scheduler.service(id="poll")(_noop)
 
 
-@pytest.mark.parametrize("period", [{"seconds": 0}, {"minutes": -1}, {}])
-def test_zero_or_negative_interval_is_refused(period: dict[str, float]) -> None:
+@pytest.mark.parametrize("period", [{"seconds": 0}, {}])
+def test_zero_interval_is_refused(period: dict[str, float]) -> None:
     with pytest.raises(InvalidJobError, match=r'job "tick": interval must be above zero'):
         Scheduler().job(every(**period), id="tick")(_noop)
+
+
+@pytest.mark.parametrize(
+    "period", [{"minutes": -1}, {"minutes": -1, "seconds": 120}, {"days": 1, "hours": -0.5}]
+)
+def test_an_interval_with_a_negative_part_is_refused_naming_the_part(
+    period: dict[str, float],
+) -> None:
+    negative = next(unit for unit, value in period.items() if value < 0)
+    with pytest.raises(TriggerArgumentError, match=rf"^{negative}=.* not negative"):
+        every(**period)
+
+
+def test_an_interval_whose_parts_add_up_past_ten_years_is_refused() -> None:
+    # Each part alone is within ten years; the period, 6,000 days, is not.
+    with pytest.raises(TriggerArgumentError, match=r"^period=.*6,000 days is past ten years"):
+        every(days=3000, hours=3000 * 24)
+
+
+@pytest.mark.parametrize("zone", ["localtime", "posixrules", "Factory", "right/UTC"])
+def test_a_zone_that_is_the_hosts_own_or_no_place_is_refused_at_registration(zone: str) -> None:
+    # localtime is whatever zone each host is set to: two hosts would give one job
+    # different slots, as a random field would.
+    with pytest.raises(InvalidJobError, match=rf"time zone '{zone}' is not a place"):
+        Scheduler().job(cron("0 6 * * *", tz=zone), id="zoned")(_noop)
 
 
 def test_non_callable_is_refused() -> None:

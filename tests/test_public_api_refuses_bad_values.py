@@ -15,6 +15,7 @@ from app.db import Database, asyncpg_dsn
 from app.outbox import (
     MAX_KEY_BYTES,
     MAX_NAME_LENGTH,
+    MAX_PAYLOAD_BYTES,
     MAX_PAYLOAD_DEPTH,
     Message,
     Outbox,
@@ -73,6 +74,27 @@ _BAD_ENQUEUES: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
         f"more than {MAX_PAYLOAD_DEPTH}",
     ),
     "payload-nan": ({"payload": {"x": float("nan")}}, PayloadError, "payload['x']"),
+    "payload-int-past-the-digit-limit": (
+        {"payload": {"n": 10**5000}},
+        PayloadError,
+        "payload['n'] is an int of more than",
+    ),
+    "payload-key-int-past-the-digit-limit": (
+        {"payload": {10**5000: 1}},
+        PayloadError,
+        "payload key <an int of more than",
+    ),
+    # jsonb keeps one of two keys JSON writes alike: the other would be lost silently.
+    "payload-keys-one-in-json": (
+        {"payload": {"at": [{1: "first", "1": "second"}]}},
+        PayloadError,
+        "payload['at'][0] keys 1 and '1' are both \"1\"",
+    ),
+    "payload-past-the-size-limit": (
+        {"payload": {"blob": "x" * MAX_PAYLOAD_BYTES}},
+        PayloadError,
+        "past MAX_PAYLOAD_BYTES",
+    ),
 }
 
 
@@ -106,6 +128,17 @@ async def test_a_key_and_payload_at_their_limits_are_stored(
     async with database.sessions() as session, session.begin():
         await long_name.enqueue(session, _nested(MAX_PAYLOAD_DEPTH), key=key)
     assert await _rows(database) == 1
+
+
+async def test_a_payload_of_max_payload_bytes_is_stored_whole(
+    database: Database, outbox: Outbox
+) -> None:
+    blob = "é" * ((MAX_PAYLOAD_BYTES - len('{"blob": ""}')) // 2)  # two bytes each
+    async with database.sessions() as session, session.begin():
+        await outbox.enqueue(session, {"blob": blob}, key="k")
+    async with database.engine.connect() as conn:
+        stored = await conn.execute(text("SELECT payload->>'blob' FROM outbox_messages"))
+        assert stored.scalar_one() == blob
 
 
 async def test_sync_enqueue_refuses_as_enqueue_does(database: Database, outbox: Outbox) -> None:
@@ -164,6 +197,8 @@ _BAD_TRIGGERS: dict[str, tuple[Callable[[], object], str]] = {
     "every-text": (lambda: every(seconds="5"), "seconds"),  # type: ignore[arg-type]
     "every-bool": (lambda: every(minutes=True), "minutes"),
     "every-nan": (lambda: every(hours=float("nan")), "hours"),
+    "every-negative-part": (lambda: every(minutes=-1, seconds=120), "minutes"),
+    "every-parts-past-ten-years": (lambda: every(days=3000, hours=72000), "period"),
 }
 
 

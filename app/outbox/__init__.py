@@ -36,7 +36,7 @@ from .http import (
 )
 from .message import DrainReport, Enqueued, Message, StuckReset
 from .outbox import Deliver, Outbox, drain_job_id
-from .payload import MAX_PAYLOAD_DEPTH
+from .payload import MAX_PAYLOAD_BYTES, MAX_PAYLOAD_DEPTH
 from .policy import DEFAULT_BACKOFF, retry_delay
 from .resets import reset_message, reset_stuck
 
@@ -46,6 +46,7 @@ __all__ = [
     "HEADER_KEY_RULE",
     "MAX_KEY_BYTES",
     "MAX_NAME_LENGTH",
+    "MAX_PAYLOAD_BYTES",
     "MAX_PAYLOAD_DEPTH",
     "Deliver",
     "DrainReport",

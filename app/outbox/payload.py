@@ -1,7 +1,9 @@
 """Turning a payload into the JSON text a jsonb column stores, or a PayloadError that
 names the field which cannot be, and why.
 
-The common case costs one ``json.dumps`` and a few scans of its text in C. Only when
+The common case costs one ``json.dumps`` (keys sorted: jsonb keeps its own key order, and
+sorting is what finds a dict whose keys are of mixed types, the only kind where two keys
+can become one JSON key, ``1`` and ``'1'``) and a few scans of its text in C. Only when
 that fails, or the text may hold something jsonb refuses (a NUL, a lone surrogate) or
 may nest too deep (more brackets than MAX_PAYLOAD_DEPTH: a payload of over 500 lists
 and objects is walked on every enqueue), is the payload walked, iteratively (a walk
@@ -12,13 +14,14 @@ from __future__ import annotations
 
 import json
 import reprlib
+import sys
 from typing import Any
 
 from app.storable import is_storable_text
 
 from .errors import PayloadError
 
-__all__ = ["MAX_PAYLOAD_DEPTH", "dump_payload"]
+__all__ = ["MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_DEPTH", "dump_payload"]
 
 MAX_PAYLOAD_DEPTH = 500
 """The deepest nesting of lists and objects a payload may have. The drain decodes each
@@ -27,18 +30,27 @@ less the drain's own): a payload nested some 990 deep would be stored and then f
 every claim of its outbox. 500 leaves the drain room, and is far past any message's
 (PostgreSQL's jsonb itself takes some thousands)."""
 
+MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
+"""The longest payload, as UTF-8 JSON text. jsonb refuses a value past 256 MiB in its
+own binary form, which can be several times the text (a list of small numbers: some
+six times), and every claim of the row reads the payload whole into the drain's
+memory. A message is an instruction, not a document: past this, store the content
+elsewhere and enqueue its address."""
+
 _OPENERS = ("[", "{")
 
 
 def dump_payload(outbox: str, payload: Any) -> str:
-    """The payload as JSON text jsonb accepts. Raises PayloadError naming the first bad
-    field: a value that is not JSON (or NaN), a string or key with a NUL character or a
-    lone surrogate, a list or dict that contains itself, nesting past
-    MAX_PAYLOAD_DEPTH."""
+    """The payload as JSON text jsonb accepts, holding every key it was given. Raises
+    PayloadError naming the first bad field: a value that is not JSON (or NaN, or an int
+    too long to write), a string or key with a NUL character or a lone surrogate, two
+    keys of one dict that are one JSON key (``1`` and ``'1'``), a list or dict that
+    contains itself, nesting past MAX_PAYLOAD_DEPTH; and for a payload whose text is
+    longer than MAX_PAYLOAD_BYTES."""
     try:
-        text = json.dumps(payload, allow_nan=False, ensure_ascii=False)
+        text = json.dumps(payload, allow_nan=False, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise _refusal(outbox, payload, exc) from None
+        text = _dump_checked(outbox, payload, exc)
     # Superset checks: an escaped NUL, any non-UTF-8 text, or enough brackets (in
     # strings too) to nest that deep. The walk decides.
     suspect = (
@@ -50,14 +62,30 @@ def dump_payload(outbox: str, payload: Any) -> str:
         problem = _first_problem(payload)
         if problem is not None:
             raise PayloadError(f"outbox {outbox!r}: {problem}")
+    # A character is at most four bytes: only a long text is encoded to be measured.
+    if len(text) * 4 > MAX_PAYLOAD_BYTES and len(text.encode()) > MAX_PAYLOAD_BYTES:
+        raise PayloadError(
+            f"outbox {outbox!r}: payload is {len(text.encode()):,} bytes of JSON, past"
+            f" MAX_PAYLOAD_BYTES ({MAX_PAYLOAD_BYTES:,}); store the content elsewhere"
+            " and enqueue its address"
+        )
     return text
 
 
-def _refusal(outbox: str, payload: Any, exc: BaseException) -> PayloadError:
+def _dump_checked(outbox: str, payload: Any, exc: BaseException) -> str:
+    """The text of a payload ``json.dumps`` refused with sorted keys, once the walk found
+    nothing wrong in it (a dict whose keys are of mixed types, none two of them one JSON
+    key, cannot be sorted), or a PayloadError naming what is wrong."""
     problem = _first_problem(payload)
-    if problem is None:  # what json refused is not a field's type (an int too long)
-        problem = f"payload is not JSON ({exc}); convert it before enqueueing"
-    return PayloadError(f"outbox {outbox!r}: {problem}")
+    if problem is not None:
+        raise PayloadError(f"outbox {outbox!r}: {problem}")
+    try:
+        return json.dumps(payload, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as unsorted:
+        raise PayloadError(
+            f"outbox {outbox!r}: payload is not JSON ({unsorted or exc});"
+            " convert it before enqueueing"
+        ) from None
 
 
 def _first_problem(payload: Any) -> str | None:
@@ -76,7 +104,11 @@ def _first_problem(payload: Any) -> str | None:
             if problem is not None:
                 return f"{path} {problem}"
             continue
-        if value is None or isinstance(value, bool | int):
+        if value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            if _too_long(value):
+                return f"{path} is {_too_long_text()}, which JSON cannot write; send it as a str"
             continue
         if isinstance(value, float):
             if value != value or value in (float("inf"), float("-inf")):
@@ -101,23 +133,69 @@ def _first_problem(payload: Any) -> str | None:
         stack.append((False, value, path, depth))
         children: list[tuple[bool, Any, str, int]] = []
         if isinstance(value, dict):
+            written: dict[str, Any] = {}  # each key as JSON writes it: the key it came from
             for key, item in value.items():
-                if isinstance(key, str):
-                    problem = _text_problem(key)
-                    if problem is not None:
-                        return f"{path} key {key!r} {problem}"
-                elif not (key is None or isinstance(key, bool | int | float)):
+                problem, as_written = _key_problem(key)
+                if problem is not None:
+                    return f"{path} key {_shown(key)} {problem}"
+                if as_written in written:
                     return (
-                        f"{path} key {reprlib.repr(key)} is {type(key).__name__}, which a"
-                        " JSON object cannot have; use str keys"
+                        f"{path} keys {_shown(written[as_written])} and {_shown(key)} are"
+                        f" both {json.dumps(as_written)} in JSON, where an object keeps one"
+                        " of them; make them distinct str keys"
                     )
-                children.append((True, item, f"{path}[{key!r}]", depth + 1))
+                written[as_written] = key
+                children.append((True, item, f"{path}[{_shown(key)}]", depth + 1))
         else:
             children = [
                 (True, item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value)
             ]
         stack.extend(reversed(children))
     return None
+
+
+def _key_problem(key: object) -> tuple[str | None, str]:
+    """What is wrong with a dict key, or None and the key JSON writes for it."""
+    if isinstance(key, str):
+        return _text_problem(key), key
+    if key is None or isinstance(key, bool):
+        return None, json.dumps(key)
+    if isinstance(key, int):
+        if _too_long(key):
+            return f"is {_too_long_text()}, which JSON cannot write; use str keys", ""
+        return None, str(key)
+    if isinstance(key, float):
+        if key != key or key in (float("inf"), float("-inf")):
+            return "is a float that is not JSON; use str keys", ""
+        return None, float.__repr__(key)
+    return (
+        f"is {type(key).__name__}, which a JSON object cannot have; use str keys",
+        "",
+    )
+
+
+def _too_long(number: int) -> bool:
+    """Whether Python refuses to write ``number`` (more digits than
+    sys.set_int_max_str_digits allows)."""
+    if number.bit_length() < 3 * sys.get_int_max_str_digits():  # fewer digits than that
+        return False
+    try:
+        str(number)
+    except ValueError:
+        return True
+    return False
+
+
+def _too_long_text() -> str:
+    return f"an int of more than {sys.get_int_max_str_digits()} digits"
+
+
+def _shown(key: object) -> str:
+    """A key as a message shows it: its repr, shortened, or what it is when Python
+    refuses to write it."""
+    if isinstance(key, int) and _too_long(key):
+        return f"<{_too_long_text()}>"
+    return reprlib.repr(key)
 
 
 def _text_problem(text: str) -> str | None:

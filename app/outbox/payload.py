@@ -5,9 +5,9 @@ The common case costs one ``json.dumps`` (keys sorted: jsonb keeps its own key o
 sorting is what finds a dict whose keys are of mixed types, the only kind where two keys
 can become one JSON key, ``1`` and ``'1'``) and a few scans of its text in C. Only when
 that fails, or the text may hold something jsonb refuses (a NUL, a lone surrogate) or
-may nest too deep (more brackets than MAX_PAYLOAD_DEPTH: a payload of over 500 lists
-and objects is walked on every enqueue), is the payload walked, iteratively (a walk
-cannot overflow the stack), to check it and name the first bad field.
+nests too deep (read from its brackets outside its strings), is the payload walked,
+iteratively (a walk cannot overflow the stack), to check it and name the first bad
+field.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ memory. A message is an instruction, not a document: past this, store the conten
 elsewhere and enqueue its address."""
 
 _OPENERS = ("[", "{")
+# Outside its strings, JSON text is ASCII: this keeps its brackets alone, all as [ and ]
+# (nesting is what counts, and a pass must not take a { } emptied by the same pass).
+_BRACKETS_ONLY: dict[int, str | None] = {
+    code: None for code in range(128) if chr(code) not in "[]{}"
+} | {ord("{"): "[", ord("}"): "]"}
 
 
 def dump_payload(outbox: str, payload: Any) -> str:
@@ -51,12 +56,12 @@ def dump_payload(outbox: str, payload: Any) -> str:
         text = json.dumps(payload, allow_nan=False, ensure_ascii=False, sort_keys=True)
     except (TypeError, ValueError, RecursionError) as exc:
         text = _dump_checked(outbox, payload, exc)
-    # Superset checks: an escaped NUL, any non-UTF-8 text, or enough brackets (in
-    # strings too) to nest that deep. The walk decides.
+    # Superset checks: an escaped NUL, any non-UTF-8 text, or nesting that deep. The
+    # walk decides, and names the field.
     suspect = (
         "\\u0000" in text
         or not (text.isascii() or is_storable_text(text))
-        or sum(text.count(opener) for opener in _OPENERS) > MAX_PAYLOAD_DEPTH
+        or _nests_deeper_than(text, MAX_PAYLOAD_DEPTH)
     )
     if suspect:
         problem = _first_problem(payload)
@@ -70,6 +75,23 @@ def dump_payload(outbox: str, payload: Any) -> str:
             " and enqueue its address"
         )
     return text
+
+
+def _nests_deeper_than(text: str, depth: int) -> bool:
+    """Whether the JSON ``text`` json.dumps wrote nests more than ``depth`` lists and
+    objects. In C-speed string operations (a large payload costs about one more
+    json.dumps, where walking it cost eight)."""
+    if sum(text.count(opener) for opener in _OPENERS) <= depth:
+        return False  # fewer brackets than that, counting those in strings
+    # JSON writes a backslash only in a string, as \\ or \" (or \n, ...): with those
+    # two gone, every " opens or closes a string, and what is outside them is structure.
+    unescaped = text.replace("\\\\", "").replace('\\"', "")
+    brackets = "".join(unescaped.split('"')[0::2]).translate(_BRACKETS_ONLY)
+    for _ in range(depth):  # each pass takes the innermost lists and objects away
+        if not brackets:
+            return False
+        brackets = brackets.replace("[]", "")
+    return bool(brackets)
 
 
 def _dump_checked(outbox: str, payload: Any, exc: BaseException) -> str:

@@ -76,7 +76,9 @@ def _upgrade_user_project(project: Path, url: str) -> None:
 
     config = Config()
     config.set_main_option("script_location", str(project))
-    config.set_main_option("sqlalchemy.url", url.replace("postgresql://", "postgresql+psycopg://"))
+    # configparser reads % as interpolation; a socket URL has %2F in its host.
+    psycopg_url = url.replace("postgresql://", "postgresql+psycopg://").replace("%", "%%")
+    config.set_main_option("sqlalchemy.url", psycopg_url)
     command.upgrade(config, "head")
 
 

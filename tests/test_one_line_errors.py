@@ -140,7 +140,8 @@ def test_a_job_id_that_is_not_text_is_not_found_in_one_line(database_url: str) -
 
 
 def test_migrate_succeeds_with_the_sslmode_a_hosting_provider_adds(database_url: str) -> None:
-    result = _app("migrate", DATABASE_URL=f"{database_url}?sslmode=disable")
+    with_sslmode = make_url(database_url).update_query_dict({"sslmode": "disable"})
+    result = _app("migrate", DATABASE_URL=with_sslmode.render_as_string(hide_password=False))
     assert result.returncode == 0, result.stderr
 
 

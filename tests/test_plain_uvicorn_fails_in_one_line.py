@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from app.localpg import free_port
 
@@ -69,7 +70,7 @@ def test_plain_uvicorn_with_a_database_url_nobody_answers_fails_in_one_line() ->
 def test_plain_uvicorn_on_an_unmigrated_database_fails_in_one_line(
     empty_database_url: str,
 ) -> None:
-    database = empty_database_url.rsplit("/", 1)[-1]
+    database = make_url(empty_database_url).database
     _assert_one_line(
         _serve(empty_database_url), "DATABASE_URL", f"/{database}", "python -m app migrate"
     )

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
@@ -34,9 +35,10 @@ class TestServer:
 
     Without ``external_url`` it initdb's and starts a local server in a temporary
     directory (as root, as the ``postgres`` account: initdb refuses root) and deletes it
-    at close(). Tests log in over TCP as a superuser of their own (``regent_test``, its
-    password kept in memory only): fault tests need a superuser's powers and a TCP
-    address. With ``external_url`` it creates and drops only its own databases there.
+    at close(). Tests log in through the server's socket as a superuser of their own
+    (``regent_test``, its password kept in memory only; fault tests need a superuser's
+    powers); the server listens on 127.0.0.1 too, for the few that need a TCP address
+    (``tcp_url_for``). With ``external_url`` it creates and drops only its own databases there.
     The template holds Regent's migrations and then ``users``' (when given).
     """
 
@@ -75,13 +77,25 @@ class TestServer:
         return self.local is not None
 
     def url_for(self, database: str) -> str:
-        """libpq URL of ``database`` on this server."""
+        """libpq URL of ``database`` on this server: through the local server's socket
+        (in its data directory, which only its account enters), so that nothing a test
+        does with it sends the password to whatever answers on a TCP port."""
         if self.local is not None:
+            socket_dir = quote(str(self.local.data_dir.absolute()), safe="")
             return (
-                f"postgresql://{_TEST_ROLE}:{self._password}@127.0.0.1:{self.local.port}/{database}"
+                f"postgresql://{_TEST_ROLE}:{self._password}@/{database}"
+                f"?host={socket_dir}&port={self.local.port}"
             )
         assert self.external_url is not None
         return make_url(self.external_url).set(database=database).render_as_string(False)
+
+    def tcp_url_for(self, database: str) -> str:
+        """libpq URL of ``database`` on 127.0.0.1, for the few tests that need a TCP
+        address (a pooler in front, a host spelled out). Only the local server has one;
+        an external one's URL is returned as it is."""
+        if self.local is None:
+            return self.url_for(database)
+        return f"postgresql://{_TEST_ROLE}:{self._password}@127.0.0.1:{self.local.port}/{database}"
 
     @property
     def admin_url(self) -> str:

@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 import asyncpg
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database, asyncpg_dsn
@@ -34,6 +35,7 @@ from app.scheduler.keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
 from app.scheduler.store import JobStore
 from app.scheduler.supervisor import Supervisor
 from app.testing.claims import claim_slot
+from app.testing.server import TestServer
 
 from .conftest import (
     StandbyProcesses,
@@ -445,12 +447,13 @@ async def test_leader_counts_only_the_standbys_that_are_alive(
 
 
 async def test_the_lock_connection_probes_its_peer_with_tcp_keepalives(
-    config: SchedulerConfig,
+    server: TestServer, database_url: str
 ) -> None:
     """A vanished host sends no FIN: keepalive probes from both ends find it, so the
     server drops a standby whose host vanished, and a standby whose server vanished
     stops waiting."""
-    lock = await LockConnection.connect(config.lock_dsn, lease_seconds=30)
+    over_tcp = asyncpg_dsn(server.tcp_url_for(str(make_url(database_url).database)))
+    lock = await LockConnection.connect(over_tcp, lease_seconds=30)
     try:
         driver = lock._connection  # the driver's connection: its socket and session
         client = driver._transport.get_extra_info("socket")

@@ -77,7 +77,7 @@ def pooler(server: TestServer, database_url: str) -> Iterator[str]:
     tmp_path = Path(tempfile.mkdtemp(prefix="regent-pgbouncer-"))
     tmp_path.chmod(0o755)
     port = free_port()
-    upstream = make_url(database_url)
+    upstream = make_url(server.tcp_url_for(str(make_url(database_url).database)))
     # pgbouncer logs in to the server with the password it finds here.
     (tmp_path / "users.txt").write_text(f'"{upstream.username}" "{upstream.password}"\n')
     (tmp_path / "pgbouncer.ini").write_text(

@@ -15,6 +15,7 @@ request path) and writes a traceback on indented escaped lines the same way.
 from __future__ import annotations
 
 import logging
+import re
 import traceback
 
 from .printable import printable
@@ -52,8 +53,15 @@ def _indented(detail: str) -> str:
     return "\n".join(_INDENT + printable(line) for line in redact(detail).splitlines())
 
 
+# The secret segment of an admin session's path (app/admin/session.py): a log line
+# tells which screen was asked for, never under which session's path.
+_SESSION_PATH = re.compile(r"(/admin/s/)[^/?#\s]+")
+
+
 def _shown(value: object) -> object:
-    return printable(value) if isinstance(value, str) else value
+    if not isinstance(value, str):
+        return value
+    return printable(_SESSION_PATH.sub(r"\1***", value))
 
 
 class _EscapeData(logging.Filter):

@@ -389,11 +389,24 @@ def serve_user_app() -> Iterator[ServeUserApp]:
 _HIDDEN = re.compile(r'<input type="hidden" name="([^"]+)" value="([^"]*)">')
 
 
-async def admin_sign_in(client: httpx.AsyncClient, token: str) -> httpx.Response:
-    """Post ``token`` through the admin's sign-in form as a browser does: read the form
-    (which sets its cookie), post its hidden fields with the token; the answer."""
-    form = (await client.get("/admin")).text
-    return await client.post("/admin/login", data=dict(_HIDDEN.findall(form)) | {"token": token})
+async def admin_sign_in(
+    client: httpx.AsyncClient, token: str, root_path: str = ""
+) -> httpx.Response:
+    """Post ``token`` through the admin's sign-in form (served under ``root_path``) as a
+    browser does: read the form (which sets its cookie), post its hidden fields with the
+    token; the answer."""
+    form = (await client.get(f"{root_path}/admin")).text
+    fields = dict(_HIDDEN.findall(form)) | {"token": token}
+    return await client.post(f"{root_path}/admin/login", data=fields)
+
+
+async def admin_session(client: httpx.AsyncClient, token: str, root_path: str = "") -> str:
+    """Sign in with the right ``token`` (admin_sign_in); the base of the session's page,
+    ``/admin/s/<sid>`` (no trailing slash: its main screen is the base plus "/"), which
+    the session cookie ``client`` now holds is sent to."""
+    signed_in = await admin_sign_in(client, token, root_path)
+    assert signed_in.status_code == 303, signed_in.text
+    return signed_in.headers["location"].removesuffix("/")
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from .auth import admin_key
+from .session import admin_path
 
 __all__ = ["ADMIN_OFF", "ROUTES", "router"]
 
@@ -26,7 +27,8 @@ ADMIN_OFF = (
 
 @router.get("/")
 async def index(request: Request) -> Response:
-    """Redirect to /admin when ADMIN_TOKEN is set; else name the routes and the setting."""
+    """Redirect to /admin (after the root path) when ADMIN_TOKEN is set; else name the
+    routes and the setting."""
     if admin_key(request.app.state.settings) is not None:
-        return RedirectResponse("/admin")
+        return RedirectResponse(admin_path(request))
     return JSONResponse({"service": "regent", "routes": ROUTES, "admin": ADMIN_OFF})

@@ -1,13 +1,17 @@
 """The admin page's routes: server-rendered HTML, no JavaScript build.
 
-``/admin`` is the main screen, ``/admin/jobs/<id>`` a job's; each action posts a form
-and goes back to the screen it came from with a flash saying how it went. What the
-screens show is screens.py's.
+``/admin`` is the sign-in form. Signed in, the page lives under its session's secret
+path ``/admin/s/<sid>/`` (session.py): that is the main screen, ``<base>/jobs/<id>`` a
+job's; each action posts a form and goes back to the screen it came from with a flash
+saying how it went. What the screens show is screens.py's.
 
 Sign-in posts the token once; the page then keeps an HttpOnly, SameSite=Strict session
 cookie that carries its issue time and is signed with the token (never the token
-itself); sign-out revokes it everywhere (see session.py). Every POST carries a CSRF
-field derived from the session, and the sign-in one derived from the form's own cookie.
+itself), sent and honoured under its session's path only; sign-out revokes it
+everywhere (see session.py). A request under a session path without the cookie made
+for it is signed out (a page goes to the sign-in form, an action answers 401), whatever
+was missing or wrong. Every POST carries a CSRF field derived from the session, and the
+sign-in one derived from the form's own cookie.
 Repeated wrong tokens from one client are slowed, the right one never (see
 throttle.py). Without ADMIN_TOKEN every route here answers 404.
 """
@@ -48,9 +52,10 @@ def _key(request: Request) -> bytes:
     return key
 
 
-async def _session(request: Request, key: bytes) -> str | None:
-    """The request's session cookie when it is signed, unexpired and not revoked."""
-    cookie = request.cookies.get(session.COOKIE)
+async def _session(request: Request, key: bytes, sid: str) -> str | None:
+    """The request's session cookie when it is the one of the path's ``sid``, signed,
+    unexpired and not revoked."""
+    cookie = session.session_cookie(request, key, sid)
     issued = session.issued_at(key, cookie)
     if cookie is None or issued is None:
         return None
@@ -73,19 +78,33 @@ async def stylesheet(request: Request) -> Response:
     return Response(STYLESHEET, media_type="text/css")
 
 
+def _to_sign_in(request: Request) -> Response:
+    """Where a signed-out request for a page of a session goes: the sign-in form."""
+    return RedirectResponse(session.admin_path(request), status_code=303)
+
+
 @router.get("", response_class=HTMLResponse)
-async def admin_page(request: Request, flash: str | None = None) -> Response:
-    """The page when signed in; the sign-in form otherwise."""
+async def sign_in_page(request: Request) -> Response:
+    """The sign-in form (a session's page is under its own path, and its cookie is
+    never sent here)."""
+    return login_form(request, _key(request), None)
+
+
+@router.get("/s/{sid}/", response_class=HTMLResponse)
+async def admin_page(request: Request, sid: str, flash: str | None = None) -> Response:
+    """The main screen of the session ``sid``; to the sign-in form without it."""
     key = _key(request)
-    cookie = await _session(request, key)
+    cookie = await _session(request, key, sid)
     if cookie is None:
-        return login_form(request, key, None)
-    return await main_screen(request, session.csrf_for(key, cookie), flash_line(flash))
+        return _to_sign_in(request)
+    base = session.session_path(request, sid)
+    return await main_screen(request, base, session.csrf_for(key, cookie), flash_line(flash))
 
 
-@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+@router.get("/s/{sid}/jobs/{job_id}", response_class=HTMLResponse)
 async def job_page(
     request: Request,
+    sid: str,
     job_id: JobId,
     before: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -93,14 +112,15 @@ async def job_page(
     status: RunStatus | None = None,
 ) -> Response:
     """A job's page: its state and its runs, newest first, ``limit`` per page, older
-    ones from ``before`` (a run id) on, only those of ``status`` when it is given. The
-    sign-in form when not signed in."""
+    ones from ``before`` (a run id) on, only those of ``status`` when it is given. To
+    the sign-in form when the session ``sid`` is not the request's."""
     key = _key(request)
-    cookie = await _session(request, key)
+    cookie = await _session(request, key, sid)
     if cookie is None:
-        return login_form(request, key, None)
+        return _to_sign_in(request)
     csrf = session.csrf_for(key, cookie)
-    return await job_screen(request, csrf, job_id, before, limit, flash_line(flash), status)
+    base = session.session_path(request, sid)
+    return await job_screen(request, base, csrf, job_id, before, limit, flash_line(flash), status)
 
 
 @router.post("/login")
@@ -108,8 +128,9 @@ async def login(
     request: Request, token: Annotated[str, Form()], csrf: Annotated[str, Form()] = ""
 ) -> Response:
     """Check the form's CSRF value (403 without it: a form posted from another site),
-    then the token: set a new session cookie and go to the page, or say no (401; 429
-    with Retry-After while this client must wait after repeated wrong tokens)."""
+    then the token: set a new session cookie and go to the page under its session's
+    path, or say no (401; 429 with Retry-After while this client must wait after
+    repeated wrong tokens)."""
     key = _key(request)
     nonce = request.cookies.get(session.LOGIN_COOKIE)
     expected = session.login_csrf_for(key, nonce) if nonce else ""
@@ -133,87 +154,107 @@ async def login(
             return response
         return login_form(request, key, "That is not the admin token.", status_code=401)
     engine = engine_of(request)
-    lease_now = lease_now_of(request)
-    response = RedirectResponse("/admin", status_code=303)
+    cookie = session.issue(key, await lease_clock_now(engine, lease_now_of(request)))
+    base = session.session_path(request, session.sid_for(key, cookie))
+    response = RedirectResponse(f"{base}/", status_code=303)
     session.set_cookie(
         response,
         request,
         session.COOKIE,
-        session.issue(key, await lease_clock_now(engine, lease_now)),
+        cookie,
+        path=f"{base}/",
         max_age=int(session.SESSION_MAX_AGE.total_seconds()),
     )
     return response
 
 
-@router.post("/logout")
-async def logout(request: Request, csrf: Annotated[str, Form()]) -> Response:
-    """Revoke every session issued until now (in every worker) and drop the cookie."""
+@router.post("/s/{sid}/logout")
+async def logout(request: Request, sid: str, csrf: Annotated[str, Form()]) -> Response:
+    """Revoke every session issued until now (in every worker), drop the cookie of this
+    path and go to the sign-in form."""
     key = _key(request)
-    cookie = await _session(request, key)
+    cookie = await _session(request, key, sid)
     if cookie is not None:
         _check_csrf(key, cookie, csrf)
         await session.revoke(engine_of(request), lease_now_of(request))
-    response = RedirectResponse("/admin", status_code=303)
-    response.delete_cookie(session.COOKIE, path=session.COOKIE_PATH)
+    response = _to_sign_in(request)
+    # Cleared where the browser holds a cookie made for this path, current or not (a sid
+    # that matches one is URL-safe, as a cookie's Path must be).
+    if session.session_cookie(request, key, sid) is not None:
+        response.delete_cookie(session.COOKIE, path=f"{session.session_path(request, sid)}/")
     return response
 
 
 async def _act(
     request: Request,
+    sid: str,
     csrf: str,
     flash: str | Callable[[Any], str],
     action: Callable[[], Awaitable[Any]],
-    back: str = "/admin",
+    back: str = "",
 ) -> Response:
+    """Run ``action`` for the session ``sid`` (401 without it, 403 for a wrong CSRF
+    value), then back to ``back`` below the session's path with ``flash``."""
     key = _key(request)
-    cookie = await _session(request, key)
+    cookie = await _session(request, key, sid)
     if cookie is None:
         raise HTTPException(401, "sign in first")
     _check_csrf(key, cookie, csrf)
+    base = session.session_path(request, sid)
     try:
         done = await action()
     except AdminError as exc:
-        return await main_screen(request, csrf, str(exc), status_code=exc.status)
+        return await main_screen(request, base, csrf, str(exc), status_code=exc.status)
     code = flash if isinstance(flash, str) else flash(done)
-    return RedirectResponse(f"{back}?flash={code}", status_code=303)
+    return RedirectResponse(f"{base}/{back}?flash={code}", status_code=303)
 
 
 def _back(job_id: str, page: str | None) -> str:
-    """Where a job action returns: the job's own page when it was posted from there."""
-    return f"/admin/jobs/{job_id}" if page == "job" else "/admin"
+    """Where a job action returns, below the session's path: the job's own page when it
+    was posted from there, else the main screen."""
+    return f"jobs/{job_id}" if page == "job" else ""
 
 
-@router.post("/outboxes/{name}/messages/{message_id}/reset")
+@router.post("/s/{sid}/outboxes/{name}/messages/{message_id}/reset")
 async def reset(
-    request: Request, name: OutboxName, message_id: MessageId, csrf: Annotated[str, Form()]
+    request: Request,
+    sid: str,
+    name: OutboxName,
+    message_id: MessageId,
+    csrf: Annotated[str, Form()],
 ) -> Response:
     """Reset a stuck row, then back to the page."""
     return await _act(
         request,
+        sid,
         csrf,
         f"reset-{message_id}",
         lambda: reset_outbox_message(engine_of(request), name, message_id, lease_now_of(request)),
     )
 
 
-@router.post("/outboxes/{name}/reset-stuck")
-async def reset_stuck(request: Request, name: OutboxName, csrf: Annotated[str, Form()]) -> Response:
+@router.post("/s/{sid}/outboxes/{name}/reset-stuck")
+async def reset_stuck(
+    request: Request, sid: str, name: OutboxName, csrf: Annotated[str, Form()]
+) -> Response:
     """Reset every stuck row of an outbox, then back to the page, saying how many."""
     return await _act(
         request,
+        sid,
         csrf,
         lambda done: f"resetstuck-{done['reset']}-{done['held']}-{name}",
         lambda: reset_all_stuck(engine_of(request), name, lease_now_of(request)),
     )
 
 
-@router.post("/outboxes/{name}/forget")
+@router.post("/s/{sid}/outboxes/{name}/forget")
 async def forget_outbox(
-    request: Request, name: OutboxName, csrf: Annotated[str, Form()]
+    request: Request, sid: str, name: OutboxName, csrf: Annotated[str, Form()]
 ) -> Response:
     """Forget a retired outbox (its messages deleted), then back to the page."""
     return await _act(
         request,
+        sid,
         csrf,
         f"forgetoutbox-{name}",
         lambda: forget_outbox_rows(engine_of(request), name),
@@ -223,13 +264,14 @@ async def forget_outbox(
 Back = Annotated[str | None, Form(pattern="^job$")]
 
 
-@router.post("/jobs/{job_id}/run")
+@router.post("/s/{sid}/jobs/{job_id}/run")
 async def run_now(
-    request: Request, job_id: JobId, csrf: Annotated[str, Form()], back: Back = None
+    request: Request, sid: str, job_id: JobId, csrf: Annotated[str, Form()], back: Back = None
 ) -> Response:
     """Queue a job to run now, then back to the page it was asked from."""
     return await _act(
         request,
+        sid,
         csrf,
         f"run-{job_id}",
         lambda: run_job_now(
@@ -242,24 +284,28 @@ async def run_now(
     )
 
 
-@router.post("/jobs/{job_id}/forget")
-async def forget(request: Request, job_id: JobId, csrf: Annotated[str, Form()]) -> Response:
+@router.post("/s/{sid}/jobs/{job_id}/forget")
+async def forget(
+    request: Request, sid: str, job_id: JobId, csrf: Annotated[str, Form()]
+) -> Response:
     """Forget a retired job (its row and history deleted), then back to the main page."""
     return await _act(
         request,
+        sid,
         csrf,
         f"forget-{job_id}",
         lambda: forget_job(engine_of(request), job_id, schedule=schedule_name(request)),
     )
 
 
-@router.post("/jobs/{job_id}/pause")
+@router.post("/s/{sid}/jobs/{job_id}/pause")
 async def pause(
-    request: Request, job_id: JobId, csrf: Annotated[str, Form()], back: Back = None
+    request: Request, sid: str, job_id: JobId, csrf: Annotated[str, Form()], back: Back = None
 ) -> Response:
     """Pause a job (no slot is claimed until it is resumed), then back."""
     return await _act(
         request,
+        sid,
         csrf,
         f"pause-{job_id}",
         lambda: set_paused(engine_of(request), job_id, True, schedule=schedule_name(request)),
@@ -267,13 +313,14 @@ async def pause(
     )
 
 
-@router.post("/jobs/{job_id}/resume")
+@router.post("/s/{sid}/jobs/{job_id}/resume")
 async def resume(
-    request: Request, job_id: JobId, csrf: Annotated[str, Form()], back: Back = None
+    request: Request, sid: str, job_id: JobId, csrf: Annotated[str, Form()], back: Back = None
 ) -> Response:
     """Resume a paused job, then back."""
     return await _act(
         request,
+        sid,
         csrf,
         f"resume-{job_id}",
         lambda: set_paused(engine_of(request), job_id, False, schedule=schedule_name(request)),

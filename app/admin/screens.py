@@ -81,9 +81,17 @@ def flash_line(code: str | None) -> str | None:
 
 
 async def _common(
-    request: Request, csrf: str, flash: str | None, refresh_url: str, failed: bool = False
+    request: Request,
+    base: str,
+    csrf: str,
+    flash: str | None,
+    refresh_url: str,
+    failed: bool = False,
 ) -> dict[str, Any]:
     return {
+        # Every link and form of a signed-in screen is below its session's path.
+        "base": base,
+        "admin": session.admin_path(request),
         "csrf": csrf,
         "flash": flash,
         "failed": failed,
@@ -96,16 +104,17 @@ async def _common(
 
 
 async def main_screen(
-    request: Request, csrf: str, flash: str | None, status_code: int = 200
+    request: Request, base: str, csrf: str, flash: str | None, status_code: int = 200
 ) -> HTMLResponse:
-    """The main screen, ``flash`` told at its top (as a failure for a 4xx
-    ``status_code``, which it answers with)."""
+    """The main screen of the session whose page is under ``base``, ``flash`` told at
+    its top (as a failure for a 4xx ``status_code``, which it answers with)."""
     engine = engine_of(request)
     listed = await list_jobs(
         engine, lease_now_of(request), schedule=schedule_name(request), retired=True
     )
     listed_outboxes = await list_outboxes(engine, lease_now_of(request), retired=True)
-    context = await _common(request, csrf, flash, "/admin", failed=status_code >= 400) | {
+    failed = status_code >= 400
+    context = await _common(request, base, csrf, flash, f"{base}/", failed=failed) | {
         "leader": await leader(
             engine, lease_now=lease_now_of(request), schedule=schedule_name(request)
         ),
@@ -127,6 +136,7 @@ async def main_screen(
 
 async def job_screen(
     request: Request,
+    base: str,
     csrf: str,
     job_id: str,
     before: int | None,
@@ -134,13 +144,14 @@ async def job_screen(
     flash: str | None,
     status: str | None = None,
 ) -> HTMLResponse:
-    """A job's screen: its state and ``limit`` of its runs older than run ``before``
-    (only those of ``status`` when it is given), with a link to the older ones and a
-    chart; the refusal, answered with its status, for an unknown job."""
+    """A job's screen (of the session whose page is under ``base``): its state and
+    ``limit`` of its runs older than run ``before`` (only those of ``status`` when it is
+    given), with a link to the older ones and a chart; the refusal, answered with its
+    status, for an unknown job."""
     engine = engine_of(request)
     filtered = f"&status={status}" if status is not None else ""
     query = f"?before={before}&limit={limit}" if before is not None else f"?limit={limit}"
-    context = await _common(request, csrf, flash, f"/admin/jobs/{job_id}{query}{filtered}")
+    context = await _common(request, base, csrf, flash, f"{base}/jobs/{job_id}{query}{filtered}")
     context |= {"statuses": RUN_STATUSES, "status": status}
     try:
         runs = await job_runs(
@@ -160,7 +171,7 @@ async def job_screen(
     job = next((job for job in jobs if job["id"] == job_id), None)
     older = None
     if len(runs) == limit:
-        older = f"/admin/jobs/{job_id}?before={runs[-1]['id']}&limit={limit}{filtered}"
+        older = f"{base}/jobs/{job_id}?before={runs[-1]['id']}&limit={limit}{filtered}"
     context |= {"job": job, "runs": runs, "older": older, "chart": chart.runs_chart(runs)}
     return _templates.TemplateResponse(request, "job.html", context)
 
@@ -170,9 +181,15 @@ def login_form(request: Request, key: bytes, error: str | None, status_code: int
     is derived from (set anew unless the browser sent one we made)."""
     sent = request.cookies.get(session.LOGIN_COOKIE)
     nonce = session.login_nonce(sent)
-    context = {"error": error, "csrf": session.login_csrf_for(key, nonce)}
+    context = {
+        "error": error,
+        "admin": session.admin_path(request),
+        "csrf": session.login_csrf_for(key, nonce),
+    }
     response = _templates.TemplateResponse(request, "login.html", context, status_code=status_code)
     if nonce == sent:
         return response
-    session.set_cookie(response, request, session.LOGIN_COOKIE, nonce)
+    session.set_cookie(
+        response, request, session.LOGIN_COOKIE, nonce, path=session.admin_path(request)
+    )
     return response

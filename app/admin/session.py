@@ -18,10 +18,20 @@ Issue times, ages and ``not_before`` are read on the lease clock (the database
 server's, see app/scheduler/clock.py): a cookie issued by a worker whose clock runs
 ahead is no cookie "from the future" to another, and a sign-out on a worker whose clock
 runs behind still ends the sessions issued before it elsewhere.
+
+A browser sends a host's cookies to every port of that host, so a cookie sent to all of
+/admin would reach another local user's server on another port of 127.0.0.1 too. The
+signed-in page therefore lives under a path of its session's own, ``/admin/s/<sid>/``
+(``session_path``), where the sid is an HMAC of the cookie keyed by the admin token
+(``sid_for``): the cookie is set with that Path, so the browser sends it there only, on
+any port, and it is honoured there only (``session_cookie``). Another server is sent it
+only at a path it cannot compute without the token, and a cookie it got some other way
+opens nothing elsewhere. The sign-in form and its cookie stay at ``/admin``.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import re
@@ -37,9 +47,9 @@ from app.scheduler.clock import LEASE_NOW_SQL
 
 __all__ = [
     "COOKIE",
-    "COOKIE_PATH",
     "LOGIN_COOKIE",
     "SESSION_MAX_AGE",
+    "admin_path",
     "csrf_for",
     "is_current",
     "issue",
@@ -47,13 +57,17 @@ __all__ = [
     "login_csrf_for",
     "login_nonce",
     "revoke",
+    "session_cookie",
+    "session_path",
     "set_cookie",
+    "sid_for",
 ]
 
 COOKIE = "regent_admin"
 LOGIN_COOKIE = "regent_login"
-COOKIE_PATH = "/admin"
 SESSION_MAX_AGE = timedelta(hours=12)
+# Bytes of the HMAC a sid keeps: 128 bits, 22 URL-safe characters.
+_SID_BYTES = 16
 
 _URL_SAFE = re.compile(r"[A-Za-z0-9_-]+")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -121,6 +135,44 @@ def csrf_for(key: bytes, cookie: str) -> str:
     return _sign(key, "csrf", cookie)
 
 
+def sid_for(key: bytes, cookie: str) -> str:
+    """The secret path segment of the session ``cookie``: a URL-safe HMAC of it, keyed
+    by the admin token (22 characters)."""
+    digest = hmac.new(key, f"path:{cookie}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest[:_SID_BYTES]).rstrip(b"=").decode()
+
+
+def admin_path(request: Request) -> str:
+    """Where the sign-in form is, as the browser sees it: /admin after the root path a
+    proxy set-up serves the app under (``--root-path``)."""
+    root_path: str = request.scope.get("root_path", "")
+    return f"{root_path.rstrip('/')}/admin"
+
+
+def session_path(request: Request, sid: str) -> str:
+    """The base of the page of the session ``sid`` as the browser sees it (no trailing
+    slash): its main screen is this plus "/", every other route below it; the session
+    cookie's Path is this plus "/"."""
+    return f"{admin_path(request)}/s/{sid}"
+
+
+def session_cookie(request: Request, key: bytes, sid: str) -> str | None:
+    """The session cookie the request carries whose sid is ``sid``; None when it
+    carries none. Every ``COOKIE`` value in the Cookie header is looked at (a browser
+    also sends one set for a wider path, /admin by an older release or by another
+    server of the host), and only one made for this path counts."""
+    wanted = sid.encode("utf-8", "replace")
+    for header in request.headers.getlist("cookie"):
+        for pair in header.split(";"):
+            name, _, value = pair.partition("=")
+            value = value.strip()
+            if name.strip() != COOKIE or not value or len(value) > _LONGEST_COOKIE:
+                continue
+            if hmac.compare_digest(sid_for(key, value).encode(), wanted):
+                return value
+    return None
+
+
 def login_nonce(cookie: str | None) -> str:
     """The sign-in form's cookie value: the one the browser sent when it is one we make
     (a long URL-safe random), else a new one."""
@@ -135,11 +187,17 @@ def login_csrf_for(key: bytes, nonce: str) -> str:
 
 
 def set_cookie(
-    response: Response, request: Request, name: str, value: str, *, max_age: int | None = None
+    response: Response,
+    request: Request,
+    name: str,
+    value: str,
+    *,
+    path: str,
+    max_age: int | None = None,
 ) -> None:
     """Set one of the page's cookies on ``response`` as every one of them is set:
     HttpOnly, SameSite=Strict, Secure when ``request`` came over https, sent to
-    COOKIE_PATH only; ``max_age`` None for a browser-session cookie."""
+    ``path`` only; ``max_age`` None for a browser-session cookie."""
     response.set_cookie(
         name,
         value,
@@ -147,5 +205,5 @@ def set_cookie(
         httponly=True,
         samesite="strict",
         secure=request.url.scheme == "https",
-        path=COOKIE_PATH,
+        path=path,
     )

@@ -25,7 +25,7 @@ from app.scheduler.store import JobStore
 from app.settings import Settings
 from tests.forked_cli import run_app
 
-from ..conftest import StartScheduler, admin_sign_in, release
+from ..conftest import StartScheduler, admin_session, release
 
 TOKEN = "truth-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -122,18 +122,20 @@ async def beat_after_promotion(database: Database) -> None:
             await asyncio.sleep(0.05)
 
 
-async def page_csrf(client: httpx.AsyncClient) -> str:
-    """The CSRF field of the admin page, which ``client``'s session cookie opens."""
-    page = (await client.get("/admin")).text
+async def page_csrf(client: httpx.AsyncClient, base: str) -> str:
+    """The CSRF field of the admin page under ``base``, which ``client``'s session
+    cookie opens."""
+    page = (await client.get(f"{base}/")).text
     match = re.search(r'name="csrf" value="([^"]+)"', page)
     assert match is not None, page
     return match.group(1)
 
 
-async def signed_in(client: httpx.AsyncClient) -> str:
-    """Sign in to the admin page with TOKEN; the page's CSRF field."""
-    await admin_sign_in(client, TOKEN)
-    return await page_csrf(client)
+async def signed_in(client: httpx.AsyncClient) -> tuple[str, str]:
+    """Sign in to the admin page with TOKEN; the base of the session's page
+    (admin_session) and the page's CSRF field."""
+    base = await admin_session(client, TOKEN)
+    return base, await page_csrf(client, base)
 
 
 ADMIN_TOKEN = "worker-admin-token-0123456789abcdef"

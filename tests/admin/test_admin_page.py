@@ -20,7 +20,7 @@ from app.main import create_app
 from app.scheduler import JobContext, Scheduler, cron, every
 from app.settings import Settings
 
-from ..conftest import admin_sign_in
+from ..conftest import admin_session, admin_sign_in
 
 TOKEN = "page-admin-token-0123456789abcdef"
 CHROMIUM = Path("/usr/bin/chromium")
@@ -42,13 +42,13 @@ async def page_client(admin_settings: Settings) -> AsyncIterator[httpx.AsyncClie
             yield client
 
 
-async def _signed_in(client: httpx.AsyncClient) -> str:
-    """Sign in; the CSRF field of the page."""
-    await admin_sign_in(client, TOKEN)
-    page = await client.get("/admin")
+async def _signed_in(client: httpx.AsyncClient) -> tuple[str, str]:
+    """Sign in; the base of the session's page and the CSRF field of the page."""
+    base = await admin_session(client, TOKEN)
+    page = await client.get(f"{base}/")
     match = re.search(r'name="csrf" value="([^"]+)"', page.text)
     assert match is not None, page.text
-    return match.group(1)
+    return base, match.group(1)
 
 
 def _table(html: str, table_id: str) -> str:
@@ -92,13 +92,15 @@ async def test_the_job_page_lists_its_runs_newest_first_paged_by_before(
     await _job(database)
     for hour in (1, 2, 3):
         await _run(database, datetime(2026, 12, 2, hour, tzinfo=UTC))
-    await _signed_in(page_client)
-    first = await page_client.get("/admin/jobs/nightly?limit=2")
+    base, _ = await _signed_in(page_client)
+    first = await page_client.get(f"{base}/jobs/nightly?limit=2")
     assert first.status_code == 200
     history = _table(first.text, "history")
     assert history.index("2026-12-02 03:00:00Z") < history.index("2026-12-02 02:00:00Z")
     assert "01:00:00Z" not in history
-    older = re.search(r'href="(/admin/jobs/nightly\?before=\d+&amp;limit=2)"', first.text)
+    older = re.search(
+        rf'href="({re.escape(base)}/jobs/nightly\?before=\d+&amp;limit=2)"', first.text
+    )
     assert older is not None, "no link to older runs"
     rest = await page_client.get(older.group(1).replace("&amp;", "&"))
     assert "2026-12-02 01:00:00Z" in _table(rest.text, "history")
@@ -114,8 +116,8 @@ async def test_a_failed_run_shows_its_error_with_the_traceback_folded(
     )
     await _job(database)
     await _run(database, datetime(2026, 12, 2, 1, tzinfo=UTC), status="error", error=stored)
-    await _signed_in(page_client)
-    history = _table((await page_client.get("/admin/jobs/nightly")).text, "history")
+    base, _ = await _signed_in(page_client)
+    history = _table((await page_client.get(f"{base}/jobs/nightly")).text, "history")
     folded = re.search(r"<details>\s*<summary>(.*?)</summary>(.*?)</details>", history, re.DOTALL)
     assert folded is not None, history
     assert folded.group(1).strip() == "RuntimeError: gateway said no"
@@ -128,8 +130,8 @@ async def test_history_marks_manual_runs(
     await _job(database)
     await _run(database, datetime(2026, 12, 2, 1, tzinfo=UTC))
     await _run(database, datetime(2026, 12, 2, 1, 30, tzinfo=UTC), manual=True)
-    await _signed_in(page_client)
-    history = _table((await page_client.get("/admin/jobs/nightly")).text, "history")
+    base, _ = await _signed_in(page_client)
+    history = _table((await page_client.get(f"{base}/jobs/nightly")).text, "history")
     rows = re.findall(r"<tr data-run=.*?</tr>", history, re.DOTALL)
     assert [("manual" in row) for row in rows] == [True, False]
 
@@ -137,8 +139,8 @@ async def test_history_marks_manual_runs(
 async def test_the_page_of_an_unknown_job_is_a_404_naming_it(
     page_client: httpx.AsyncClient,
 ) -> None:
-    await _signed_in(page_client)
-    response = await page_client.get("/admin/jobs/nope")
+    base, _ = await _signed_in(page_client)
+    response = await page_client.get(f"{base}/jobs/nope")
     assert response.status_code == 404
     assert "nope" in response.text
 
@@ -152,8 +154,8 @@ async def test_jobs_read_0_ms_seconds_timestamps_and_triggers_with_their_zone(
         database,
         "UPDATE scheduler_jobs SET last_finished_at = '2026-12-02 15:47:37.123456+00'",
     )
-    await _signed_in(page_client)
-    jobs = _table((await page_client.get("/admin")).text, "jobs")
+    base, _ = await _signed_in(page_client)
+    jobs = _table((await page_client.get(f"{base}/")).text, "jobs")
     assert "0 ms" in jobs
     assert "2026-12-02 15:47:37Z" in jobs and ".123456" not in jobs and "+00:00" not in jobs
     assert "every 15 min" in jobs
@@ -164,34 +166,35 @@ async def test_pause_and_resume_from_the_page(
     page_client: httpx.AsyncClient, database: Database
 ) -> None:
     await _job(database)
-    csrf = await _signed_in(page_client)
-    paused = await page_client.post("/admin/jobs/nightly/pause", data={"csrf": csrf})
+    base, csrf = await _signed_in(page_client)
+    paused = await page_client.post(f"{base}/jobs/nightly/pause", data={"csrf": csrf})
     assert paused.status_code == 303
     async with database.engine.connect() as conn:
         flag = text("SELECT paused FROM scheduler_jobs WHERE id = 'nightly'")
         assert (await conn.execute(flag)).scalar_one() is True
         page = await page_client.get(paused.headers["location"])
         assert "Job nightly is paused." in page.text
-        assert "/admin/jobs/nightly/resume" in _table(page.text, "jobs")
-        await page_client.post("/admin/jobs/nightly/resume", data={"csrf": csrf})
+        assert f"{base}/jobs/nightly/resume" in _table(page.text, "jobs")
+        await page_client.post(f"{base}/jobs/nightly/resume", data={"csrf": csrf})
         assert (await conn.execute(flag)).scalar_one() is False
 
 
 async def test_the_page_refreshes_itself_without_repeating_the_flash(
     page_client: httpx.AsyncClient,
 ) -> None:
-    await _signed_in(page_client)
-    page = (await page_client.get("/admin?flash=run-nightly")).text
-    assert re.search(r'<meta http-equiv="refresh" content="\d+; url=/admin">', page)
+    base, _ = await _signed_in(page_client)
+    page = (await page_client.get(f"{base}/?flash=run-nightly")).text
+    refresh = rf'<meta http-equiv="refresh" content="\d+; url={re.escape(base)}/">'
+    assert re.search(refresh, page)
 
 
 async def test_empty_tables_say_none(page_client: httpx.AsyncClient, database: Database) -> None:
     await _job(database)
-    await _signed_in(page_client)
-    page = (await page_client.get("/admin")).text
+    base, _ = await _signed_in(page_client)
+    page = (await page_client.get(f"{base}/")).text
     for table in ("outboxes", "pending", "stuck"):
         assert ">none<" in _table(page, table), table
-    assert ">none<" in _table((await page_client.get("/admin/jobs/nightly")).text, "history")
+    assert ">none<" in _table((await page_client.get(f"{base}/jobs/nightly")).text, "history")
 
 
 async def test_pending_rows_are_listed_with_their_last_error(
@@ -203,8 +206,8 @@ async def test_pending_rows_are_listed_with_their_last_error(
         " created_at, updated_at, last_error) VALUES ('grants', 'grant-7', '{}', 'pending', 3,"
         " now(), now(), now(), 'HTTP 503 from the gateway')",
     )
-    await _signed_in(page_client)
-    pending = _table((await page_client.get("/admin")).text, "pending")
+    base, _ = await _signed_in(page_client)
+    pending = _table((await page_client.get(f"{base}/")).text, "pending")
     assert "grant-7" in pending and "HTTP 503 from the gateway" in pending
 
 
@@ -253,8 +256,10 @@ async def test_sign_in_sets_a_strict_http_only_cookie_without_the_token(
 
 
 async def test_a_post_without_the_csrf_field_is_refused(page_client: httpx.AsyncClient) -> None:
-    await admin_sign_in(page_client, TOKEN)
-    response = await page_client.post("/admin/outboxes/grants/messages/1/reset", data={"csrf": "x"})
+    base = await admin_session(page_client, TOKEN)
+    response = await page_client.post(
+        f"{base}/outboxes/grants/messages/1/reset", data={"csrf": "x"}
+    )
     assert response.status_code == 403
     assert "CSRF" in response.text
 
@@ -273,12 +278,12 @@ async def test_reset_of_a_row_a_drain_holds_shows_why_on_the_page(
                 )
             )
         ).scalar_one()
-    await admin_sign_in(page_client, TOKEN)
-    page = (await page_client.get("/admin")).text
+    base = await admin_session(page_client, TOKEN)
+    page = (await page_client.get(f"{base}/")).text
     csrf = re.search(r'name="csrf" value="([^"]+)"', page)
     assert csrf is not None, page
     response = await page_client.post(
-        f"/admin/outboxes/grants/messages/{row}/reset", data={"csrf": csrf.group(1)}
+        f"{base}/outboxes/grants/messages/{row}/reset", data={"csrf": csrf.group(1)}
     )
     assert response.status_code == 409
     assert f"message {row} is being delivered" in response.text
@@ -286,8 +291,10 @@ async def test_reset_of_a_row_a_drain_holds_shows_why_on_the_page(
 
 
 async def test_the_api_ignores_the_page_cookie(page_client: httpx.AsyncClient) -> None:
-    await admin_sign_in(page_client, TOKEN)
-    assert (await page_client.get("/admin/api/jobs")).status_code == 401
+    base = await admin_session(page_client, TOKEN)
+    cookie = {"Cookie": f"regent_admin={page_client.cookies.get('regent_admin')}"}
+    assert (await page_client.get(f"{base}/", headers=cookie)).status_code == 200
+    assert (await page_client.get("/admin/api/jobs", headers=cookie)).status_code == 401
 
 
 async def _page_width(page: Any) -> int:
@@ -375,6 +382,8 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
             await page.fill("input[name=token]", TOKEN)
             await page.click("button[type=submit]")
             await page.wait_for_selector("#jobs")
+            home = page.url  # the session's page: http://127.0.0.1:<port>/admin/s/<sid>/
+            assert re.fullmatch(rf"http://127\.0\.0\.1:{port}/admin/s/[A-Za-z0-9_-]{{22}}/", home)
             assert "Nightly digest" in await page.inner_text("#jobs")
             assert "cron 0 6 * * 1-5 (Europe/Zurich)" in await page.inner_text("#jobs")
 
@@ -382,7 +391,7 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
             report = page.locator("tr[data-job='weekday_report']")
             await report.get_by_role("button", name="Run now").click()
             await page.wait_for_selector("#flash")
-            await page.click("a[href='/admin/jobs/weekday_report']")
+            await page.click("a[href$='/jobs/weekday_report']")
             await page.wait_for_selector("#history")
             async with asyncio.timeout(20):
                 while "the report store answered 503" not in await page.inner_text("#history"):
@@ -407,7 +416,7 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
             await page.wait_for_selector("text=Job weekday_report is resumed.")
 
             # Reset the stuck row from the main page; the pending one is listed too.
-            await page.goto(f"http://127.0.0.1:{port}/admin")
+            await page.goto(home)
             assert "HTTP 503 Service Unavailable" in await page.inner_text("#pending")
             stuck_row = page.locator(f"tr[data-message='{row}']")
             assert "grant-9" in await stuck_row.inner_text()
@@ -423,10 +432,10 @@ async def test_sign_in_history_pause_resume_and_reset_in_chromium(
 
             # A phone-sized window: nothing wider than the screen but the tables' scroll.
             await page.set_viewport_size({"width": 400, "height": 900})
-            await page.goto(f"http://127.0.0.1:{port}/admin")
+            await page.goto(home)
             assert await _page_width(page) <= 400
             await page.screenshot(path=screenshots / "admin-400.png", full_page=True)
-            await page.goto(f"http://127.0.0.1:{port}/admin/jobs/weekday_report")
+            await page.goto(f"{home}jobs/weekday_report")
             assert await _page_width(page) <= 400
             await page.screenshot(path=screenshots / "admin-job-400.png", full_page=True)
             await browser.close()
@@ -447,13 +456,16 @@ async def test_an_empty_admin_token_opens_nothing_to_a_forged_cookie(settings: S
     import hashlib
     import hmac
 
+    from app.admin.session import sid_for
+
     forged = hmac.new(b"", b"regent-admin-session", hashlib.sha256).hexdigest()
     app = create_app(settings.model_copy(update={"ADMIN_TOKEN": SecretStr("")}))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            client.cookies.set("regent_admin", forged, path="/admin")
-            response = await client.get("/admin")
+            base = f"/admin/s/{sid_for(b'', forged)}"
+            client.cookies.set("regent_admin", forged, path=f"{base}/")
+            response = await client.get(f"{base}/")
     assert response.status_code == 404
 
 
@@ -461,7 +473,7 @@ async def test_a_refused_action_reads_as_an_error(
     page_client: httpx.AsyncClient, database: Database
 ) -> None:
     await _job(database, paused=True)
-    csrf = await _signed_in(page_client)
-    response = await page_client.post("/admin/jobs/nightly/run", data={"csrf": csrf})
+    base, csrf = await _signed_in(page_client)
+    response = await page_client.post(f"{base}/jobs/nightly/run", data={"csrf": csrf})
     assert response.status_code == 409
     assert re.search(r'<p class="flash error" id="flash">[^<]*paused', response.text)

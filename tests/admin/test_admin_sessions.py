@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ..conftest import admin_sign_in
+from ..conftest import admin_session, admin_sign_in
 from .conftest import AUTH, TOKEN, Worker
 
 
@@ -24,8 +24,9 @@ async def test_every_admin_answer_says_no_store(worker: Worker) -> None:
             await client.get("/admin/api/jobs", headers=AUTH),
             await client.get("/admin/api/jobs/nope/runs", headers=AUTH),
             await client.get("/admin/api/jobs/bad%20id/runs", headers=AUTH),
-            await admin_sign_in(client, TOKEN),
-            await client.get("/admin"),
+            signed_in := await admin_sign_in(client, TOKEN),
+            await client.get(signed_in.headers["location"]),
+            await client.get(f"{signed_in.headers['location']}no-such-page"),
             await client.get("/admin/no-such-page"),
         ]
     for answer in answers:
@@ -34,15 +35,17 @@ async def test_every_admin_answer_says_no_store(worker: Worker) -> None:
 
 async def test_a_cookie_kept_past_sign_out_opens_nothing(worker: Worker) -> None:
     async with worker() as client:
-        await admin_sign_in(client, TOKEN)
+        base = await admin_session(client, TOKEN)
         kept = client.cookies.get("regent_admin")
-        page = await client.get("/admin")
+        page = await client.get(f"{base}/")
         csrf = _csrf(page.text)
         assert 'id="jobs"' in page.text
-        assert (await client.post("/admin/logout", data={"csrf": csrf})).status_code == 303
-        client.cookies.set("regent_admin", kept or "", path="/admin")
-        replayed = await client.get("/admin")
-        action = await client.post("/admin/jobs/anything/run", data={"csrf": csrf})
+        signed_out = await client.post(f"{base}/logout", data={"csrf": csrf})
+        assert signed_out.status_code == 303
+        assert "regent_admin" not in client.cookies, "sign-out clears the cookie at its path"
+        client.cookies.set("regent_admin", kept or "", path=f"{base}/")
+        replayed = await client.get(f"{base}/", follow_redirects=True)
+        action = await client.post(f"{base}/jobs/anything/run", data={"csrf": csrf})
     assert 'id="jobs"' not in replayed.text
     assert 'name="token"' in replayed.text
     assert action.status_code == 401
@@ -50,22 +53,23 @@ async def test_a_cookie_kept_past_sign_out_opens_nothing(worker: Worker) -> None
 
 async def test_sign_out_in_one_worker_revokes_the_session_in_another(worker: Worker) -> None:
     async with worker() as first, worker() as second:
-        await admin_sign_in(first, TOKEN)
+        base = await admin_session(first, TOKEN)
         cookie = first.cookies.get("regent_admin") or ""
-        second.cookies.set("regent_admin", cookie, path="/admin")
-        assert 'id="jobs"' in (await second.get("/admin")).text
-        csrf = _csrf((await first.get("/admin")).text)
-        await first.post("/admin/logout", data={"csrf": csrf})
-        assert 'id="jobs"' not in (await second.get("/admin")).text
+        second.cookies.set("regent_admin", cookie, path=f"{base}/")
+        assert 'id="jobs"' in (await second.get(f"{base}/")).text
+        csrf = _csrf((await first.get(f"{base}/")).text)
+        await first.post(f"{base}/logout", data={"csrf": csrf})
+        assert 'id="jobs"' not in (await second.get(f"{base}/")).text
 
 
 async def test_signing_in_again_after_sign_out_works(worker: Worker) -> None:
     async with worker() as client:
-        await admin_sign_in(client, TOKEN)
-        csrf = _csrf((await client.get("/admin")).text)
-        await client.post("/admin/logout", data={"csrf": csrf})
-        assert (await admin_sign_in(client, TOKEN)).status_code == 303
-        assert 'id="jobs"' in (await client.get("/admin")).text
+        base = await admin_session(client, TOKEN)
+        csrf = _csrf((await client.get(f"{base}/")).text)
+        await client.post(f"{base}/logout", data={"csrf": csrf})
+        again = await admin_sign_in(client, TOKEN)
+        assert again.status_code == 303 and again.headers["location"] != f"{base}/"
+        assert 'id="jobs"' in (await client.get(again.headers["location"])).text
 
 
 async def test_repeated_sign_in_failures_from_one_client_are_slowed(worker: Worker) -> None:

@@ -26,7 +26,7 @@ from app.operations.jobs import list_jobs
 from app.scheduler import FakeClock, JobContext, Scheduler, every
 from app.scheduler.store import JobStore
 
-from ..conftest import SkewedClock, StartScheduler, admin_sign_in
+from ..conftest import SkewedClock, StartScheduler, admin_session
 from ..scheduler.conftest import row_held, wait_for_runs_past_busy_rows
 from .conftest import ADMIN_TOKEN, WorkerAdmin
 
@@ -274,8 +274,8 @@ async def test_the_page_says_a_job_is_due_and_not_claimed_and_who_holds_its_row(
             holder_pid = (await holder.execute(text("SELECT pg_backend_pid()"))).scalar_one()
             await clock.wait_for_sleepers(2)
             clock.set(SLOT + timedelta(minutes=3))
-            await admin_sign_in(client, ADMIN_TOKEN)
-            page = (await client.get("/admin")).text
+            base = await admin_session(client, ADMIN_TOKEN)
+            page = (await client.get(f"{base}/")).text
             await holder.rollback()
     row = page[page.index('data-job="held"') :].split("</tr>")[0]
     assert "due, not claimed for 3 min" in row, row

@@ -100,8 +100,8 @@ async def test_the_job_page_shows_the_chart_of_its_runs_under_its_csp(
             status=status,
         )
     async with worker() as client:
-        await signed_in(client)
-        page = await client.get("/admin/jobs/nightly")
+        base, _ = await signed_in(client)
+        page = await client.get(f"{base}/jobs/nightly")
     assert page.headers["Content-Security-Policy"] == ADMIN_HEADERS["Content-Security-Policy"]
     start = page.text.index('<svg id="runs-chart"')
     svg = ET.fromstring(page.text[start : page.text.index("</svg>", start) + len("</svg>")])

@@ -17,7 +17,7 @@ from app.main import create_app
 from app.scheduler import Interval, JobContext, Scheduler, cron, every
 from app.settings import Settings
 
-from ..conftest import SkewedClock, StartScheduler, admin_sign_in
+from ..conftest import SkewedClock, StartScheduler, admin_session
 from .conftest import AUTH, TOKEN, Serve, beat_after_promotion, eventually_json, set_lease
 
 UTC_ZONE = ZoneInfo("UTC")
@@ -58,8 +58,8 @@ async def test_a_broken_job_is_listed_and_makes_health_not_ok(serve: Serve) -> N
         assert jobs["poisoned"]["broken"] is True
         assert "ArithmeticError" in jobs["poisoned"]["broken_error"]
         assert jobs["hourly"]["broken"] is False
-        await admin_sign_in(client, TOKEN)
-        page = (await client.get("/admin")).text
+        base = await admin_session(client, TOKEN)
+        page = (await client.get(f"{base}/")).text
         poisoned_row = page[page.index('data-job="poisoned"') :].split("</tr>")[0]
         assert '<span class="broken"' in poisoned_row
 
@@ -76,13 +76,13 @@ async def test_a_broken_job_with_no_stored_row_is_offered_no_actions(serve: Serv
             job["id"]: job for job in (await client.get("/admin/api/jobs", headers=AUTH)).json()
         }
         assert (jobs["poisoned"]["stored"], jobs["hourly"]["stored"]) == (False, True)
-        await admin_sign_in(client, TOKEN)
-        page = (await client.get("/admin")).text
+        base = await admin_session(client, TOKEN)
+        page = (await client.get(f"{base}/")).text
     poisoned_row = page[page.index('data-job="poisoned"') :].split("</tr>")[0]
     hourly_row = page[page.index('data-job="hourly"') :].split("</tr>")[0]
-    assert "/admin/jobs/hourly/run" in hourly_row and "/admin/jobs/hourly/pause" in hourly_row
+    assert f"{base}/jobs/hourly/run" in hourly_row and f"{base}/jobs/hourly/pause" in hourly_row
     assert "<form" not in poisoned_row, poisoned_row
-    assert 'href="/admin/jobs/poisoned"' not in poisoned_row, "its page would be a 404"
+    assert f'href="{base}/jobs/poisoned"' not in poisoned_row, "its page would be a 404"
 
 
 async def test_health_is_not_ok_while_the_leader_does_not_fire(serve: Serve) -> None:
@@ -165,8 +165,8 @@ async def test_the_page_offers_no_run_now_for_a_timed_out_thread_whose_body_stil
         async with database.engine.begin() as conn:
             # The outcome of a thread past its timeout: recorded, while its lease holds.
             await conn.execute(text("UPDATE scheduler_jobs SET last_status = 'timeout'"))
-        await admin_sign_in(client, TOKEN)
-        page = (await client.get("/admin")).text
+        base = await admin_session(client, TOKEN)
+        page = (await client.get(f"{base}/")).text
         refused = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
     row = page[page.index('data-job="hourly"') :].split("</tr>")[0]
     run_now = row[: row.index(">Run now</button>")]

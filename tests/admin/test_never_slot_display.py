@@ -17,7 +17,7 @@ from app.main import create_app
 from app.scheduler import JobContext, Role, Scheduler, every
 from app.settings import Settings
 
-from ..conftest import admin_sign_in
+from ..conftest import admin_session
 
 TOKEN = "never-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -59,8 +59,8 @@ async def test_the_jobs_api_answers_for_a_job_that_never_runs_again(
 async def test_the_admin_page_shows_never_for_a_job_that_never_runs_again(
     never: httpx.AsyncClient,
 ) -> None:
-    await admin_sign_in(never, TOKEN)
-    page = await never.get("/admin")
+    base = await admin_session(never, TOKEN)
+    page = await never.get(f"{base}/")
     assert page.status_code == 200, page.text
     assert "never" in page.text
 

@@ -97,8 +97,8 @@ async def _reset(
         path = f"/admin/api/outboxes/grants/messages/{row}/reset"
         return (await client.post(path, headers=AUTH)).status_code
     if surface == "page":
-        csrf = await signed_in(client)
-        path = f"/admin/outboxes/grants/messages/{row}/reset"
+        base, csrf = await signed_in(client)
+        path = f"{base}/outboxes/grants/messages/{row}/reset"
         return (await client.post(path, data={"csrf": csrf})).status_code
     try:
         await run_command(settings, _cli("outbox", "reset", "grants", str(row)), clock=clock)
@@ -109,8 +109,8 @@ async def _reset(
 
 async def _job_runs_on_the_page(client: httpx.AsyncClient) -> bool:
     """Whether the admin page shows job ``hourly`` running: its Run now is disabled."""
-    await signed_in(client)
-    page = (await client.get("/admin")).text
+    base, _ = await signed_in(client)
+    page = (await client.get(f"{base}/")).text
     row = page[page.index('data-job="hourly"') :].split("</tr>")[0]
     return row[: row.index(">Run now</button>")].rstrip().endswith("disabled")
 
@@ -208,9 +208,9 @@ async def test_a_session_begun_on_a_host_two_minutes_off_is_current_on_another_h
     worker: Worker, skewed_clock: SkewedClock
 ) -> None:
     async with worker(clock=skewed_clock) as skewed, worker(clock=SystemClock()) as true_host:
-        await signed_in(skewed)
-        true_host.cookies.set(COOKIE, skewed.cookies.get(COOKIE) or "", path="/admin")
-        page = (await true_host.get("/admin")).text
+        base, _ = await signed_in(skewed)
+        true_host.cookies.set(COOKIE, skewed.cookies.get(COOKIE) or "", path=f"{base}/")
+        page = (await true_host.get(f"{base}/")).text
     assert 'id="jobs"' in page
 
 
@@ -218,12 +218,12 @@ async def test_a_sign_out_on_a_host_two_minutes_off_ends_a_session_begun_before_
     worker: Worker, skewed_clock: SkewedClock
 ) -> None:
     async with worker(clock=skewed_clock) as skewed, worker(clock=SystemClock()) as true_host:
-        await signed_in(true_host)
+        base, _ = await signed_in(true_host)
         cookie = true_host.cookies.get(COOKIE) or ""
-        skewed.cookies.set(COOKIE, cookie, path="/admin")
-        csrf = await page_csrf(skewed)
-        await skewed.post("/admin/logout", data={"csrf": csrf})
-        page = (await true_host.get("/admin")).text
+        skewed.cookies.set(COOKIE, cookie, path=f"{base}/")
+        csrf = await page_csrf(skewed, base)
+        await skewed.post(f"{base}/logout", data={"csrf": csrf})
+        page = (await true_host.get(f"{base}/", follow_redirects=True)).text
     assert 'id="jobs"' not in page and 'name="token"' in page
 
 
@@ -270,8 +270,8 @@ async def test_a_run_now_from_a_host_two_minutes_off_is_asked_at_the_database_cl
             response = await client.post("/admin/api/jobs/hourly/run", headers=AUTH)
             assert response.status_code == 202
         elif surface == "page":
-            csrf = await signed_in(client)
-            response = await client.post("/admin/jobs/hourly/run", data={"csrf": csrf})
+            base, csrf = await signed_in(client)
+            response = await client.post(f"{base}/jobs/hourly/run", data={"csrf": csrf})
             assert response.status_code < 400
         else:
             await run_command(settings, _cli("jobs", "run", "hourly"), clock=skewed_clock)
@@ -288,8 +288,8 @@ async def test_the_page_of_a_host_two_minutes_off_tells_how_far_off_a_slot_is_on
     async with serve(scheduler, clock=skewed_clock) as client:
         assert scheduler.supervisor is not None
         await scheduler.supervisor.wait_until_firing()
-        await signed_in(client)
-        page = (await client.get("/admin")).text
+        base, _ = await signed_in(client)
+        page = (await client.get(f"{base}/")).text
 
     # The first slot is ten minutes after the row was made, a moment ago (a host two
     # minutes off would say 8 or 12).

@@ -62,14 +62,14 @@ async def test_the_page_resets_every_stuck_row_of_an_outbox_with_its_csrf_and_sa
     for message_id in (1, 2):
         await stuck_row(database, message_id)
     async with worker() as client:
-        csrf = await signed_in(client)
-        page = (await client.get("/admin")).text
-        assert 'action="/admin/outboxes/grants/reset-stuck"' in page
-        refused = await client.post("/admin/outboxes/grants/reset-stuck", data={"csrf": "x"})
+        base, csrf = await signed_in(client)
+        page = (await client.get(f"{base}/")).text
+        assert f'action="{base}/outboxes/grants/reset-stuck"' in page
+        refused = await client.post(f"{base}/outboxes/grants/reset-stuck", data={"csrf": "x"})
         assert refused.status_code == 403
         assert set((await _statuses(database)).values()) == {"stuck"}
         answer = await client.post(
-            "/admin/outboxes/grants/reset-stuck", data={"csrf": csrf}, follow_redirects=True
+            f"{base}/outboxes/grants/reset-stuck", data={"csrf": csrf}, follow_redirects=True
         )
     assert answer.status_code == 200
     assert "2 stuck message(s) of outbox grants are pending again" in answer.text

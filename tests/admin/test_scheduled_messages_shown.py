@@ -19,7 +19,7 @@ from app.db import Database
 from app.main import create_app
 from app.settings import Settings
 
-from ..conftest import admin_sign_in
+from ..conftest import admin_session
 from .conftest import AUTH, TOKEN
 
 _INSERT = text(
@@ -101,8 +101,8 @@ async def test_the_page_shows_scheduled_messages(
     client: httpx.AsyncClient, database: Database
 ) -> None:
     row = await _row(database, "later", deliver_in=HOUR)
-    await admin_sign_in(client, TOKEN)
-    page = (await client.get("/admin")).text
+    base = await admin_session(client, TOKEN)
+    page = (await client.get(f"{base}/")).text
     outboxes = _table(page, "outboxes")
     assert re.search(r'class="num scheduled" data-label="scheduled">1<', outboxes)
     assert f'data-scheduled="{row}"' in _table(page, "scheduled")

@@ -112,10 +112,10 @@ async def test_the_job_page_links_a_filter_per_status_and_shows_only_those_runs(
     mixed_runs: Database, worker: Worker
 ) -> None:
     async with worker() as client:
-        await signed_in(client)
-        page = (await client.get("/admin/jobs/nightly")).text
-        assert 'href="/admin/jobs/nightly?status=error"' in page
-        filtered = (await client.get("/admin/jobs/nightly?status=error")).text
+        base, _ = await signed_in(client)
+        page = (await client.get(f"{base}/jobs/nightly")).text
+        assert f'href="{base}/jobs/nightly?status=error"' in page
+        filtered = (await client.get(f"{base}/jobs/nightly?status=error")).text
     history = filtered[filtered.index('id="history"') :]
     assert re.findall(r'data-run="(\d+)"', history) == ["4", "2"]
 
@@ -124,6 +124,6 @@ async def test_the_job_page_refuses_a_status_that_does_not_exist(
     mixed_runs: Database, worker: Worker
 ) -> None:
     async with worker() as client:
-        await signed_in(client)
-        response = await client.get("/admin/jobs/nightly?status=failed")
+        base, _ = await signed_in(client)
+        response = await client.get(f"{base}/jobs/nightly?status=failed")
     assert response.status_code == 422

@@ -18,7 +18,7 @@ from app.main import create_app
 from app.scheduler import Role
 from app.settings import Settings
 
-from ..conftest import admin_sign_in
+from ..conftest import admin_session
 
 TOKEN = "hostile-admin-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -26,10 +26,12 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 @dataclass
 class Hostile:
-    """The running app, a client signed in to the admin page, and its CSRF value."""
+    """The running app, a client signed in to the admin page, the sid of its session's
+    path (/admin/s/<sid>/) and its CSRF value."""
 
     app: FastAPI
     client: httpx.AsyncClient
+    sid: str
     csrf: str
 
 
@@ -68,9 +70,8 @@ async def hostile(hostile_settings: Settings, seeded: None) -> AsyncIterator[Hos
         await jobs.scheduler.supervisor.wait_until_firing()
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            signed_in = await admin_sign_in(client, TOKEN)
-            assert signed_in.status_code == 303
-            page = await client.get("/admin")
+            base = await admin_session(client, TOKEN)
+            page = await client.get(f"{base}/")
             csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
             assert csrf is not None, page.text
-            yield Hostile(app, client, csrf.group(1))
+            yield Hostile(app, client, base.removeprefix("/admin/s/"), csrf.group(1))

@@ -30,16 +30,17 @@ async def test_admin_api_answers_4xx_for_ids_that_cannot_exist(
 @pytest.mark.parametrize(
     "path",
     [
-        f"/admin/outboxes/credit_grants/messages/{PAST_INT64}/reset",
-        "/admin/outboxes/%00/messages/1/reset",
-        "/admin/jobs/%00/run",
-        "/admin/jobs/%ED%A0%80/run",
+        f"outboxes/credit_grants/messages/{PAST_INT64}/reset",
+        "outboxes/%00/messages/1/reset",
+        "jobs/%00/run",
+        "jobs/%ED%A0%80/run",
     ],
 )
 async def test_admin_page_actions_answer_4xx_for_ids_that_cannot_exist(
     hostile: Hostile, path: str
 ) -> None:
-    response = await hostile.client.post(path, data={"csrf": hostile.csrf})
+    url = f"/admin/s/{hostile.sid}/{path}"
+    response = await hostile.client.post(url, data={"csrf": hostile.csrf})
     assert 400 <= response.status_code < 500, response.text
 
 

@@ -21,7 +21,7 @@ from app.main import create_app
 from app.redact import redact
 from app.settings import Settings
 
-from ..conftest import admin_sign_in
+from ..conftest import admin_session
 from .conftest import AUTH, TOKEN
 
 PASSWORD = "hunter2-pass"
@@ -101,8 +101,8 @@ async def test_a_credential_in_the_receiver_url_leaks_nowhere(
                         break
                     await asyncio.sleep(0.05)
             api = await client.get("/admin/api/outboxes/credit_grants/messages", headers=AUTH)
-            await admin_sign_in(client, TOKEN)
-            page = await client.get("/admin")
+            base = await admin_session(client, TOKEN)
+            page = await client.get(f"{base}/")
     cli = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "app", "outbox", "stuck"],

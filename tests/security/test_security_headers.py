@@ -8,7 +8,7 @@ import re
 
 import httpx
 
-from ..conftest import admin_sign_in
+from ..conftest import admin_session, admin_sign_in
 from .conftest import ADMIN, ADMIN_TOKEN, Open
 
 
@@ -34,9 +34,11 @@ async def test_every_admin_answer_carries_the_security_headers(open_app: Open) -
             await client.get("/admin/api/jobs", headers=ADMIN),
             await client.get("/admin/no-such-page"),
             await admin_sign_in(client, "wrong-token-0123456789abcdef0123456789"),
-            await admin_sign_in(client, ADMIN_TOKEN),
-            await client.get("/admin"),
-            await client.get("/admin/jobs/report_warm"),
+            signed_in := await admin_sign_in(client, ADMIN_TOKEN),
+            await client.get(signed_in.headers["location"]),
+            await client.get(f"{signed_in.headers['location']}jobs/report_warm"),
+            await client.get(f"{signed_in.headers['location']}no-such-page"),
+            await client.get("/admin/s/not-a-session/"),
         ]
     for answer in answers:
         _assert_guarded(answer)
@@ -88,8 +90,8 @@ async def test_every_other_answer_is_neither_sniffed_framed_nor_referred(
 async def test_the_admin_page_needs_no_inline_style_or_script(open_app: Open) -> None:
     async with open_app() as client:
         form = (await client.get("/admin")).text
-        await admin_sign_in(client, ADMIN_TOKEN)
-        page = (await client.get("/admin")).text
+        base = await admin_session(client, ADMIN_TOKEN)
+        page = (await client.get(f"{base}/")).text
         stylesheets = re.findall(r'<link rel="stylesheet" href="([^"]+)">', page)
         assert stylesheets, page
         css = await client.get(stylesheets[0])

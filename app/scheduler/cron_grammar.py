@@ -49,9 +49,10 @@ _FIELDS: tuple[_Field, ...] = (
     ("month", 1, 12, _MONTHS),
     ("day-of-week", 0, 7, _WEEKDAYS),
 )
-_ITEM = re.compile(r"^(?P<base>\*|[a-z0-9]+(?:-[a-z0-9]+)?)(?:/(?P<step>[0-9]+))?$")
-_NTH_WEEKDAY = re.compile(r"^(?P<day>[a-z0-9]+)#(?P<nth>[0-9]+)$")
-_LAST_WEEKDAY = re.compile(r"^(?P<day>[a-z0-9]+)l$")
+# Names match in any case; messages quote what was written.
+_ITEM = re.compile(r"^(?P<base>\*|[a-z0-9]+(?:-[a-z0-9]+)?)(?:/(?P<step>[0-9]+))?$", re.I)
+_NTH_WEEKDAY = re.compile(r"^(?P<day>[a-z0-9]+)#(?P<nth>[0-9]+)$", re.I)
+_LAST_WEEKDAY = re.compile(r"^(?P<day>[a-z0-9]+)l$", re.I)
 # Builds the error for one field from what is wrong with it.
 _Refuse = Callable[[str], "CronGrammarError"]
 _GRAMMAR = (
@@ -120,16 +121,16 @@ def _field(expression: str, spec: _Field, text: str) -> str:
     if name == "day-of-month" and lowered == "l":
         return "L"
     if name == "day-of-week":
-        nth = _NTH_WEEKDAY.match(lowered)
+        nth = _NTH_WEEKDAY.match(text)
         if nth is not None:
             count = int(nth["nth"])
             if not 1 <= count <= 5:
                 raise refuse("asks for an occurrence outside 1-5 (write d#1 to d#5)")
             return f"{_value(nth['day'], spec, refuse) % 7}#{count}"
-        last = _LAST_WEEKDAY.match(lowered)
+        last = _LAST_WEEKDAY.match(text)
         if last is not None:
             return f"L{_value(last['day'], spec, refuse) % 7}"
-    items = [_item(item, spec, refuse) for item in lowered.split(",")]
+    items = [_item(item, spec, refuse) for item in text.split(",")]
     if name == "day-of-week" and lowered != "*":
         return _weekdays(items)
     return ",".join(items)
@@ -163,7 +164,7 @@ def _item(item: str, spec: _Field, refuse: _Refuse) -> str:
     start = _value(first, spec, refuse)
     if dash:
         # Sunday ends a week: mon-sun is 1-7 (and sun-sun is Sunday alone).
-        sunday_ends = name == "day-of-week" and last == "sun" and start > 0
+        sunday_ends = name == "day-of-week" and last.lower() == "sun" and start > 0
         end = 7 if sunday_ends else _value(last, spec, refuse)
         if end < start:
             raise refuse(f"has the range {base} running backwards; split it, e.g. 5-6,0-1")
@@ -180,8 +181,9 @@ def _item(item: str, spec: _Field, refuse: _Refuse) -> str:
 
 def _value(text: str, spec: _Field, refuse: _Refuse) -> int:
     _, low, high, names = spec
-    if text in names:
-        return low + names.index(text) if names is _MONTHS else names.index(text)
+    if text.lower() in names:
+        index = names.index(text.lower())
+        return low + index if names is _MONTHS else index
     if not text.isdigit():
         known = f" or a name ({'-'.join((names[0], names[-1]))})" if names else ""
         raise refuse(f"has {text!r}, which is not a number{known}")

@@ -145,6 +145,9 @@ async def _noop(ctx: JobContext) -> None:
         ("0 0 * 13 *", r"month field '13' has 13, outside 1-12"),
         ("0 0 * * 8", r"day-of-week field '8' has 8, outside 0-7"),
         ("0 0 * * funday", r"day-of-week field 'funday' has 'funday', which is not a number"),
+        # The message quotes what was written, in its case.
+        ("0 0 L-3 * *", r"day-of-month field 'L-3' has 'L', which is not a number"),
+        ("0 0 * JANX *", r"month field 'JANX' has 'JANX', which is not a number or a name"),
         ("0 0 * * 1#6", r"day-of-week field '1#6' asks for an occurrence outside 1-5"),
         ("0 0 * * fri-mon", r"day-of-week field 'fri-mon' has the range fri-mon running backwards"),
         ("*/0 * * * *", r"minute field '\*/0' has step 0, outside 1-60"),

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..invocation import program
-from ..operations import outboxes
+from ..operations import display, outboxes
 from ..operations.messages import outbox_messages, reset_outbox_message
 from ..printable import printable
 from ..scheduler import Clock
@@ -151,4 +151,5 @@ async def execute(
     if status == "scheduled":
         return table(rows, ["id", "outbox", "key", "deliver_at", "created_at"])
     when = "next_attempt_at" if status == "pending" else "updated_at"
-    return table(rows, ["id", "outbox", "key", "attempts", when, "last_error"])
+    summed_up = [row | {"last_error": display.error_summary(row["last_error"])} for row in rows]
+    return table(summed_up, ["id", "outbox", "key", "attempts", when, "last_error"])

@@ -28,15 +28,14 @@ def _cell(value: Any) -> str:
         return display.yes_no(value)
     if isinstance(value, dict | list):
         return printable(json.dumps(value, default=str)[:60])
-    if isinstance(value, str):
-        # A table row is one line: a multi-line text shows the line that says most.
-        summary = display.error_summary(value) if "\n" in value or "\r" in value else value
-        return printable(summary)
+    # A key, id or name is shown whole (its line breaks escaped): two that differ must
+    # look different. A stored error is summed up by its caller (display.error_summary).
     return "" if value is None else printable(str(value))
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    """Rows as aligned columns, one line each."""
+    """Rows as aligned columns, one line each: every text whole, its control characters
+    (line breaks too) escaped."""
     cells = [[_cell(row.get(column)) for column in columns] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]

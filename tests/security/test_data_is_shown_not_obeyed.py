@@ -100,6 +100,25 @@ def test_the_cli_shows_data_escaped_one_row_per_line(
     assert not [line for line in lines if line.startswith("2026-12-04")], result.stdout
 
 
+@pytest.mark.parametrize("status", ["stuck", "pending"])
+def test_the_cli_shows_two_keys_that_differ_after_a_line_break_as_two(
+    database_url: str, status: str
+) -> None:
+    # A key is who a message is: shown by its first line, these two would look alike.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for key in ("invoice-42\nfor alice", "invoice-42\nfor bob"):
+            conn.execute(
+                "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
+                " next_attempt_at, created_at, updated_at) VALUES"
+                " ('grants', %s, '{}', %s, 3, now(), now(), now())",
+                (key, status),
+            )
+    result = _app(database_url, "outbox", status)
+    assert result.returncode == 0, result.stderr
+    assert "invoice-42\\nfor alice" in result.stdout, result.stdout
+    assert "invoice-42\\nfor bob" in result.stdout, result.stdout
+
+
 def test_a_full_history_shows_errors_escaped(hostile_rows: str) -> None:
     result = _app(hostile_rows, "jobs", "history", "nightly", "--full")
     assert result.returncode == 0, result.stderr

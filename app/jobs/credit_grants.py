@@ -103,10 +103,17 @@ def build(settings: Settings, scheduler: Scheduler) -> tuple[Outbox, APIRouter]:
         database: Database = request.app.state.database
         async with database.sessions() as session:
             async with session.begin():
-                if (await session.execute(_WORKSPACE, grant.model_dump())).first() is None:
-                    raise HTTPException(404, f"workspace_id {grant.workspace_id} does not exist")
-                grant_id = (await session.execute(_INSERT, grant.model_dump())).scalar()
-                if grant_id is None:
+                # A reused reference is answered by the grant it names (200 or 409),
+                # whatever workspace the new request names.
+                existing = (await session.execute(_EXISTING, grant.model_dump())).first()
+                grant_id = None
+                if existing is None:
+                    if (await session.execute(_WORKSPACE, grant.model_dump())).first() is None:
+                        raise HTTPException(
+                            404, f"workspace_id {grant.workspace_id} does not exist"
+                        )
+                    grant_id = (await session.execute(_INSERT, grant.model_dump())).scalar()
+                if grant_id is None:  # reused, or taken by a request committed meanwhile
                     existing = (await session.execute(_EXISTING, grant.model_dump())).one()
                     if (existing.workspace_id, existing.amount) != (
                         grant.workspace_id,

@@ -89,7 +89,9 @@ async def test_the_grant_api_answers_422_for_a_reference_a_header_cannot_carry(
 
 
 @pytest.mark.parametrize(
-    "change", [{"amount": 6}, {"workspace_id": 2}], ids=["amount", "workspace"]
+    "change",
+    [{"amount": 6}, {"workspace_id": 2}, {"workspace_id": 999}],
+    ids=["amount", "workspace", "unknown-workspace"],
 )
 async def test_the_grant_api_answers_409_for_a_reference_reused_with_other_parameters(
     open_app: Open, database: Database, workspace: int, change: dict[str, int]

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 
 from ..operations import display
 from ..operations.errors import NotFound
@@ -27,6 +28,7 @@ from ..operations.outboxes import list_outboxes
 from ..operations.reading import lease_clock_now
 from ..operations.run_status import RUN_STATUSES
 from ..operations.runs import job_runs
+from ..printable import printable_text
 from . import chart, session
 from .api import engine_of, lease_now_of, schedule_name
 
@@ -42,6 +44,18 @@ __all__ = [
 _TEMPLATES = Path(__file__).parent / "templates"
 _templates = Jinja2Templates(directory=_TEMPLATES)
 _templates.env.globals["display"] = display
+
+
+def _shown(value: object) -> object:
+    # Every {{ value }} of a template: a control character from data (U+202E above all,
+    # which reverses what follows it on screen) shown as an escape.
+    # Markup (the chart's SVG) is the page's own, built escaped.
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return printable_text(value)
+    return value
+
+
+_templates.env.finalize = _shown
 
 # The page's style sheet (a file, not inline: the page's CSP allows no inline style,
 # see headers.py).

@@ -23,7 +23,8 @@ from app.outbox import HttpTransport, Outbox
 from app.printable import printable
 from tests.forked_cli import run_app
 
-from .conftest import serve_python_m_app
+from ..conftest import admin_session
+from .conftest import ADMIN_TOKEN, Open, serve_python_m_app
 
 # Retitle the terminal, clear it, forge a line, reverse the text that follows.
 HOSTILE = "k\x1b]0;owned\x07\x1b[2J\r\n2026-12-04 09:00:00 INFO all jobs ok\u202eevil"
@@ -209,3 +210,17 @@ def test_uvicorns_own_log_lines_show_data_escaped_under_its_own_log_config(
     assert lines and all(_RAW.search(line) is None for line in lines), lines
     assert not any(line.startswith("forged") for line in lines), lines
     assert all(line.startswith((" ", "INFO", "ERROR")) for line in lines), lines
+
+
+@pytest.mark.parametrize("screen", ["/", "/jobs/nightly"])
+async def test_the_admin_page_shows_data_escaped(
+    hostile_rows: str, open_app: Open, screen: str
+) -> None:
+    # U+202E in a job's name would reverse what follows it on the operator's screen.
+    async with open_app() as client:
+        base = await admin_session(client, ADMIN_TOKEN)
+        page = await client.get(f"{base}{screen}")
+    assert page.status_code == 200, page.text
+    # Line breaks are text to HTML; the rest would act, or hide, on screen.
+    assert not [c for c in RAW if c in page.text and c not in "\r\n"]
+    assert "\\u202eevil" in page.text and "\\x1b]0;owned" in page.text

@@ -39,6 +39,14 @@ async def test_the_last_keep_runs_of_a_job_stay_whatever_their_age(
     assert await history.run_ids("monthly") == set(ids[-3:])
 
 
+async def test_a_job_with_fewer_runs_than_keep_keeps_them_all_whatever_their_age(
+    history: History, session: AsyncSession
+) -> None:
+    ids = {await history.run("yearly", age=(700 - n * 365) * DAY) for n in range(2)}
+    await prune(session, "default", POLICY)
+    assert await history.run_ids("yearly") == ids
+
+
 async def test_a_running_run_is_never_deleted_whatever_its_age(
     history: History, session: AsyncSession
 ) -> None:

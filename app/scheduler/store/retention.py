@@ -16,8 +16,10 @@ another transaction holds (a run's outcome being written) is left for the next p
 and a pass killed mid-way has committed every batch before the kill, so the next pass
 simply finds less to delete. The keep-last bound of each job is read by the same
 statement; a run recorded meanwhile only moves the bound up, so a batch never deletes
-one of a job's ``keep`` newest runs. The walk follows ``scheduler_runs_started``
-(schedule, started_at) from the oldest start and stops at the cutoff.
+one of a job's ``keep`` newest runs. The walk goes job by job, each from its oldest
+run, and stops at the job's keep-last bound and at the schedule's first run since the
+cutoff: what a batch reads is what it deletes, plus one probe per job, however much
+old history keep-last holds.
 """
 
 from __future__ import annotations
@@ -31,37 +33,60 @@ from ..clock import LEASE_NOW_SQL
 
 __all__ = ["count_prunable_runs", "prune_runs_batch"]
 
-# The cutoff is read once (a scalar subquery) so that it bounds the index scan. Each
-# job's keep-last bound is computed once per statement (MATERIALIZED) and looked up per
-# candidate row: joined instead, the planner walked every job's prunable runs and sorted
-# them (a second per batch with half a million runs) rather than the started_at index
-# up to the batch's size (milliseconds).
-_PRUNABLE = f"""
-    WITH kept AS MATERIALIZED (
-        SELECT j.id AS job_id, j.running_run_id, (
-            SELECT k.id FROM scheduler_runs k
-            WHERE k.schedule = j.schedule AND k.job_id = j.id
-            ORDER BY k.id DESC OFFSET CAST(:keep AS integer) - 1 LIMIT 1) AS oldest_kept
-        FROM scheduler_jobs j WHERE j.schedule = :schedule
-    )
-    SELECT r.id FROM scheduler_runs r
-    WHERE r.schedule = :schedule
-        AND r.started_at < (SELECT {LEASE_NOW_SQL}
-            - make_interval(secs => CAST(:days AS double precision) * 86400))
-        AND r.status <> 'running' AND r.running_until IS NULL
-        AND r.id < (SELECT kept.oldest_kept FROM kept WHERE kept.job_id = r.job_id)
-        AND r.id IS DISTINCT FROM (
-            SELECT kept.running_run_id FROM kept WHERE kept.job_id = r.job_id)
-    """
 
+# Each job's runs are walked by id (scheduler_runs_job_recent), from its oldest up to the
+# lower of two bounds: its keep-last bound (the id of its ``keep``-th newest run) and the
+# first run of the schedule that started at or after the cutoff (ids follow start
+# times). So a job whose old runs are all kept costs one index probe, not a read of
+# each of them (the walk along started_at read every job's kept old runs again at each
+# batch, and looked each one's job up among all jobs). ``started_at`` is still checked
+# on every row: ids and start times agree to within a commit.
+def _candidates(per_job_limit: str) -> str:
+    return f"""
+        WITH cutoff AS MATERIALIZED (
+            SELECT {LEASE_NOW_SQL}
+                - make_interval(secs => CAST(:days AS double precision) * 86400) AS at
+        ), bound AS MATERIALIZED (
+            SELECT COALESCE((
+                SELECT r.id FROM scheduler_runs r
+                WHERE r.schedule = :schedule AND r.started_at >= (SELECT at FROM cutoff)
+                ORDER BY r.started_at LIMIT 1), 9223372036854775807) AS first_recent
+        ), kept AS MATERIALIZED (
+            SELECT j.id AS job_id, j.running_run_id, (
+                SELECT k.id FROM scheduler_runs k
+                WHERE k.schedule = j.schedule AND k.job_id = j.id
+                ORDER BY k.id DESC OFFSET CAST(:keep AS integer) - 1 LIMIT 1) AS oldest_kept
+            FROM scheduler_jobs j WHERE j.schedule = :schedule
+        )
+        SELECT candidate.id, candidate.started_at FROM kept CROSS JOIN LATERAL (
+            SELECT r.id, r.started_at FROM scheduler_runs r
+            WHERE r.schedule = :schedule AND r.job_id = kept.job_id
+                AND r.id < kept.oldest_kept  -- NULL, fewer than keep runs: none goes
+                AND r.id < (SELECT first_recent FROM bound)
+                AND r.started_at < (SELECT at FROM cutoff)
+                AND r.status <> 'running' AND r.running_until IS NULL
+                AND r.id IS DISTINCT FROM kept.running_run_id
+            ORDER BY r.id {per_job_limit}
+        ) candidate
+        """
+
+
+# The candidates are read without locks; each is then locked (SKIP LOCKED: a row another
+# transaction holds, a run's outcome being written, is left for the next pass) and
+# checked again as it is now, so a run that started running meanwhile is never deleted.
 _PRUNE_BATCH = text(
     f"""
     DELETE FROM scheduler_runs WHERE id IN (
-        {_PRUNABLE} ORDER BY r.started_at LIMIT :batch FOR UPDATE OF r SKIP LOCKED)
+        SELECT r.id FROM scheduler_runs r
+        WHERE r.id IN (
+            SELECT id FROM ({_candidates("LIMIT :batch")}) c
+            ORDER BY c.started_at LIMIT :batch)
+            AND r.status <> 'running' AND r.running_until IS NULL
+        FOR UPDATE SKIP LOCKED)
     """
 )
 
-_COUNT = text(f"SELECT count(*) FROM ({_PRUNABLE}) prunable")
+_COUNT = text(f"SELECT count(*) FROM ({_candidates('')}) prunable")
 
 
 def _params(schedule: str, days: float, keep: int, lease_now: datetime | None) -> dict[str, object]:

@@ -27,7 +27,12 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from .metrics import RETENTION_REMOVED
-from .outbox.retention import count_prunable_delivered, outboxes_of, prune_delivered_batch
+from .outbox.retention import (
+    count_prunable_delivered,
+    forget_old_delivery_counts,
+    outboxes_of,
+    prune_delivered_batch,
+)
 from .scheduler import JobContext, Scheduler, every
 from .scheduler.clock import lease_now
 from .scheduler.store.retention import count_prunable_runs, prune_runs_batch
@@ -122,6 +127,7 @@ async def prune(
             RETENTION_REMOVED.labels("outbox_messages").inc(deleted)
             if deleted < policy.batch_size:
                 break
+        await forget_old_delivery_counts(session, outbox=outbox, lease_now=lease_now)
     return report
 
 

@@ -74,6 +74,9 @@ def _as_made_by_an_older_regent(url: str) -> None:
         "UPDATE regent_alembic_version SET version_num = '0024'",
         # What the revisions after 0024 made, so migrating from 0024 meets none of it.
         "DROP INDEX admin_login_failures_age",
+        "DROP FUNCTION regent_count_inserted_deliveries() CASCADE",
+        "DROP FUNCTION regent_count_updated_deliveries() CASCADE",
+        "DROP TABLE outbox_delivered_minutes",
         # Regent's 0003 left no comment; the demo's own migration marks its tables.
         *(f"COMMENT ON TABLE {table} IS NULL" for table in DEMO_TABLES),
     )

@@ -44,8 +44,10 @@ __all__ = [
 # and the stuck rows (each read through its partial index), the oldest pending row's
 # age on the lease clock (which rows are stamped on; a delayed message's counts from its
 # moment, and a scheduled one has none yet), and the rows delivered in the last
-# DELIVERED_WINDOW_SECONDS (a window read through outbox_messages_delivered, never a
-# count of every delivered row: retention keeps those for OUTBOX_DELIVERED_DAYS). The
+# DELIVERED_WINDOW_SECONDS, to the minute: the sum of the per-minute counts the
+# database keeps as rows are delivered (outbox_delivered_minutes, migration 0027), so
+# that neither the delivered rows kept (OUTBOX_DELIVERED_DAYS) nor the last hour's, as
+# many as a busy outbox delivered, are read. The
 # outboxes listed: every one claimed by a schedule, drained, or with live rows. One
 # statement, so one snapshot: a message enqueued meanwhile is counted whole or not at
 # all, never taken from one status without being added to another.
@@ -73,17 +75,16 @@ _OUTBOXES = text(
             AS scheduled,
         coalesce((SELECT sum(l.stuck) FROM live l WHERE l.outbox = n.outbox), 0)::bigint
             AS stuck,
-        (SELECT count(*) FROM outbox_messages d
-         WHERE d.outbox = n.outbox AND d.status = 'delivered'
-            AND d.delivered_at > (SELECT {LEASE_NOW_SQL}
-                - make_interval(secs => {DELIVERED_WINDOW_SECONDS}))) AS delivered,
+        (SELECT coalesce(sum(c.delivered), 0) FROM outbox_delivered_minutes c
+         WHERE c.outbox = n.outbox
+            AND c.minute > (SELECT {LEASE_NOW_SQL}
+                - make_interval(secs => {DELIVERED_WINDOW_SECONDS})))::bigint AS delivered,
         extract(epoch FROM {LEASE_NOW_SQL}
             - (SELECT min(l.oldest_pending) FROM live l WHERE l.outbox = n.outbox))::float
             AS oldest_pending_seconds
     FROM names n
     """
 )
-_NO_JIT = text("SET LOCAL jit = off")
 _LAST_DRAINS = text("SELECT outbox, last_drain_at, delivered, retried, stuck FROM outbox_drains")
 _KNOWN_OUTBOX = text(
     "SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE outbox = :outbox)"
@@ -119,7 +120,8 @@ _FORGET_CHECK = text(
 _FORGET_MESSAGES = text("DELETE FROM outbox_messages WHERE outbox = :outbox")
 _FORGET_OUTBOX = text(
     """
-    WITH drains AS (DELETE FROM outbox_drains WHERE outbox = :outbox)
+    WITH drains AS (DELETE FROM outbox_drains WHERE outbox = :outbox),
+        counts AS (DELETE FROM outbox_delivered_minutes WHERE outbox = :outbox)
     DELETE FROM outbox_schedules WHERE outbox = :outbox
     """
 )
@@ -132,20 +134,15 @@ async def outbox_summary(
     engine: AsyncEngine, lease_now: datetime | None = None
 ) -> list[dict[str, Any]]:
     """Per outbox: ``counts`` of its pending, scheduled and stuck rows and of the rows
-    it delivered in the last ``delivered_window_seconds`` (DELIVERED_WINDOW_SECONDS: a
-    window, so that the answer costs what the live work costs, not the delivered
-    history), the oldest pending age in seconds, the last drain. ``scheduled`` counts
-    the delayed messages whose moment is ahead, apart from ``pending`` (due, or waiting
-    for a retry). The ages, and what is scheduled, are read on the lease clock, which
-    rows are stamped on: ``lease_now`` as clock.lease_now gives it, None for the
-    database server's clock."""
+    it delivered in the last ``delivered_window_seconds`` (DELIVERED_WINDOW_SECONDS, to
+    the minute: counts kept as rows are delivered, so that the answer costs what the
+    live work costs, not the deliveries), the oldest pending age in seconds, the last
+    drain. ``scheduled`` counts the delayed messages whose moment is ahead, apart from
+    ``pending`` (due, or waiting for a retry). The ages, and what is scheduled, are
+    read on the lease clock, which rows are stamped on: ``lease_now`` as
+    clock.lease_now gives it, None for the database server's clock."""
     summary: dict[str, dict[str, Any]] = {}
     async with engine.begin() as conn:
-        # The planner cannot size the window (its bound is read at run time) and
-        # prices it at a third of the delivered rows: with a million of them that
-        # passes jit_above_cost, and compiling the plan takes seconds for a read of
-        # milliseconds.
-        await conn.execute(_NO_JIT)
         for row in await conn.execute(_OUTBOXES, {"lease_now": lease_now}):
             entry = summary.setdefault(row.outbox, _empty_outbox(row.outbox))
             entry["counts"] = {

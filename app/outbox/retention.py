@@ -24,7 +24,18 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.scheduler.clock import LEASE_NOW_SQL
 
-__all__ = ["count_prunable_delivered", "outboxes_of", "prune_delivered_batch"]
+__all__ = [
+    "DELIVERY_COUNTS_KEPT_SECONDS",
+    "count_prunable_delivered",
+    "forget_old_delivery_counts",
+    "outboxes_of",
+    "prune_delivered_batch",
+]
+
+DELIVERY_COUNTS_KEPT_SECONDS = 86400
+"""How long the per-minute delivery counts (outbox_delivered_minutes, kept by the
+database as rows are delivered) are kept: a day, past any window an operator surface
+sums (the last hour)."""
 
 # The cutoff is read once (a scalar subquery) so that it bounds the index scan.
 _PRUNABLE = f"""
@@ -42,6 +53,14 @@ _PRUNE_BATCH = text(
 )
 
 _COUNT = text(f"SELECT count(*) FROM ({_PRUNABLE}) prunable")
+
+_FORGET_OLD_COUNTS = text(
+    f"""
+    DELETE FROM outbox_delivered_minutes
+    WHERE outbox = :outbox AND minute < (SELECT {LEASE_NOW_SQL}
+        - make_interval(secs => {DELIVERY_COUNTS_KEPT_SECONDS}))
+    """
+)
 
 _OUTBOXES_OF = text(
     "SELECT outbox FROM outbox_schedules WHERE schedule = :schedule ORDER BY outbox"
@@ -72,6 +91,15 @@ async def prune_delivered_batch(
         result = await session.execute(_PRUNE_BATCH, params)
     deleted: int = result.rowcount  # type: ignore[attr-defined]
     return deleted
+
+
+async def forget_old_delivery_counts(
+    session: AsyncSession, *, outbox: str, lease_now: datetime | None = None
+) -> None:
+    """Delete ``outbox``'s per-minute delivery counts older than
+    DELIVERY_COUNTS_KEPT_SECONDS (a few rows an hour), committed before this returns."""
+    async with session.begin():
+        await session.execute(_FORGET_OLD_COUNTS, {"outbox": outbox, "lease_now": lease_now})
 
 
 async def count_prunable_delivered(

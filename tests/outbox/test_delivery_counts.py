@@ -1,0 +1,81 @@
+"""The last hour's deliveries are counted as rows are delivered (per outbox and minute,
+in the database: migration 0027), whatever delivers them, and a deleted row leaves the
+count of its delivery as it was."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import text
+
+from app import testing
+from app.db import Database
+from app.operations import outboxes
+from app.retention import RetentionPolicy, prune
+from app.scheduler import FakeClock
+from app.scheduler.clock import lease_now
+
+from .conftest import MakeOutbox
+
+
+async def _delivered(database: Database, clock: FakeClock, outbox: str) -> int:
+    summary = await outboxes.outbox_summary(database.engine, lease_now(clock))
+    return int(next(e["counts"]["delivered"] for e in summary if e["name"] == outbox))
+
+
+async def _enqueue(database: Database, outbox: object, *keys: str) -> None:
+    async with database.sessions() as session, session.begin():
+        for key in keys:
+            await outbox.enqueue(session, {}, key=key)  # type: ignore[attr-defined]
+
+
+async def test_the_drains_deliveries_are_counted_for_an_hour(
+    database: Database, clock: FakeClock, make_outbox: MakeOutbox
+) -> None:
+    outbox = make_outbox("counted")
+    await _enqueue(database, outbox, "a", "b", "c")
+    await testing.drain(outbox)
+    assert await _delivered(database, clock, "counted") == 3
+    clock.advance(timedelta(minutes=59))
+    assert await _delivered(database, clock, "counted") == 3
+    clock.advance(timedelta(minutes=2))
+    assert await _delivered(database, clock, "counted") == 0
+
+
+async def test_a_deleted_delivered_row_leaves_its_delivery_counted(
+    database: Database, clock: FakeClock, make_outbox: MakeOutbox
+) -> None:
+    outbox = make_outbox("counted")
+    await _enqueue(database, outbox, "a", "b")
+    await testing.drain(outbox)
+    async with database.engine.begin() as conn:
+        await conn.execute(text("DELETE FROM outbox_messages WHERE key = 'a'"))
+    assert await _delivered(database, clock, "counted") == 2
+
+
+async def test_a_row_taken_out_of_delivered_is_no_longer_counted(
+    database: Database, clock: FakeClock, make_outbox: MakeOutbox
+) -> None:
+    outbox = make_outbox("counted")
+    await _enqueue(database, outbox, "a", "b")
+    await testing.drain(outbox)
+    async with database.engine.begin() as conn:
+        await conn.execute(text("UPDATE outbox_messages SET status = 'stuck' WHERE key = 'a'"))
+    assert await _delivered(database, clock, "counted") == 1
+
+
+async def test_retention_forgets_the_counts_of_deliveries_a_day_old(
+    database: Database, clock: FakeClock, make_outbox: MakeOutbox
+) -> None:
+    outbox = make_outbox("counted")
+    await _enqueue(database, outbox, "a")
+    await testing.drain(outbox)
+    clock.advance(timedelta(days=1, minutes=1))
+    async with database.engine.begin() as conn:  # the schedule whose pass prunes it
+        await conn.execute(text("INSERT INTO outbox_schedules VALUES ('counted', 'default')"))
+    async with database.sessions() as session:
+        policy = RetentionPolicy(run_history_days=30, run_history_keep=3, outbox_delivered_days=7)
+        await prune(session, "default", policy, lease_now(clock))
+    async with database.engine.connect() as conn:
+        left = await conn.execute(text("SELECT count(*) FROM outbox_delivered_minutes"))
+        assert left.scalar_one() == 0

@@ -12,11 +12,13 @@ ASGI transport, so the times are the app's and the database's, not a network's),
 scheduler leading with a 1 s job and an outbox. Both phases have the same 50 job rows
 (the load spreads its runs over them) and the same live work; the load only adds
 history: ``--runs`` finished runs started over the last 23 days and ``--delivered``
-rows delivered over the last 7 days (what OUTBOX_DELIVERED_DAYS keeps), then VACUUM
+rows delivered over the last 7 days (what OUTBOX_DELIVERED_DAYS keeps) and ``--recent``
+rows delivered over the last 50 minutes (a busy outbox's last hour), then VACUUM
 ANALYZE, as autovacuum would. The retention batches are timed last, with a policy that
 makes most of the load prunable (7 days of runs, 3 of deliveries).
 
-    python bench/growth.py [--runs 2000000] [--delivered 1000000] [--samples 30]
+    python bench/growth.py [--runs 2000000] [--delivered 1000000] [--recent 500000]
+        [--samples 30]
         [--lateness-seconds 30]
 """
 
@@ -54,7 +56,7 @@ SURFACES = {
     "GET /admin/api/outboxes": "/admin/api/outboxes",
     "GET /metrics": "/metrics",
     "GET /health/scheduler": "/health/scheduler",
-    "GET /admin (the page, signed in)": "/admin",
+    "GET /admin (the page, signed in)": "{page}",
 }
 CLI_READS = ("CLI jobs (its read)", "CLI outbox list (its read)")
 CHUNK = 200_000
@@ -83,10 +85,21 @@ _DELIVERED = text(
     "     + make_interval(secs => 7 * 86400.0 * n / :total) AS t"
     "     FROM generate_series(:start, :stop - 1) n) s"
 )
+# A burst: as many rows delivered over the last 50 minutes (a busy outbox's last hour
+# holds as many rows as it delivered; the counts of the last hour must not read them).
+_RECENT = text(
+    "INSERT INTO outbox_messages (outbox, key, payload, status, attempts, next_attempt_at,"
+    " created_at, updated_at, delivered_at)"
+    " SELECT 'mails', 'recent-' || n, '{\"to\": \"someone\"}', 'delivered', 1, t, t, t, t"
+    " FROM (SELECT n, now() - interval '50 minutes'"
+    "     + make_interval(secs => 3000.0 * n / :total) AS t"
+    "     FROM generate_series(:start, :stop - 1) n) s"
+)
 
 
-async def _sign_in(client: httpx.AsyncClient) -> None:
-    """Sign in to the admin page as a browser does; the client keeps the cookie."""
+async def _sign_in(client: httpx.AsyncClient) -> str:
+    """Sign in to the admin page as a browser does (the client keeps the cookie); the
+    path of the session's page (/admin/s/<sid>/)."""
     form = await client.get("/admin")
     found = re.search(r'name="csrf" value="([^"]+)"', form.text)
     if found is None:
@@ -94,12 +107,14 @@ async def _sign_in(client: httpx.AsyncClient) -> None:
     signed = await client.post("/admin/login", data={"token": TOKEN, "csrf": found[1]})
     if signed.status_code != 303:
         raise RuntimeError(f"sign-in refused: {signed.status_code}")
-    if 'name="token"' in (await client.get("/admin")).text:
-        raise RuntimeError("signed in, but /admin still shows the sign-in form")
+    page = signed.headers["location"]
+    if 'name="token"' in (await client.get(page)).text:
+        raise RuntimeError(f"signed in, but {page} still shows the sign-in form")
+    return str(page)
 
 
 async def _surfaces(
-    client: httpx.AsyncClient, database: Database, samples: int
+    client: httpx.AsyncClient, database: Database, samples: int, page: str
 ) -> dict[str, float]:
     medians = {}
     clock = SystemClock()
@@ -118,7 +133,7 @@ async def _surfaces(
         times = []
         for _ in range(samples):
             began = time.perf_counter()
-            response = await client.get(path, headers=AUTH)
+            response = await client.get(path.format(page=page), headers=AUTH)
             times.append(time.perf_counter() - began)
             if response.status_code not in (200, 503):
                 raise RuntimeError(f"{path}: {response.status_code} {response.text[:200]}")
@@ -132,9 +147,9 @@ async def _lateness(lateness: list[float], seconds: float) -> list[float]:
     return lateness[start:]
 
 
-async def _fill(database: Database, runs: int, delivered: int) -> float:
+async def _fill(database: Database, runs: int, delivered: int, recent: int) -> float:
     began = time.perf_counter()
-    for statement, total in ((_RUNS, runs), (_DELIVERED, delivered)):
+    for statement, total in ((_RUNS, runs), (_DELIVERED, delivered), (_RECENT, recent)):
         for start in range(0, total, CHUNK):
             async with database.engine.begin() as conn:
                 params = {"jobs": JOBS, "total": total, "start": start}
@@ -189,19 +204,23 @@ async def _measure(url: str, args: argparse.Namespace) -> None:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
             empty_late = await _lateness(lateness, args.lateness_seconds)
-            await _sign_in(client)
-            empty = await _surfaces(client, database, args.samples)
-            print(f"filling {args.runs:,} runs and {args.delivered:,} delivered rows ...")
-            took = await _fill(database, args.runs, args.delivered)
+            page = await _sign_in(client)
+            await _surfaces(client, database, 3, page)  # warm: first plans, first pages
+            empty = await _surfaces(client, database, args.samples, page)
+            print(
+                f"filling {args.runs:,} runs, {args.delivered:,} delivered rows and"
+                f" {args.recent:,} delivered in the last 50 minutes ..."
+            )
+            took = await _fill(database, args.runs, args.delivered, args.recent)
             print(f"filled in {took:.0f} s")
             filled_late = await _lateness(lateness, args.lateness_seconds)
-            filled = await _surfaces(client, database, args.samples)
+            filled = await _surfaces(client, database, args.samples, page)
             pruning = await _prune_batches(database, args.prune_batches)
     await database.dispose()
 
     print(
         f"\nmedian of {args.samples} requests; empty vs {args.runs:,} run rows and "
-        f"{args.delivered:,} delivered rows; ms"
+        f"{args.delivered + args.recent:,} delivered rows ({args.recent:,} in the last hour); ms"
     )
     print(f"{'surface':<32} {'empty':>8} {'filled':>8} {'growth':>7}")
     for label in (*SURFACES, *CLI_READS):
@@ -230,6 +249,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=2_000_000)
     parser.add_argument("--delivered", type=int, default=1_000_000)
+    parser.add_argument("--recent", type=int, default=500_000)
     parser.add_argument("--samples", type=int, default=30)
     parser.add_argument("--lateness-seconds", type=float, default=30)
     parser.add_argument("--prune-batches", type=int, default=20)

@@ -23,18 +23,19 @@ async def _delivered(database: Database, clock: FakeClock, outbox: str) -> int:
     return int(next(e["counts"]["delivered"] for e in summary if e["name"] == outbox))
 
 
-async def _enqueue(database: Database, outbox: object, *keys: str) -> None:
+async def _delivered_by_a_drain(database: Database, make_outbox: MakeOutbox, *keys: str) -> None:
+    """Messages ``keys`` of outbox ``counted``, enqueued and delivered by one pass."""
+    outbox = make_outbox("counted")
     async with database.sessions() as session, session.begin():
         for key in keys:
-            await outbox.enqueue(session, {}, key=key)  # type: ignore[attr-defined]
+            await outbox.enqueue(session, {}, key=key)
+    await testing.drain(outbox)
 
 
 async def test_the_drains_deliveries_are_counted_for_an_hour(
     database: Database, clock: FakeClock, make_outbox: MakeOutbox
 ) -> None:
-    outbox = make_outbox("counted")
-    await _enqueue(database, outbox, "a", "b", "c")
-    await testing.drain(outbox)
+    await _delivered_by_a_drain(database, make_outbox, "a", "b", "c")
     assert await _delivered(database, clock, "counted") == 3
     clock.advance(timedelta(minutes=59))
     assert await _delivered(database, clock, "counted") == 3
@@ -45,9 +46,7 @@ async def test_the_drains_deliveries_are_counted_for_an_hour(
 async def test_a_deleted_delivered_row_leaves_its_delivery_counted(
     database: Database, clock: FakeClock, make_outbox: MakeOutbox
 ) -> None:
-    outbox = make_outbox("counted")
-    await _enqueue(database, outbox, "a", "b")
-    await testing.drain(outbox)
+    await _delivered_by_a_drain(database, make_outbox, "a", "b")
     async with database.engine.begin() as conn:
         await conn.execute(text("DELETE FROM outbox_messages WHERE key = 'a'"))
     assert await _delivered(database, clock, "counted") == 2
@@ -56,9 +55,7 @@ async def test_a_deleted_delivered_row_leaves_its_delivery_counted(
 async def test_a_row_taken_out_of_delivered_is_no_longer_counted(
     database: Database, clock: FakeClock, make_outbox: MakeOutbox
 ) -> None:
-    outbox = make_outbox("counted")
-    await _enqueue(database, outbox, "a", "b")
-    await testing.drain(outbox)
+    await _delivered_by_a_drain(database, make_outbox, "a", "b")
     async with database.engine.begin() as conn:
         await conn.execute(text("UPDATE outbox_messages SET status = 'stuck' WHERE key = 'a'"))
     assert await _delivered(database, clock, "counted") == 1
@@ -67,9 +64,7 @@ async def test_a_row_taken_out_of_delivered_is_no_longer_counted(
 async def test_retention_forgets_the_counts_of_deliveries_a_day_old(
     database: Database, clock: FakeClock, make_outbox: MakeOutbox
 ) -> None:
-    outbox = make_outbox("counted")
-    await _enqueue(database, outbox, "a")
-    await testing.drain(outbox)
+    await _delivered_by_a_drain(database, make_outbox, "a")
     clock.advance(timedelta(days=1, minutes=1))
     async with database.engine.begin() as conn:  # the schedule whose pass prunes it
         await conn.execute(text("INSERT INTO outbox_schedules VALUES ('counted', 'default')"))

@@ -35,13 +35,16 @@ __all__ = ["count_prunable_runs", "prune_runs_batch"]
 
 
 # Each job's runs are walked by id (scheduler_runs_job_recent), from its oldest up to the
-# lower of two bounds: its keep-last bound (the id of its ``keep``-th newest run) and the
-# first run of the schedule that started at or after the cutoff (ids follow start
-# times). So a job whose old runs are all kept costs one index probe, not a read of
-# each of them (the walk along started_at read every job's kept old runs again at each
-# batch, and looked each one's job up among all jobs). ``started_at`` is still checked
-# on every row: ids and start times agree to within a commit.
-def _candidates(per_job_limit: str) -> str:
+# lower of two bounds: its keep-last bound (the id of its ``keep``-th newest run, read
+# when the walk reaches the job) and the first run of the schedule that started at or
+# after the cutoff (ids follow start times). Jobs are taken one after another until
+# the batch is full, in no order of age: a batch deletes prunable rows, and reads little
+# more than it deletes, with one probe per job it reaches, however much old history
+# keep-last holds (the walk along started_at read every rare job's kept runs again at
+# each batch) and however many busy jobs there are (taking the oldest across all jobs
+# read a batch's worth of each). ``started_at`` is still checked on every row: ids and
+# start times agree to within a commit.
+def _candidates(limit: str) -> str:
     return f"""
         WITH cutoff AS MATERIALIZED (
             SELECT {LEASE_NOW_SQL}
@@ -51,23 +54,23 @@ def _candidates(per_job_limit: str) -> str:
                 SELECT r.id FROM scheduler_runs r
                 WHERE r.schedule = :schedule AND r.started_at >= (SELECT at FROM cutoff)
                 ORDER BY r.started_at LIMIT 1), 9223372036854775807) AS first_recent
-        ), kept AS MATERIALIZED (
-            SELECT j.id AS job_id, j.running_run_id, (
-                SELECT k.id FROM scheduler_runs k
-                WHERE k.schedule = j.schedule AND k.job_id = j.id
-                ORDER BY k.id DESC OFFSET CAST(:keep AS integer) - 1 LIMIT 1) AS oldest_kept
-            FROM scheduler_jobs j WHERE j.schedule = :schedule
         )
-        SELECT candidate.id, candidate.started_at FROM kept CROSS JOIN LATERAL (
-            SELECT r.id, r.started_at FROM scheduler_runs r
-            WHERE r.schedule = :schedule AND r.job_id = kept.job_id
-                AND r.id < kept.oldest_kept  -- NULL, fewer than keep runs: none goes
+        SELECT candidate.id FROM scheduler_jobs j CROSS JOIN LATERAL (
+            SELECT r.id FROM scheduler_runs r
+            WHERE r.schedule = :schedule AND r.job_id = j.id
+                -- NULL while the job has fewer than keep runs: none of them goes.
+                AND r.id < (
+                    SELECT k.id FROM scheduler_runs k
+                    WHERE k.schedule = j.schedule AND k.job_id = j.id
+                    ORDER BY k.id DESC OFFSET CAST(:keep AS integer) - 1 LIMIT 1)
                 AND r.id < (SELECT first_recent FROM bound)
                 AND r.started_at < (SELECT at FROM cutoff)
                 AND r.status <> 'running' AND r.running_until IS NULL
-                AND r.id IS DISTINCT FROM kept.running_run_id
-            ORDER BY r.id {per_job_limit}
+                AND r.id IS DISTINCT FROM j.running_run_id
+            ORDER BY r.id {limit}
         ) candidate
+        WHERE j.schedule = :schedule
+        {limit}
         """
 
 
@@ -78,9 +81,7 @@ _PRUNE_BATCH = text(
     f"""
     DELETE FROM scheduler_runs WHERE id IN (
         SELECT r.id FROM scheduler_runs r
-        WHERE r.id IN (
-            SELECT id FROM ({_candidates("LIMIT :batch")}) c
-            ORDER BY c.started_at LIMIT :batch)
+        WHERE r.id IN ({_candidates("LIMIT :batch")})
             AND r.status <> 'running' AND r.running_until IS NULL
         FOR UPDATE SKIP LOCKED)
     """

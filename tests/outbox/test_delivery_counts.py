@@ -4,6 +4,7 @@ count of its delivery as it was."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from sqlalchemy import text
@@ -15,7 +16,7 @@ from app.retention import RetentionPolicy, prune
 from app.scheduler import FakeClock
 from app.scheduler.clock import lease_now
 
-from .conftest import MakeOutbox
+from .conftest import MakeOutbox, enqueue
 
 
 async def _delivered(database: Database, clock: FakeClock, outbox: str) -> int:
@@ -71,6 +72,43 @@ async def test_retention_forgets_the_counts_of_deliveries_a_day_old(
     async with database.sessions() as session:
         policy = RetentionPolicy(run_history_days=30, run_history_keep=3, outbox_delivered_days=7)
         await prune(session, "default", policy, lease_now(clock))
+    async with database.engine.connect() as conn:
+        left = await conn.execute(text("SELECT count(*) FROM outbox_delivered_minutes"))
+        assert left.scalar_one() == 0
+
+
+async def test_deliveries_spread_over_minutes_are_counted_exactly(
+    database: Database, clock: FakeClock, make_outbox: MakeOutbox
+) -> None:
+    outbox = make_outbox("counted", batch_size=7)
+    await enqueue(database, outbox, *(f"k{n}" for n in range(30)))
+    while (await outbox.drain_once()).delivered:
+        clock.advance(20)
+    assert await _delivered(database, clock, "counted") == 30
+
+
+async def test_concurrent_drains_are_counted_exactly(
+    database: Database, clock: FakeClock, make_outbox: MakeOutbox
+) -> None:
+    # Each drain's connection adds to its own shard of a minute, or waits for a commit.
+    outbox = make_outbox("counted", batch_size=20)
+    await enqueue(database, outbox, *(f"k{n}" for n in range(400)))
+    delivered = 0
+    while reports := await asyncio.gather(*(outbox.drain_once() for _ in range(4))):
+        if not any(report.delivered for report in reports):
+            break
+        delivered += sum(report.delivered for report in reports)
+    assert delivered == 400
+    assert await _delivered(database, clock, "counted") == 400
+
+
+async def test_a_forgotten_outbox_leaves_no_count_behind(
+    database: Database, clock: FakeClock, make_outbox: MakeOutbox
+) -> None:
+    await _delivered_by_a_drain(database, make_outbox, "a", "b")
+    async with database.engine.begin() as conn:  # claimed by a schedule with no drain job
+        await conn.execute(text("INSERT INTO outbox_schedules VALUES ('counted', 'other')"))
+    assert await outboxes.forget_outbox(database.engine, "counted") == 2
     async with database.engine.connect() as conn:
         left = await conn.execute(text("SELECT count(*) FROM outbox_delivered_minutes"))
         assert left.scalar_one() == 0

@@ -7,8 +7,9 @@ that died without a clean exit (SIGKILL) is forgotten at the next scrape, so the
 gauge counts live processes only. Without it
 (plain uvicorn) each worker reports only itself. Outbox series are read from the
 database at scrape time, so they are the same from every worker; they read the live
-rows (pending, stuck) and a one-hour window of deliveries, never every delivered row,
-so a scrape costs the same with a million delivered rows kept.
+rows (pending, stuck) and the last hour's per-minute delivery counts the database keeps
+(outbox_delivered_minutes), never a delivered row, so a scrape costs the same with a
+million delivered rows kept or delivered in the last hour.
 
 The series and what feeds them live here; the scrape (``GET /metrics``) is
 metrics_route.py, so that what counts (the retention job, the CLI's prune) does not

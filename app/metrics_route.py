@@ -33,11 +33,11 @@ class _OutboxCollector(Collector):
             "due, stuck)",
             labels=["outbox", "status"],
         )
-        # Delivered rows are history (kept OUTBOX_DELIVERED_DAYS): a window of them, so
+        # Delivered rows are history, the last hour's too: their per-minute counts, so
         # that a scrape costs what the live work costs.
         delivered = GaugeMetricFamily(
             "regent_outbox_delivered_last_hour",
-            "Outbox rows delivered in the last hour (a window, not every delivered row)",
+            "Outbox rows delivered in the last hour, to the minute (counted as delivered)",
             labels=["outbox"],
         )
         oldest = GaugeMetricFamily(

@@ -85,6 +85,7 @@ _OUTBOXES = text(
     FROM names n
     """
 )
+_NO_JIT = text("SET LOCAL jit = off")
 _LAST_DRAINS = text("SELECT outbox, last_drain_at, delivered, retried, stuck FROM outbox_drains")
 _KNOWN_OUTBOX = text(
     "SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE outbox = :outbox)"
@@ -143,6 +144,10 @@ async def outbox_summary(
     clock.lease_now gives it, None for the database server's clock."""
     summary: dict[str, dict[str, Any]] = {}
     async with engine.begin() as conn:
+        # Its estimates (bounds read at run time, a counter table autovacuum may not
+        # have analyzed yet) can pass jit_above_cost: compiling the plan then took
+        # 20 ms (bench/growth.py) for a read of 0.1 ms.
+        await conn.execute(_NO_JIT)
         for row in await conn.execute(_OUTBOXES, {"lease_now": lease_now}):
             entry = summary.setdefault(row.outbox, _empty_outbox(row.outbox))
             entry["counts"] = {

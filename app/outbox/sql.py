@@ -115,16 +115,19 @@ INSERT = text(
 # previous probe (taken before the drain that just ran): a row that fell due since,
 # after the drain's last claim looked, is due at once (0). A row due before then was
 # due when that drain began, which took it or left it (another transaction holds it):
-# not counted, or a wake-up for it would spin; the drain job takes it.
+# not counted, or a wake-up for it would spin; the drain job takes it. No such row: NULL
+# (not GREATEST(NULL, 0), which is 0 in PostgreSQL: GREATEST ignores NULLs, and a
+# wake-up told "due now" with nothing pending ran thousands of passes a second).
 NEXT_DUE = text(
     f"""
-    SELECT GREATEST(extract(epoch FROM (
-            SELECT min(next_attempt_at) FROM outbox_messages
-            WHERE outbox = :outbox AND status = 'pending'
-                AND next_attempt_at > CAST(:since AS timestamptz)) - probe.now)::float, 0)
-            AS seconds,
+    SELECT CASE WHEN due.at IS NOT NULL
+            THEN GREATEST(extract(epoch FROM due.at - probe.now)::float, 0) END AS seconds,
         probe.now
-    FROM (SELECT {LEASE_NOW_SQL} AS now) AS probe
+    FROM (SELECT {LEASE_NOW_SQL} AS now) AS probe,
+        LATERAL (
+            SELECT min(next_attempt_at) AS at FROM outbox_messages
+            WHERE outbox = :outbox AND status = 'pending'
+                AND next_attempt_at > CAST(:since AS timestamptz)) AS due
     """
 )
 

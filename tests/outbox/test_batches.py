@@ -48,27 +48,34 @@ async def test_a_pass_killed_before_writing_its_outcomes_leaves_its_rows_to_the_
     # any other not yet written, can no longer be. The receiver dedupes on the
     # idempotency key, so what the next drain replays is covered.
     received: collections.Counter[str] = collections.Counter()
-    kills: list[list[bool]] = []
+    kills: list[asyncio.Task[list[bool]]] = []
+
+    async def kill_the_pass() -> list[bool]:
+        async with database.engine.connect() as conn:
+            killed = await conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    " AND backend_type = 'client backend'"
+                )
+            )
+            return list(killed.scalars())
 
     async def receive(message: Message) -> None:
         received[message.idempotency_key] += 1
         if sum(received.values()) == 5:
-            async with database.engine.connect() as conn:
-                killed = await conn.execute(
-                    text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                        " AND backend_type = 'client backend'"
-                    )
-                )
-                kills.append(list(killed.scalars()))
+            # A task of its own: the pass may see its connection die and cancel this
+            # delivery before the kill's own answer arrives.
+            kills.append(asyncio.create_task(kill_the_pass()))
+            await asyncio.shield(kills[0])
 
     outbox = make_outbox(deliver=receive, batch_size=20, concurrency=4, delivery_timeout=30)
     await _enqueue(database, outbox, 20)
     with pytest.raises(Exception) as raised:
         await outbox.drain_once()
     assert type(raised.value).__module__.startswith("asyncpg."), repr(raised.value)
-    assert kills == [[True]]
+    assert len(kills) == 1, repr(raised.value)
+    assert await kills[0] == [True]
     first_pass = set(received)
 
     async with database.engine.connect() as conn:

@@ -7,6 +7,7 @@ backend is still there (a graceful handover) gets the whole grace.
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -16,12 +17,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.scheduler import FakeClock, Role, Scheduler, SchedulerConfig, every
 from app.scheduler.keys import SCHEDULER_LEADER_KEY
 from app.scheduler.supervisor import Supervisor
+from app.scheduler.tenure import _GONE_POLL_SECONDS
 
 from .conftest import StartScheduler
 
 GRACE = 5.0
-# The fake clock moves in steps this long while the new leader waits to fire.
-STEP = 0.05
+# The fake clock moves in steps of one poll of the previous leader's backend while the
+# new leader waits to fire.
+STEP = _GONE_POLL_SECONDS
 
 
 @pytest.fixture
@@ -49,13 +52,24 @@ async def _successor(start_scheduler: StartScheduler, clock: FakeClock) -> Super
     return supervisor
 
 
-async def _fake_seconds_until_firing(supervisor: Supervisor, clock: FakeClock) -> float:
+async def _fake_seconds_until_firing(
+    supervisor: Supervisor, clock: FakeClock, *, handover_polls_only: bool = False
+) -> float:
     """Move the fake clock a STEP each time the new leader parks on it, until it fires;
-    returns how far the clock moved."""
+    returns how far the clock moved.
+
+    With ``handover_polls_only`` it moves only for a sleep of exactly one poll of the
+    previous leader's backend: another loop's sleep (a standby's watch) would otherwise
+    move the clock once per turn of the event loop, as fast as real time passes, and a
+    slow machine would look like a grace kept."""
     moved = 0.0
     firing = asyncio.ensure_future(supervisor.wait_until_firing(timeout=60))
     while True:
-        parked = asyncio.ensure_future(clock.wait_for_sleepers(timeout=60))
+        if handover_polls_only:
+            poll_ends = clock.now() + timedelta(seconds=STEP)
+            parked = asyncio.ensure_future(clock.wait_for_a_sleeper_until(poll_ends, timeout=60))
+        else:
+            parked = asyncio.ensure_future(clock.wait_for_sleepers(timeout=60))
         await asyncio.wait({firing, parked}, return_when=asyncio.FIRST_COMPLETED)
         parked.cancel()
         if firing.done():
@@ -78,7 +92,7 @@ async def test_a_successor_of_a_terminated_leader_fires_without_the_grace(
             text("SELECT pg_terminate_backend(:pid, 5000)"),
             {"pid": previous_leader.get_server_pid()},
         )
-    moved = await _fake_seconds_until_firing(successor, fake_clock)
+    moved = await _fake_seconds_until_firing(successor, fake_clock, handover_polls_only=True)
     assert moved < GRACE / 5, f"the successor waited {moved:.2f} s of a {GRACE:g} s grace"
 
 

@@ -73,7 +73,8 @@ def add_parser(commands: Any) -> None:
         default=600,
         help="seconds --wait waits for the run to end (default 600)",
     )
-    add_json(run)
+    for writer in (run, pause, resume, forget):
+        add_json(writer)
     history.add_argument("--limit", type=int_between(1, 500), default=20)
     history.add_argument("--full", action="store_true", help="print each error whole")
     history.add_argument(
@@ -116,16 +117,24 @@ async def execute(
         )
         if args.wait:
             return await _wait_for_run(engine, args, schedule, requested, clock)
+        led = await _led(engine, schedule, clock)
+        if args.json:
+            return to_json(_done("queued", args.job_id, schedule) | {"led": led})
         queued = f"queued {printable(args.job_id)} (schedule {schedule})"
-        if not await _led(engine, schedule, clock):
+        if not led:
             return f"{queued}; {_no_leader(schedule)}"
         return f"{queued}: the leader fires it now, through its slot claim"
     if args.jobs_command in ("pause", "resume"):
         paused = args.jobs_command == "pause"
         await set_paused(engine, args.job_id, paused, schedule=schedule)
-        return f"{'paused' if paused else 'resumed'} {printable(args.job_id)} (schedule {schedule})"
+        status = "paused" if paused else "resumed"
+        if args.json:
+            return to_json(_done(status, args.job_id, schedule))
+        return f"{status} {printable(args.job_id)} (schedule {schedule})"
     if args.jobs_command == "forget":
         deleted = await forget_job(engine, args.job_id, schedule=schedule)
+        if args.json:
+            return to_json(_done("forgotten", args.job_id, schedule) | {"runs_deleted": deleted})
         return f"forgot {printable(args.job_id)} (schedule {schedule}) and its {deleted} run(s)"
     if args.jobs_command == "history":
         runs = await job_runs(
@@ -160,6 +169,12 @@ async def execute(
         "paused",
     ]
     return f"schedule {schedule}\n{table(rows, columns)}"
+
+
+def _done(status: str, job_id: str, schedule: str) -> dict[str, str]:
+    """What a write command prints with --json: the admin API's answer to the same
+    action (``status``), and what it was done to."""
+    return {"status": status, "job_id": job_id, "schedule": schedule}
 
 
 async def _wait_for_run(

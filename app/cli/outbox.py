@@ -56,6 +56,8 @@ def add_parser(commands: Any) -> None:
     reset.add_argument("name")
     # Any whole number: one past the column type is a "no such message", not a crash.
     reset.add_argument("message_id", type=int, nargs="?")
+    add_json(forget_outbox)
+    add_json(reset)
     reset.add_argument(
         "--all-stuck",
         action="store_true",
@@ -90,6 +92,8 @@ async def execute(
     Conflict for a row in flight or held, or an outbox an app still drains)."""
     if args.outbox_command == "reset" and args.all_stuck:
         done = await outboxes.reset_all_stuck(engine, args.name, lease_now(clock))
+        if args.json:
+            return to_json({"status": "pending", "outbox": args.name} | done)
         told = (
             f"{done['reset']} stuck message(s) of outbox '{printable(args.name)}' are "
             "pending again, due now"
@@ -102,10 +106,18 @@ async def execute(
         return told
     if args.outbox_command == "reset":
         await reset_outbox_message(engine, args.name, args.message_id, lease_now(clock))
+        if args.json:
+            return to_json(
+                {"status": "pending", "outbox": args.name, "message_id": args.message_id}
+            )
         name = printable(args.name)
         return f"outbox '{name}' message {args.message_id} is pending again, due now"
     if args.outbox_command == "forget":
         deleted = await outboxes.forget_outbox(engine, args.name)
+        if args.json:
+            return to_json(
+                {"status": "forgotten", "outbox": args.name, "messages_deleted": deleted}
+            )
         return f"forgot outbox '{printable(args.name)}' and its {deleted} message(s)"
     if args.outbox_command == "list":
         summary = await outboxes.list_outboxes(engine, lease_now(clock), retired=args.all)

@@ -374,3 +374,34 @@ def test_forgetting_a_live_job_exits_non_zero_saying_why(seeded: str) -> None:
     refused = _app(seeded, "jobs", "forget", "nightly")
     assert refused.returncode == 1
     assert "remove it from the code" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "answer"),
+    [
+        (["jobs", "run", "nightly"], {"status": "queued", "job_id": "nightly"}),
+        (["jobs", "pause", "nightly"], {"status": "paused", "job_id": "nightly"}),
+        (["jobs", "resume", "nightly"], {"status": "resumed", "job_id": "nightly"}),
+        (["outbox", "reset", "grants", "41"], {"status": "pending", "message_id": 41}),
+        (["outbox", "reset", "grants", "--all-stuck"], {"status": "pending", "reset": 1}),
+    ],
+)
+def test_every_write_command_prints_json_for_scripts(
+    seeded: str, args: list[str], answer: dict[str, object]
+) -> None:
+    result = _app(seeded, *args, "--json")
+    assert result.returncode == 0, result.stderr
+    printed = json.loads(result.stdout)
+    assert printed.items() >= answer.items()
+
+
+def test_forgetting_a_retired_job_prints_json_for_scripts(with_runs: str) -> None:
+    _execute(with_runs, "UPDATE scheduler_jobs SET retired_at = now() WHERE id = 'nightly'")
+    forgot = _app(with_runs, "jobs", "forget", "nightly", "--json")
+    assert forgot.returncode == 0, forgot.stderr
+    assert json.loads(forgot.stdout) == {
+        "status": "forgotten",
+        "job_id": "nightly",
+        "schedule": "default",
+        "runs_deleted": 2,
+    }

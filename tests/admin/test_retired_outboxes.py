@@ -5,6 +5,7 @@ when asked, and forgotten (its rows deleted) only then."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from zoneinfo import ZoneInfo
@@ -125,6 +126,22 @@ async def test_forgetting_a_retired_outbox_deletes_its_rows_and_says_how_many(
     assert result.returncode == 0, result.stderr
     assert "forgot outbox 'grants' and its 2 message(s)" in result.stdout
     assert await _rows_of(database, "grants") == 0
+
+
+@pytest.mark.usefixtures("grants_of_an_older_release")
+async def test_forgetting_a_retired_outbox_prints_json_for_scripts(
+    serve: Serve, database: Database, database_url: str
+) -> None:
+    async with _draining_mail(serve, database):
+        result = await asyncio.to_thread(
+            app_command, database_url, "outbox", "forget", "grants", "--json"
+        )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "status": "forgotten",
+        "outbox": "grants",
+        "messages_deleted": 2,
+    }
 
 
 @pytest.mark.usefixtures("grants_of_an_older_release")

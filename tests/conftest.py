@@ -396,8 +396,12 @@ async def admin_sign_in(
     browser does: read the form (which sets its cookie), post its hidden fields with the
     token; the answer."""
     form = (await client.get(f"{root_path}/admin")).text
-    fields = dict(_HIDDEN.findall(form)) | {"token": token}
-    return await client.post(f"{root_path}/admin/login", data=fields)
+    return await client.post(f"{root_path}/admin/login", data=sign_in_fields(form, token))
+
+
+def sign_in_fields(form: str, token: str) -> dict[str, str]:
+    """What the sign-in form ``form`` (its HTML) posts with ``token`` typed in."""
+    return dict(_HIDDEN.findall(form)) | {"token": token}
 
 
 async def admin_session(client: httpx.AsyncClient, token: str, root_path: str = "") -> str:

@@ -132,9 +132,7 @@ async def login(
     path, or say no (401; 429 with Retry-After while this client must wait after
     repeated wrong tokens)."""
     key = _key(request)
-    nonce = request.cookies.get(session.LOGIN_COOKIE)
-    expected = session.login_csrf_for(key, nonce) if nonce else ""
-    if not nonce or not hmac.compare_digest(csrf.encode("utf-8", "replace"), expected.encode()):
+    if not session.login_csrf_matches(request, key, csrf):
         return login_form(
             request,
             key,

@@ -193,7 +193,7 @@ async def job_screen(
 def login_form(request: Request, key: bytes, error: str | None, status_code: int = 200) -> Response:
     """The sign-in form, ``error`` told above it, with its CSRF value and the cookie it
     is derived from (set anew unless the browser sent one we made)."""
-    sent = request.cookies.get(session.LOGIN_COOKIE)
+    sent = session.cookie_values(request, session.LOGIN_COOKIE)
     nonce = session.login_nonce(sent)
     context = {
         "error": error,
@@ -201,7 +201,7 @@ def login_form(request: Request, key: bytes, error: str | None, status_code: int
         "csrf": session.login_csrf_for(key, nonce),
     }
     response = _templates.TemplateResponse(request, "login.html", context, status_code=status_code)
-    if nonce == sent:
+    if nonce in sent:
         return response
     session.set_cookie(
         response, request, session.LOGIN_COOKIE, nonce, path=session.admin_path(request)

@@ -26,7 +26,11 @@ signed-in page therefore lives under a path of its session's own, ``/admin/s/<si
 (``sid_for``): the cookie is set with that Path, so the browser sends it there only, on
 any port, and it is honoured there only (``session_cookie``). Another server is sent it
 only at a path it cannot compute without the token, and a cookie it got some other way
-opens nothing elsewhere. The sign-in form and its cookie stay at ``/admin``.
+opens nothing elsewhere. The sign-in form and its cookie stay at ``/admin``. Such a
+server can also set cookies of these names for the whole host, which the browser then
+sends beside ours: every value sent is looked at (``cookie_values``), so one tossed in
+neither opens a session nor hides the form's own (it would otherwise lock the admin out
+of signing in).
 """
 
 from __future__ import annotations
@@ -50,11 +54,13 @@ __all__ = [
     "LOGIN_COOKIE",
     "SESSION_MAX_AGE",
     "admin_path",
+    "cookie_values",
     "csrf_for",
     "is_current",
     "issue",
     "issued_at",
     "login_csrf_for",
+    "login_csrf_matches",
     "login_nonce",
     "revoke",
     "session_cookie",
@@ -162,23 +168,46 @@ def session_cookie(request: Request, key: bytes, sid: str) -> str | None:
     also sends one set for a wider path, /admin by an older release or by another
     server of the host), and only one made for this path counts."""
     wanted = sid.encode("utf-8", "replace")
-    for header in request.headers.getlist("cookie"):
-        for pair in header.split(";"):
-            name, _, value = pair.partition("=")
-            value = value.strip()
-            if name.strip() != COOKIE or not value or len(value) > _LONGEST_COOKIE:
-                continue
-            if hmac.compare_digest(sid_for(key, value).encode(), wanted):
-                return value
+    for value in cookie_values(request, COOKIE):
+        if hmac.compare_digest(sid_for(key, value).encode(), wanted):
+            return value
     return None
 
 
-def login_nonce(cookie: str | None) -> str:
-    """The sign-in form's cookie value: the one the browser sent when it is one we make
+def cookie_values(request: Request, name: str) -> list[str]:
+    """Every non-empty value of the cookie ``name`` in the request's Cookie headers, in
+    the order sent (a browser sends the one set for the longest path first). A browser
+    keeps one cookie jar per host, not per port: a server on another port of the host
+    can set a cookie of the same name for a wider path, and request.cookies would keep
+    only the last one sent, which is then that server's."""
+    values = []
+    for header in request.headers.getlist("cookie"):
+        for pair in header.split(";"):
+            cookie, _, value = pair.partition("=")
+            value = value.strip()
+            if cookie.strip() == name and value and len(value) <= _LONGEST_COOKIE:
+                values.append(value)
+    return values
+
+
+def login_nonce(sent: list[str]) -> str:
+    """The sign-in form's cookie value: the first the browser sent that is one we make
     (a long URL-safe random), else a new one."""
-    if cookie and 32 <= len(cookie) <= 64 and _URL_SAFE.fullmatch(cookie):
-        return cookie
+    for cookie in sent:
+        if 32 <= len(cookie) <= 64 and _URL_SAFE.fullmatch(cookie):
+            return cookie
     return secrets.token_urlsafe(32)
+
+
+def login_csrf_matches(request: Request, key: bytes, csrf: str) -> bool:
+    """Whether ``csrf`` is the sign-in form's CSRF value for one of the sign-in cookies
+    the request carries (every one sent is looked at: one tossed by another server of
+    the host for a wider path neither passes nor hides the form's own)."""
+    given = csrf.encode("utf-8", "replace")
+    return any(
+        hmac.compare_digest(given, login_csrf_for(key, nonce).encode())
+        for nonce in cookie_values(request, LOGIN_COOKIE)
+    )
 
 
 def login_csrf_for(key: bytes, nonce: str) -> str:

@@ -9,15 +9,17 @@ the sid, and the cookie opens nothing at any other path."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import logging
 import logging.config
 import os
 import re
 import threading
+from collections.abc import AsyncIterator
 from http.cookies import SimpleCookie
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import httpx
 import pytest
@@ -28,8 +30,11 @@ from app.logging import configure_logging
 from app.main import create_app
 from app.settings import Settings
 
-from ..conftest import admin_sign_in
+from ..conftest import admin_sign_in, sign_in_fields
 from .conftest import ADMIN_TOKEN, Open
+
+if TYPE_CHECKING:
+    from playwright.async_api import Page
 
 SESSION_PATH = re.compile(r"/admin/s/[A-Za-z0-9_-]{22}/")
 
@@ -142,8 +147,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 
 class _OtherUsersServer(http.server.BaseHTTPRequestHandler):
-    """Another local user's web server: notes the cookies it is sent and leads the
-    browser on to a path under /admin of its own port."""
+    """Another local user's web server: notes the cookies it is sent, leads the
+    browser on to a path under /admin of its own port, and at /toss sets a sign-in
+    cookie of its own for the whole host."""
 
     seen: ClassVar[list[tuple[str, str]]] = []
 
@@ -151,6 +157,9 @@ class _OtherUsersServer(http.server.BaseHTTPRequestHandler):
         _OtherUsersServer.seen.append((self.path, self.headers.get("Cookie") or ""))
         self.send_response(200)
         self.send_header("Content-Type", "text/html")
+        if self.path == "/toss":
+            # For the whole host: the browser sends it to every port's /admin too.
+            self.send_header("Set-Cookie", "regent_login=tossed; Path=/")
         self.end_headers()
         if self.path == "/":
             self.wfile.write(b'<a id="on" href="/admin/s/">on</a>')
@@ -161,14 +170,13 @@ class _OtherUsersServer(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.browser
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs chromium")
-async def test_another_port_of_the_host_is_never_sent_the_session_cookie(
-    security_settings: Settings,
-) -> None:
+@contextlib.asynccontextmanager
+async def _chromium_beside_another_server(settings: Settings) -> AsyncIterator[tuple[Page, int]]:
+    """A Chromium page, the app served on one port of 127.0.0.1 and another user's
+    server (_OtherUsersServer) on another; yields the page and the other port."""
     from playwright.async_api import async_playwright
 
-    app = create_app(security_settings)
+    app = create_app(settings)
     port, other_port = free_port(), free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
@@ -187,19 +195,64 @@ async def test_another_port_of_the_host_is_never_sent_the_session_cookie(
             )
             page = await browser.new_page()
             await page.goto(f"http://127.0.0.1:{port}/admin")
-            await page.fill("input[name=token]", ADMIN_TOKEN)
-            await page.click("button[type=submit]")
-            await page.wait_for_selector("#jobs")
-            cookies = await page.context.cookies()
-            await page.goto(f"http://127.0.0.1:{other_port}/")
-            await page.click("#on")
-            await page.wait_for_selector("#done")
+            yield page, other_port
             await browser.close()
     finally:
         other.shutdown()
         other.server_close()
         server.should_exit = True
         await serving
+
+
+async def _sign_in(page: Page) -> None:
+    await page.fill("input[name=token]", ADMIN_TOKEN)
+    await page.click("button[type=submit]")
+    await page.wait_for_selector("#jobs", timeout=10_000)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs chromium")
+async def test_another_port_of_the_host_is_never_sent_the_session_cookie(
+    security_settings: Settings,
+) -> None:
+    async with _chromium_beside_another_server(security_settings) as (page, other_port):
+        await _sign_in(page)
+        cookies = await page.context.cookies()
+        await page.goto(f"http://127.0.0.1:{other_port}/")
+        await page.click("#on")
+        await page.wait_for_selector("#done")
     assert any(cookie["name"] == "regent_admin" for cookie in cookies), cookies
     assert "/admin/s/" in [path for path, _ in _OtherUsersServer.seen]
     assert not [seen for seen in _OtherUsersServer.seen if "regent_admin=" in seen[1]]
+
+
+async def test_a_sign_in_cookie_another_server_of_the_host_sets_does_not_lock_the_admin_out(
+    open_app: Open,
+) -> None:
+    tossed = "regent_login=tossed"
+    async with open_app() as client:
+        form = await client.get("/admin", headers={"Cookie": tossed})
+        parsed: SimpleCookie = SimpleCookie()
+        parsed.load(form.headers["set-cookie"])
+        nonce = parsed["regent_login"].value
+        client.cookies.clear()
+        # A browser sends both, the form's own (Path=/admin, the longer) first.
+        signed = await client.post(
+            "/admin/login",
+            data=sign_in_fields(form.text, ADMIN_TOKEN),
+            headers={"Cookie": f"regent_login={nonce}; {tossed}"},
+        )
+    assert signed.status_code == 303, signed.text[-300:]
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs chromium")
+async def test_in_a_browser_a_sign_in_cookie_another_port_sets_does_not_lock_the_admin_out(
+    security_settings: Settings,
+) -> None:
+    async with _chromium_beside_another_server(security_settings) as (page, other_port):
+        admin = page.url
+        await page.goto(f"http://127.0.0.1:{other_port}/toss")
+        await page.wait_for_selector("#done")
+        await page.goto(admin)
+        await _sign_in(page)

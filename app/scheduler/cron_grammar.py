@@ -20,6 +20,8 @@ nearest weekday ``W``/``LW``, ``?``, seconds or years (six or seven fields).
 ``parse`` checks an expression against this grammar and gives the croniter expressions
 whose union is its schedule: one, or two when both day fields restrict (croniter keeps
 only one of the two fields for ``#``, ``L`` and ``W`` combined with a day-of-month).
+Ranges and steps other than ``*/n`` reach croniter as the values they name, so the
+DST rule (``hour_is_elapsed_time``) is read from the expression as written.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-__all__ = ["CronGrammarError", "parse"]
+__all__ = ["CronGrammarError", "hour_is_elapsed_time", "parse"]
 
 MACROS = {
     "@yearly": "0 0 1 1 *",
@@ -170,13 +172,20 @@ def _item(item: str, spec: _Field, refuse: _Refuse) -> str:
             raise refuse(f"has the range {base} running backwards; split it, e.g. 5-6,0-1")
     else:
         end = high if step is not None else start
-    if step is None:
-        return f"{start}-{end}" if dash else f"{start}"
-    # A stepped item is handed over as the values it names: croniter's readings of
-    # ``a/n`` and ``a-a/n`` differ between versions (6.0 reads ``23/2`` as ``*/2``, 7.0
-    # reads ``23-23/2`` so), and one meaning in every process cannot depend on the
-    # croniter a host installed.
-    return ",".join(str(value) for value in range(start, end + 1, int(step)))
+    # Ranges and steps are handed over as the values they name: croniter's readings of
+    # them differ between its versions (6.0 reads ``23/2`` as ``*/2``, 7.0 reads
+    # ``23-23/2`` and ``3-3`` so), and one meaning in every process cannot depend on
+    # the croniter a host installed.
+    return ",".join(str(value) for value in range(start, end + 1, int(step or 1)))
+
+
+def hour_is_elapsed_time(expression: str) -> bool:
+    """Whether ``expression`` (one ``parse`` accepts) names its hours as elapsed time: an
+    hour field that is ``*`` or has a step (``*/2``, ``0-23/2``, ``0/2``), whose slots
+    fall in both occurrences of a wall hour a fall-back repeats; a field of fixed hours
+    (``2``, ``1-3``, ``1,13``) fires in the first occurrence only."""
+    hour = MACROS.get(expression.strip().lower(), expression).split()[1]
+    return "*" in hour or "/" in hour
 
 
 def _value(text: str, spec: _Field, refuse: _Refuse) -> int:

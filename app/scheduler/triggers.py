@@ -176,10 +176,9 @@ class Cron(Trigger):
             )
         return due
 
-    @property
+    @cached_property
     def _hour_is_elapsed_time(self) -> bool:
-        hour = self._walls_expressions[0].split()[1]
-        return "*" in hour or "/" in hour
+        return cron_grammar.hour_is_elapsed_time(self.expression)
 
     def next_after(self, moment: datetime, zone: ZoneInfo) -> datetime:
         """The next matching wall time in the zone, with the DST rules above."""

@@ -50,6 +50,12 @@ ORACLE: dict[str, tuple[Callable[[date], bool], list[time]]] = {
     "*/15 * * * *": (lambda d: True, _every(range(0, 60, 15))),
     "5/20 8-17 * * *": (lambda d: True, _every(range(5, 60, 20), range(8, 18))),
     "0,30 9,18 * * *": (lambda d: True, _at((9, 0), (9, 30), (18, 0), (18, 30))),
+    # A range of one value is that value (croniter 7 reads 3-3 as *).
+    "30 3-3 * * *": (lambda d: True, _at((3, 30))),
+    "3-3 0 * * *": (lambda d: True, _at((0, 3))),
+    "0 0 15-15 * *": (lambda d: d.day == 15, _at((0, 0))),
+    "0 0 1 dec-dec *": (lambda d: d.day == 1 and d.month == 12, _at((0, 0))),
+    "0 0 1 12-dec *": (lambda d: d.day == 1 and d.month == 12, _at((0, 0))),
     "0 0 1 */3 *": (lambda d: d.day == 1 and d.month in (1, 4, 7, 10), _at((0, 0))),
     "0 12 * jan-mar mon-fri": (lambda d: d.month <= 3 and d.weekday() < 5, _at((12, 0))),
     "0 7 * * mon-sun": (lambda d: True, _at((7, 0))),
@@ -170,14 +176,24 @@ def test_a_cron_slot_is_the_same_at_every_evaluation() -> None:
 
 
 @pytest.mark.parametrize(
-    "expression", ["0 23/2 * * *", "59/2 * * * *", "0 0 31/2 * *", "0 0 1 12/5 *", "5/15 * * * *"]
+    "expression",
+    [
+        "0 23/2 * * *",
+        "59/2 * * * *",
+        "0 0 31/2 * *",
+        "0 0 1 12/5 *",
+        "5/15 * * * *",
+        "30 3-3 * * *",
+        "0 8-17 * * *",
+        "0 0 1 dec-dec *",
+    ],
 )
 def test_croniter_is_given_no_item_whose_reading_changed_between_its_versions(
     expression: str,
 ) -> None:
     # croniter 6.0 (which pyproject allows) reads 23/2 as */2, croniter 7.0 reads
-    # 23-23/2 so: an ``a/n`` or ``a-b/n`` item handed over would make a job's slots
-    # depend on the croniter each host installed.
+    # 23-23/2 and 3-3 so: a range or an ``a/n`` item handed over would make a job's
+    # slots depend on the croniter each host installed.
     for handed_over in parse(expression):
         for item in ",".join(handed_over.split()).split(","):
-            assert "/" not in item or item.startswith("*/"), (expression, handed_over)
+            assert item == "*" or item.startswith("*/") or item.isdigit(), (expression, item)

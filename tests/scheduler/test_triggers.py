@@ -61,6 +61,16 @@ DST_TABLE = [
         ],
         id="zurich-fall-fold-step-hour-fires-in-both-occurrences",
     ),
+    *(
+        pytest.param(
+            f"30 {hours} * * *",
+            "Europe/Zurich",
+            _local("Europe/Zurich", 2026, 10, 25, 0, 45),
+            ["2026-10-25T02:30:00+02:00", "2026-10-25T02:30:00+01:00", "2026-10-25T04:30:00+01:00"],
+            id=f"zurich-fall-fold-hour-step-{hours}-fires-in-both-occurrences",
+        )
+        for hours in ("0-23/2", "0/2", "0-22/2")
+    ),
     pytest.param(
         "0 6 * * *",
         "Europe/Zurich",

@@ -1,17 +1,22 @@
 """The last hour's deliveries are counted as rows are delivered (per outbox and minute,
-in the database: migration 0027), whatever delivers them, and a deleted row leaves the
+in the database: migrations 0027 and 0028), whatever delivers them, and a deleted row leaves the
 count of its delivery as it was."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from datetime import timedelta
 
+import asyncpg
+import psycopg
+from alembic import command
 from sqlalchemy import text
 
 from app import testing
-from app.db import Database
+from app.db import Database, alembic_config, asyncpg_dsn, migrate
 from app.operations import outboxes
+from app.outbox.connection import prepare_connection
 from app.retention import RetentionPolicy, prune
 from app.scheduler import FakeClock
 from app.scheduler.clock import lease_now
@@ -112,3 +117,79 @@ async def test_a_forgotten_outbox_leaves_no_count_behind(
     async with database.engine.connect() as conn:
         left = await conn.execute(text("SELECT count(*) FROM outbox_delivered_minutes"))
         assert left.scalar_one() == 0
+
+
+async def test_an_outcome_write_does_not_wait_on_a_count_another_transaction_holds(
+    database: Database, database_url: str, clock: FakeClock, make_outbox: MakeOutbox
+) -> None:
+    # An operator's open transaction that marked a row delivered by hand holds the count
+    # it added to; a drain delivering in the same outbox and minute goes on. The drain's
+    # connection is one whose pid has the operator's remainder modulo 16, the counts'
+    # shard before 0028.
+    outbox = make_outbox("shared")
+    await enqueue(database, outbox, "by_hand", "a", "b")
+    dsn = asyncpg_dsn(database_url)
+    operator = await asyncpg.connect(dsn)
+    connections = [operator]
+    try:
+        remainder = await operator.fetchval("SELECT pg_backend_pid() % 16")
+        while True:
+            drain = await asyncpg.connect(dsn)
+            connections.append(drain)
+            if await drain.fetchval("SELECT pg_backend_pid() % 16") == remainder:
+                break
+        await prepare_connection(drain)
+        async with operator.transaction():
+            await operator.execute(
+                "UPDATE outbox_messages SET status = 'delivered', delivered_at = $1"
+                " WHERE key = 'by_hand'",
+                lease_now(clock),
+            )
+            report = await asyncio.wait_for(outbox.drain_on(drain), 10)
+        assert report.delivered == 2
+    finally:
+        for connection in connections:
+            await connection.close()
+
+
+def test_a_delivery_committed_while_the_counts_migration_runs_is_counted(
+    empty_database_url: str,
+) -> None:
+    # A rolling deploy: a drain of the release before delivers a row, its transaction
+    # still open, while the new release migrates past 0027.
+    migrate(empty_database_url)
+    command.downgrade(alembic_config(empty_database_url), "0026")
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
+            " next_attempt_at, created_at, updated_at)"
+            " VALUES ('live', 'x', '{}', 'pending', 0, now(), now(), now())"
+        )
+    with psycopg.connect(empty_database_url) as drain:
+        drain.execute(
+            "UPDATE outbox_messages SET status = 'delivered', delivered_at = now() WHERE key = 'x'"
+        )
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            migrating = pool.submit(migrate, empty_database_url)
+            _wait_for_a_backend_waiting_on_a_lock(empty_database_url, migrating)
+            drain.commit()
+            migrating.result(timeout=60)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        [counted] = conn.execute(
+            "SELECT sum(delivered) FROM outbox_delivered_minutes WHERE outbox = 'live'"
+        ).fetchone() or [None]
+    assert counted == 1
+
+
+def _wait_for_a_backend_waiting_on_a_lock(
+    url: str, migrating: concurrent.futures.Future[None]
+) -> None:
+    with psycopg.connect(url, autocommit=True) as watch:
+        while not migrating.done():
+            waiting = watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            ).fetchone()
+            if waiting and waiting[0]:
+                return
+            watch.execute("SELECT pg_sleep(0.02)")
+    migrating.result()

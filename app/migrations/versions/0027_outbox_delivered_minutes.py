@@ -79,15 +79,6 @@ def upgrade() -> None:
         )
         """
     )
-    # Deliveries already in the table, counted once.
-    op.execute(
-        """
-        INSERT INTO outbox_delivered_minutes (outbox, minute, shard, delivered)
-        SELECT outbox, date_trunc('minute', delivered_at), 0, count(*)
-        FROM outbox_messages WHERE status = 'delivered' AND delivered_at IS NOT NULL
-        GROUP BY 1, 2
-        """
-    )
     op.execute(_function("regent_count_inserted_deliveries", _NEW, f"({_NEW}) AS d"))
     op.execute(
         _function(
@@ -105,6 +96,18 @@ def upgrade() -> None:
         "CREATE TRIGGER outbox_messages_count_updated AFTER UPDATE ON outbox_messages"
         " REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows"
         " FOR EACH STATEMENT EXECUTE FUNCTION regent_count_updated_deliveries()"
+    )
+    # Deliveries already in the table, counted once. After the triggers: creating them
+    # waited for every transaction writing outbox_messages (a drain of the release
+    # before, mid-deploy) and holds off new ones until this migration commits, so this
+    # statement's snapshot has every delivery the triggers will not count.
+    op.execute(
+        """
+        INSERT INTO outbox_delivered_minutes (outbox, minute, shard, delivered)
+        SELECT outbox, date_trunc('minute', delivered_at), 0, count(*)
+        FROM outbox_messages WHERE status = 'delivered' AND delivered_at IS NOT NULL
+        GROUP BY 1, 2
+        """
     )
 
 

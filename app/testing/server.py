@@ -92,10 +92,16 @@ class TestServer:
     def tcp_url_for(self, database: str) -> str:
         """libpq URL of ``database`` on 127.0.0.1, for the few tests that need a TCP
         address (a pooler in front, a host spelled out). Only the local server has one;
-        an external one's URL is returned as it is."""
+        an external one's URL is returned as it is. It asks libpq to refuse any
+        authentication weaker than SCRAM (``require_auth``), so whatever else answers on
+        the port (another user's, while a fault test has the server down) is sent no
+        password; asyncpg knows no such parameter: drop it for asyncpg, knowing that."""
         if self.local is None:
             return self.url_for(database)
-        return f"postgresql://{_TEST_ROLE}:{self._password}@127.0.0.1:{self.local.port}/{database}"
+        return (
+            f"postgresql://{_TEST_ROLE}:{self._password}@127.0.0.1:{self.local.port}/{database}"
+            "?require_auth=scram-sha-256"
+        )
 
     @property
     def admin_url(self) -> str:

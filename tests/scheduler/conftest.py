@@ -19,14 +19,16 @@ from zoneinfo import ZoneInfo
 import psycopg
 import pytest
 from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from app.db import Database
+from app.db import Database, asyncpg_dsn
 from app.scheduler import FakeClock, JobContext, Scheduler, SchedulerConfig, cron
 from app.scheduler.keys import LEADER_KEY_LOCKS, SCHEDULER_LEADER_KEY
 from app.scheduler.retry import BUSY_ROW
 from app.scheduler.runner import Runner
 from app.scheduler.store import JobStore
+from app.testing.server import TestServer
 
 from ..conftest import StartScheduler
 from ..procs.cluster import PROBE_TABLE_SQL, Cluster
@@ -57,6 +59,14 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 HOLDERS_SQL = text(f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND granted")
 WAITERS_SQL = text(f"SELECT count(*) FROM pg_locks WHERE {LEADER_KEY_LOCKS} AND NOT granted")
+
+
+def asyncpg_over_tcp(server: TestServer, database_url: str) -> str:
+    """The test database's DSN on the local test server's TCP port, for asyncpg. asyncpg
+    has no ``require_auth``, so it is dropped: these tests connect while the server
+    they started is up, not while another user could hold its port."""
+    url = make_url(server.tcp_url_for(str(make_url(database_url).database)))
+    return asyncpg_dsn(url.difference_update_query(["require_auth"]).render_as_string(False))
 
 
 async def holder_count(engine: AsyncEngine) -> int:

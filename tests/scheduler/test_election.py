@@ -16,7 +16,6 @@ from zoneinfo import ZoneInfo
 import asyncpg
 import pytest
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database, asyncpg_dsn
@@ -40,6 +39,7 @@ from app.testing.server import TestServer
 from .conftest import (
     StandbyProcesses,
     StartScheduler,
+    asyncpg_over_tcp,
     eventually,
     holder_count,
     wait_for_runs,
@@ -452,7 +452,7 @@ async def test_the_lock_connection_probes_its_peer_with_tcp_keepalives(
     """A vanished host sends no FIN: keepalive probes from both ends find it, so the
     server drops a standby whose host vanished, and a standby whose server vanished
     stops waiting."""
-    over_tcp = asyncpg_dsn(server.tcp_url_for(str(make_url(database_url).database)))
+    over_tcp = asyncpg_over_tcp(server, database_url)
     lock = await LockConnection.connect(over_tcp, lease_seconds=30)
     try:
         driver = lock._connection  # the driver's connection: its socket and session

@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import Database, asyncpg_dsn
+from app.db import Database
 from app.main import create_app
 from app.operations.jobs import set_paused
 from app.scheduler import (
@@ -47,7 +47,7 @@ from app.scheduler.store import JobStore
 from app.settings import Settings
 from app.testing.server import TestServer
 
-from .conftest import StartScheduler, eventually
+from .conftest import StartScheduler, asyncpg_over_tcp, eventually
 
 _KEY_ROWS = text(
     "SELECT classid::bigint, objid::bigint, objsubid FROM pg_locks"
@@ -428,7 +428,7 @@ async def test_a_second_scheduler_of_one_name_is_refused_when_its_dsn_names_the_
 ) -> None:
     if not server.can_restart:
         pytest.skip("spells the local test server's TCP address two ways")
-    over_tcp = asyncpg_dsn(server.tcp_url_for(str(make_url(database_url).database)))
+    over_tcp = asyncpg_over_tcp(server, database_url)
     first = await start_scheduler(
         _scheduler("billing", [], "job"), simulated_workers=False, lock_dsn=over_tcp
     )

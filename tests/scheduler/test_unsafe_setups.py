@@ -97,7 +97,12 @@ def pooler(server: TestServer, database_url: str) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    url = upstream.set(port=port).render_as_string(hide_password=False)
+    # pgbouncer lets its clients in without a password (auth_type = trust).
+    url = (
+        upstream.set(port=port)
+        .difference_update_query(["require_auth"])
+        .render_as_string(hide_password=False)
+    )
     try:
         deadline = time.monotonic() + 10
         while True:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 
 import psycopg
 import pytest
@@ -13,7 +14,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from app.db import Database
+from app.localpg import free_port
 from app.testing.server import TestServer
+
+from .conftest import Impostor
 
 
 async def test_a_tests_database_connection_goes_through_the_servers_socket(
@@ -38,3 +42,18 @@ def test_the_kits_socket_directory_only_the_servers_account_enters(
     assert stat.S_IMODE(mode.st_mode) & 0o077 == 0, oct(mode.st_mode)
     with psycopg.connect(database_url) as conn:
         assert conn.execute("SELECT inet_server_addr()").fetchone() == (None,)
+
+
+def test_the_kits_tcp_url_sends_no_password_to_whatever_answers_on_its_port(
+    server: TestServer, database_url: str, impostor: Callable[[int], Impostor]
+) -> None:
+    # As if another user had taken the port while a fault test had the server down.
+    if not server.can_restart or server.local is None:
+        pytest.skip("TEST_DATABASE_URL names a server of its own")
+    url = server.tcp_url_for(str(make_url(database_url).database))
+    port = free_port()
+    fake = impostor(port)
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url.replace(f":{server.local.port}/", f":{port}/"), connect_timeout=5)
+    password = make_url(url).password
+    assert password and password not in fake.captured()

@@ -34,6 +34,13 @@ SHAPES: dict[str, Any] = {
             {"id": n, "name": "Zoë [x]", "attrs": {"a": 1, "b": [1, 2, 3]}} for n in range(100_000)
         ]
     },
+    # Every record with a float of 1e16 or more (written 1e+16 by json.dumps): the
+    # exact path, which rewrites each in positional form for jsonb.
+    "export, 100k big floats": {
+        "records": [
+            {"id": n, "name": "Zoë [x]", "amount": 1.5e20 * n + 1e16} for n in range(100_000)
+        ]
+    },
 }
 
 

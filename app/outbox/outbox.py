@@ -218,6 +218,10 @@ class Outbox:
         non-empty str PostgreSQL can store, or past MAX_KEY_BYTES), ``at`` (naive, more
         than ten years ahead, or given with ``delay``) or ``delay`` (not a timedelta
         from 0 to ten years); PayloadError naming a field that jsonb cannot store.
+
+        A float reaches the deliverer as the float it was: one of magnitude 1e16 or more
+        (whose repr has an exponent, which jsonb's numeric would give back as an int)
+        is stored in positional form with a ``.0`` (``10000000000000000.0``).
         """
         params = self._insert_params(payload, key, at, delay)
         row_id = (await session.execute(sql.INSERT, params)).scalar()

@@ -8,13 +8,22 @@ that fails, or the text may hold something jsonb refuses (a NUL, a lone surrogat
 nests too deep (read from its brackets outside its strings), is the payload walked,
 iteratively (a walk cannot overflow the stack), to check it and name the first bad
 field.
+
+A float whose repr has a positive exponent (``1e+16``, ``1.5e+300``: magnitude 1e16 and
+up) is written in positional form with a ``.0`` (``10000000000000000.0``): jsonb stores
+numbers as numeric and writes ``1e+16`` back as ``10000000000000000``, which json.loads
+reads as an int (for 1.5e300, an int not even equal to the float). Only a text holding
+``e+`` is searched for them, from each ``e+`` (C-speed: a regular expression with a
+literal start, and quote counts that tell an ``e+`` in a string from one in a number).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import reprlib
 import sys
+from decimal import Decimal
 from typing import Any
 
 from app.storable import is_storable_text
@@ -44,6 +53,12 @@ _BRACKETS_ONLY: dict[int, str | None] = {
     code: None for code in range(128) if chr(code) not in "[]{}"
 } | {ord("{"): "[", ord("}"): "]"}
 
+# A positive exponent, as float.__repr__ writes it (json.dumps writes ints without one),
+# and the mantissa before it: at most 17 digits, a point and a sign.
+_POSITIVE_EXPONENT = re.compile(r"e\+[0-9]+")
+_MANTISSA = re.compile(r"-?[0-9]+(?:\.[0-9]+)?\Z")
+_MANTISSA_LENGTH = 19
+
 
 def dump_payload(outbox: str, payload: Any) -> str:
     """The payload as JSON text jsonb accepts, holding every key it was given. Raises
@@ -67,6 +82,8 @@ def dump_payload(outbox: str, payload: Any) -> str:
         problem = _first_problem(payload)
         if problem is not None:
             raise PayloadError(f"outbox {outbox!r}: {problem}")
+    if "e+" in text:  # a float jsonb would give back as an int, or text that says e+
+        text = _positional_floats(text)
     # A character is at most four bytes: only a long text is encoded to be measured.
     if len(text) * 4 > MAX_PAYLOAD_BYTES and len(text.encode()) > MAX_PAYLOAD_BYTES:
         raise PayloadError(
@@ -75,6 +92,40 @@ def dump_payload(outbox: str, payload: Any) -> str:
             " and enqueue its address"
         )
     return text
+
+
+def _positional_floats(text: str) -> str:
+    """``text`` (json.dumps output) with each float written with a positive exponent
+    rewritten in positional form with a ``.0``, which jsonb's numeric keeps as written
+    and json.loads reads back as the same float; the text itself when it has none."""
+    # The text with its escaped backslashes and quotes masked, each by as many
+    # characters: every " left opens or closes a string, at the text's own positions.
+    masked = text.replace("\\\\", "__").replace('\\"', "__")
+    pieces: list[str] = []
+    written = counted = quotes = 0
+    for exponent in _POSITIVE_EXPONENT.finditer(masked):  # found from its literal "e+"
+        at = exponent.start()
+        quotes += masked.count('"', counted, at)
+        counted = at
+        if quotes % 2:
+            continue  # in a string: text that says e+
+        mantissa = _MANTISSA.search(masked, max(written, at - _MANTISSA_LENGTH), at)
+        if mantissa is None:  # not json.dumps output: left as it is
+            continue
+        start = mantissa.start()
+        pieces += (text[written:start], _positional(text[start : exponent.end()]))
+        written = exponent.end()
+    if not pieces:
+        return text
+    pieces.append(text[written:])
+    return "".join(pieces)
+
+
+def _positional(number: str) -> str:
+    """A float's repr with a positive exponent (``1.5e+300``) in positional form with a
+    ``.0`` (``15`` and 299 zeros ``.0``): exact, as repr is."""
+    written = format(Decimal(number), "f")
+    return written if "." in written else f"{written}.0"
 
 
 def _nests_deeper_than(text: str, depth: int) -> bool:

@@ -91,3 +91,17 @@ async def test_a_prune_deletes_in_batches_until_none_is_left(
     report = await prune(session, "default", small)
     assert report.runs == 25
     assert await history.run_ids() == kept
+
+
+async def test_a_run_whose_start_is_out_of_step_with_its_id_holds_up_no_other_old_run(
+    history: History, session: AsyncSession
+) -> None:
+    # Recorded first, started after the others: a database clock that was ahead.
+    await history.run("ahead", age=29 * DAY)
+    old = [await history.run("busy", age=(90 - n) * DAY) for n in range(10)]
+    kept = await _newest_runs(history, "busy", 3)
+    counted = await prunable(session, "default", POLICY)
+    report = await prune(session, "default", POLICY)
+    assert (counted.runs, report.runs) == (10, 10)
+    assert await history.run_ids("busy") == kept
+    assert not set(old) & await history.run_ids()

@@ -17,7 +17,7 @@ and a pass killed mid-way has committed every batch before the kill, so the next
 simply finds less to delete. The keep-last bound of each job is read by the same
 statement; a run recorded meanwhile only moves the bound up, so a batch never deletes
 one of a job's ``keep`` newest runs. The walk goes job by job, each from its oldest
-run, and stops at the job's keep-last bound and at the schedule's first run since the
+run, and stops at the job's keep-last bound and at the schedule's last run before the
 cutoff: what a batch reads is what it deletes, plus one probe per job, however much
 old history keep-last holds.
 """
@@ -36,9 +36,10 @@ __all__ = ["count_prunable_runs", "prune_runs_batch"]
 
 # Each job's runs are walked by id (scheduler_runs_job_recent), from its oldest up to the
 # lower of two bounds: its keep-last bound (the id of its ``keep``-th newest run, read
-# when the walk reaches the job) and the first run of the schedule that started at or
-# after the cutoff (ids follow start times). Jobs are taken one after another until
-# the batch is full, in no order of age: a batch deletes prunable rows, and reads little
+# when the walk reaches the job) and the last run of the schedule that started before
+# the cutoff (ids follow start times; a run whose start is out of step with its id, a
+# clock that was ahead, bounds nothing). Jobs are taken one after another until the
+# batch is full, in no order of age: a batch deletes prunable rows, and reads little
 # more than it deletes, with one probe per job it reaches, however much old history
 # keep-last holds (the walk along started_at read every rare job's kept runs again at
 # each batch) and however many busy jobs there are (taking the oldest across all jobs
@@ -52,8 +53,8 @@ def _candidates(limit: str) -> str:
         ), bound AS MATERIALIZED (
             SELECT COALESCE((
                 SELECT r.id FROM scheduler_runs r
-                WHERE r.schedule = :schedule AND r.started_at >= (SELECT at FROM cutoff)
-                ORDER BY r.started_at LIMIT 1), 9223372036854775807) AS first_recent
+                WHERE r.schedule = :schedule AND r.started_at < (SELECT at FROM cutoff)
+                ORDER BY r.started_at DESC LIMIT 1), 0) AS last_old
         )
         SELECT candidate.id FROM scheduler_jobs j CROSS JOIN LATERAL (
             SELECT r.id FROM scheduler_runs r
@@ -63,7 +64,7 @@ def _candidates(limit: str) -> str:
                     SELECT k.id FROM scheduler_runs k
                     WHERE k.schedule = j.schedule AND k.job_id = j.id
                     ORDER BY k.id DESC OFFSET CAST(:keep AS integer) - 1 LIMIT 1)
-                AND r.id < (SELECT first_recent FROM bound)
+                AND r.id <= (SELECT last_old FROM bound)
                 AND r.started_at < (SELECT at FROM cutoff)
                 AND r.status <> 'running' AND r.running_until IS NULL
                 AND r.id IS DISTINCT FROM j.running_run_id

@@ -37,7 +37,7 @@ from ..operations.run_status import RunStatus
 from . import session
 from .api import engine_of, lease_now_of, schedule_name
 from .auth import admin_key, refuse_wrong_token, token_matches
-from .params import JobId, MessageId, OutboxName
+from .params import JobId, MessageId, OutboxName, path_segment
 from .screens import STYLESHEET, flash_line, job_screen, login_form, main_screen
 
 __all__ = ["router"]
@@ -210,7 +210,7 @@ async def _act(
 def _back(job_id: str, page: str | None) -> str:
     """Where a job action returns, below the session's path: the job's own page when it
     was posted from there, else the main screen."""
-    return f"jobs/{job_id}" if page == "job" else ""
+    return f"jobs/{path_segment(job_id)}" if page == "job" else ""
 
 
 @router.post("/s/{sid}/outboxes/{name}/messages/{message_id}/reset")

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.templating import Jinja2Templates
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 from ..operations import display
 from ..operations.errors import NotFound
@@ -28,9 +28,10 @@ from ..operations.outboxes import list_outboxes
 from ..operations.reading import lease_clock_now
 from ..operations.run_status import RUN_STATUSES
 from ..operations.runs import job_runs
-from ..printable import printable_text
+from ..printable import printable, printable_text
 from . import chart, session
 from .api import engine_of, lease_now_of, schedule_name
+from .params import path_segment
 
 __all__ = [
     "REFRESH_SECONDS",
@@ -47,15 +48,36 @@ _templates.env.globals["display"] = display
 
 
 def _shown(value: object) -> object:
-    # Every {{ value }} of a template: a control character from data (U+202E above all,
-    # which reverses what follows it on screen) shown as an escape.
-    # Markup (the chart's SVG) is the page's own, built escaped.
+    # Every {{ value }} of a template: a control or invisible character from data
+    # (U+202E above all, which reverses what follows it on screen; LF, CR and TAB, which
+    # HTML lays out as a space) shown as an escape, on one line.
+    # Markup (the chart's SVG, an error's lines) is the page's own, built escaped.
     if isinstance(value, str) and not isinstance(value, Markup):
-        return printable_text(value)
+        return printable(value)
     return value
 
 
+# Spaces HTML would not show as they are: at either end of a value, or two and more in a
+# row (laid out as one).
+_UNSEEN_SPACES = re.compile(r"^ +| +$| {2,}")
+
+
+def _identifier(value: object) -> str:
+    # A key, an id, a name, a host: who something is, so two that differ look different,
+    # by their spaces too ("invoice-42  for alice" is not "invoice-42 for alice").
+    return _UNSEEN_SPACES.sub(lambda spaces: "\\x20" * len(spaces.group()), printable(str(value)))
+
+
+def _lines(value: object) -> Markup:
+    # An error's text (a traceback) shown as its lines, each escaped.
+    return escape(printable_text(str(value)))
+
+
 _templates.env.finalize = _shown
+_templates.env.filters["identifier"] = _identifier
+_templates.env.filters["lines"] = _lines
+# A value from data as one segment of a link's or a form's URL.
+_templates.env.filters["segment"] = path_segment
 
 # The page's style sheet (a file, not inline: the page's CSP allows no inline style,
 # see headers.py).
@@ -165,7 +187,8 @@ async def job_screen(
     engine = engine_of(request)
     filtered = f"&status={status}" if status is not None else ""
     query = f"?before={before}&limit={limit}" if before is not None else f"?limit={limit}"
-    context = await _common(request, base, csrf, flash, f"{base}/jobs/{job_id}{query}{filtered}")
+    page = f"{base}/jobs/{path_segment(job_id)}"
+    context = await _common(request, base, csrf, flash, f"{page}{query}{filtered}")
     context |= {"statuses": RUN_STATUSES, "status": status}
     try:
         runs = await job_runs(
@@ -185,7 +208,7 @@ async def job_screen(
     job = next((job for job in jobs if job["id"] == job_id), None)
     older = None
     if len(runs) == limit:
-        older = f"{base}/jobs/{job_id}?before={runs[-1]['id']}&limit={limit}{filtered}"
+        older = f"{page}?before={runs[-1]['id']}&limit={limit}{filtered}"
     context |= {"job": job, "runs": runs, "older": older, "chart": chart.runs_chart(runs)}
     return _templates.TemplateResponse(request, "job.html", context)
 

@@ -4,6 +4,8 @@ row or one event per line."""
 
 from __future__ import annotations
 
+import html
+import html.parser
 import logging
 import logging.config
 import os
@@ -11,6 +13,7 @@ import re
 import socket
 import subprocess
 from pathlib import Path
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 import httpx
 import psycopg
@@ -20,7 +23,7 @@ import uvicorn.config
 from app.db import Database, asyncpg_dsn
 from app.logging import configure_logging
 from app.outbox import HttpTransport, Outbox
-from app.printable import printable
+from app.printable import printable, printable_text
 from tests.forked_cli import run_app
 
 from ..conftest import admin_session
@@ -224,3 +227,214 @@ async def test_the_admin_page_shows_data_escaped(
     # Line breaks are text to HTML; the rest would act, or hide, on screen.
     assert not [c for c in RAW if c in page.text and c not in "\r\n"]
     assert "\\u202eevil" in page.text and "\\x1b]0;owned" in page.text
+
+
+# Invisible format characters (Unicode category Cf and the like): a zero-width space, a
+# BOM (zero-width no-break space), a soft hyphen, a word joiner, a tag character (a
+# hidden "A": text smuggled past the eye), a Mongolian vowel separator, and a no-break
+# space, which looks like a space.
+_INVISIBLE = [
+    ("\u200b", "\\u200b"),
+    ("\ufeff", "\\ufeff"),
+    ("\u00ad", "\\xad"),
+    ("\u2060", "\\u2060"),
+    ("\U000e0041", "\\U000e0041"),
+    ("\u180e", "\\u180e"),
+    ("\u00a0", "\\xa0"),
+    ("\ue000", "\\ue000"),
+]
+
+
+@pytest.mark.parametrize(
+    ("char", "shown"), _INVISIBLE, ids=[f"U+{ord(char):04X}" for char, _ in _INVISIBLE]
+)
+def test_an_invisible_format_character_is_shown_escaped(char: str, shown: str) -> None:
+    # "invoice-42" and "invoice-\u200b42" are two keys; shown alike, an operator resets
+    # or forgets the other one.
+    assert printable(f"invoice-{char}42") == f"invoice-{shown}42"
+    assert printable_text(f"invoice-{char}42\n") == f"invoice-{shown}42\n"
+
+
+def test_printable_text_keeps_line_breaks_and_tabs_and_escapes_the_rest() -> None:
+    assert printable_text("a\r\n\tb\x1b\u2028\u200b") == "a\r\n\tb\\x1b\\u2028\\u200b"
+
+
+def _insert_keys(database_url: str, keys: tuple[str, ...], error: str = "x") -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for key in keys:
+            conn.execute(
+                "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
+                " next_attempt_at, created_at, updated_at, last_error) VALUES"
+                " ('grants', %s, '{}', 'stuck', 3, now(), now(), now(), %s)",
+                (key, error),
+            )
+
+
+class _Cells(html.parser.HTMLParser):
+    """The text of each ``<td data-label="key">`` of a page, as an HTML parser reads it
+    (which turns a CR, or CR LF, into LF)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.cells: list[str] = []
+        self._in: bool = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "td" and ("data-label", "key") in attrs:
+            self._in = True
+            self.cells.append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "td":
+            self._in = False
+
+    def handle_data(self, data: str) -> None:
+        if self._in:
+            self.cells[-1] += data
+
+
+def _key_cells(page: str) -> list[str]:
+    parser = _Cells()
+    parser.feed(page.replace("\r\n", "\n").replace("\r", "\n"))
+    return parser.cells
+
+
+async def test_the_admin_page_shows_an_invisible_character_in_a_key_escaped(
+    open_app: Open, database_url: str
+) -> None:
+    _insert_keys(database_url, ("invoice-42", "invoice-\u200b42"))
+    async with open_app() as client:
+        base = await admin_session(client, ADMIN_TOKEN)
+        page = await client.get(f"{base}/")
+    assert page.status_code == 200
+    assert "\u200b" not in page.text, "the zero-width space reaches the page as it is"
+    assert sorted(_key_cells(page.text)) == ["invoice-42", "invoice-\\u200b42"]
+
+
+async def test_keys_that_differ_by_a_line_break_or_spaces_look_different_on_the_admin_page(
+    open_app: Open, database_url: str
+) -> None:
+    # HTML lays out a run of white space (LF, CR, TAB, spaces) as one space, and none at
+    # the ends of a cell: each of these keys would look like "invoice-42 for alice".
+    keys = (
+        "invoice-42 for alice",
+        "invoice-42\nfor alice",
+        "invoice-42\rfor alice",
+        "invoice-42\r\nfor alice",
+        "invoice-42\tfor alice",
+        "invoice-42  for alice",
+        " invoice-42 for alice",
+        "invoice-42 for alice ",
+    )
+    _insert_keys(database_url, keys)
+    async with open_app() as client:
+        base = await admin_session(client, ADMIN_TOKEN)
+        page = await client.get(f"{base}/")
+    assert page.status_code == 200
+    cells = _key_cells(page.text)
+    assert len(cells) == len(keys), cells
+    laid_out = {" ".join(cell.split()) for cell in cells}
+    assert len(laid_out) == len(keys), f"the page shows {len(keys)} keys as {laid_out}"
+    assert "invoice-42\\nfor alice" in laid_out and "invoice-42\\r\\nfor alice" in laid_out
+
+
+async def test_an_error_on_the_admin_page_stays_readable_as_lines(
+    open_app: Open, database_url: str
+) -> None:
+    # A traceback is shown as its lines, its control characters (but for its line
+    # breaks) and invisible characters escaped.
+    error = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: a\u200bb'
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO scheduler_jobs (id, name, trigger, next_run_at)"
+            " VALUES ('nightly', 'nightly', 'every 60s', now())"
+        )
+        conn.execute(
+            "INSERT INTO scheduler_runs (job_id, scope, slot, manual, started_at,"
+            " finished_at, status, lateness_ms, duration_ms, pid, host, error) VALUES"
+            " ('nightly', 'leader', now(), false, now(), now(), 'error', 0, 0, 1, 'h', %s)",
+            (error,),
+        )
+    async with open_app() as client:
+        base = await admin_session(client, ADMIN_TOKEN)
+        page = await client.get(f"{base}/jobs/nightly")
+    assert page.status_code == 200
+    shown = html.unescape(page.text)
+    assert '<pre>Traceback (most recent call last):\n  File "x.py", line 1\n' in shown
+    assert "ValueError: a\\u200bb</pre>" in shown
+
+
+_ACTIONS = (
+    r"/logout",
+    r"/jobs/(?P<job>[^/]+)/(run|pause|resume|forget)",
+    r"/outboxes/(?P<outbox>[^/]+)/(reset-stuck|forget)",
+    r"/outboxes/(?P<outbox>[^/]+)/messages/\d+/reset",
+)
+_LINKS = (r"/", r"/jobs/(?P<job>[^/]+)")
+
+
+async def test_a_data_value_in_a_url_stays_one_path_segment(
+    open_app: Open, database_url: str
+) -> None:
+    # An outbox column or a job id is any text in the database (rows can be written by
+    # any service sharing it); built into a form's action unencoded, dot segments in it
+    # would send the button's POST, with the session's CSRF value, to another action.
+    hostile = ["x/../../jobs/report_warm/forget?", "..", ".", "a b#c%2F?d=e&f"]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for n, name in enumerate(hostile):
+            conn.execute(
+                "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
+                " next_attempt_at, created_at, updated_at, last_error) VALUES"
+                " (%s, 'k', '{}', 'stuck', 3, now(), now(), now(), 'x')",
+                (name,),
+            )
+            conn.execute(
+                "INSERT INTO scheduler_jobs (id, name, trigger, next_run_at, retired_at)"
+                " VALUES (%s, 'j', 'every 60s', now(), CASE WHEN %s THEN now() END)",
+                (name, n % 2 == 0),
+            )
+    async with open_app() as client:
+        base = await admin_session(client, ADMIN_TOKEN)
+        pages = [await client.get(f"{base}/")]
+        pages += [await client.get(f"{base}/jobs/{quote(name, safe='')}") for name in hostile]
+    assert pages[0].status_code == 200
+    seen: set[str] = set()
+    for page in pages:
+        for attribute, routes in (("action", _ACTIONS), ("href", _LINKS)):
+            urls = re.findall(rf'{attribute}="([^"]+)"', page.text)
+            for url in (html.unescape(u) for u in urls if "/admin.css" not in u):
+                path = urlsplit(urljoin(f"http://test{base}/", url)).path
+                match = next(
+                    (m for r in routes if (m := re.fullmatch(re.escape(base) + r, path))), None
+                )
+                assert match is not None, (url, path)
+                seen.update(unquote(s) for s in match.groupdict().values() if s is not None)
+                # A browser takes "%2E" for a dot (WHATWG URL): there a value of only
+                # dots resolves away, and its buttons must then reach no action.
+                dotted = re.sub("%2e", ".", url, flags=re.IGNORECASE)
+                browser = urlsplit(urljoin(f"http://test{base}/", dotted)).path
+                if browser != path and attribute == "action":
+                    for route in _ACTIONS:
+                        assert not re.fullmatch(re.escape(base) + route, browser), (url, browser)
+    assert set(hostile) <= seen, seen
+
+
+async def test_an_encoded_job_id_in_a_button_reaches_its_job(
+    open_app: Open, database_url: str
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO scheduler_jobs (id, name, trigger, next_run_at)"
+            " VALUES ('report.eu:nightly', 'j', 'every 60s', now())"
+        )
+    async with open_app() as client:
+        base = await admin_session(client, ADMIN_TOKEN)
+        page = await client.get(f"{base}/")
+        [action] = re.findall(r'action="([^"]+/pause)"', page.text)
+        [csrf] = re.findall(r'name="csrf" value="([^"]+)"', page.text)[:1]
+        paused = await client.post(html.unescape(action), data={"csrf": csrf})
+    assert "%3A" in action, action
+    assert paused.status_code == 303, paused.text
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT paused FROM scheduler_jobs WHERE id = 'report.eu:nightly'")
+        assert row.fetchone() == (True,)

@@ -27,7 +27,9 @@ JobFunc = Callable[..., Any]
 ServiceFunc = Callable[..., Awaitable[None]]
 
 # Every id must be addressable by the admin routes and the CLI, and printable in a log.
-ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,200}$"
+# Not dots alone: a browser resolves a path segment of "." or ".." (encoded or not), so
+# no URL of the admin page could reach such a job.
+ID_PATTERN = r"^(?!\.+$)[A-Za-z0-9_.:-]{1,200}$"
 _ID = re.compile(ID_PATTERN)
 _NAME_LIMIT = 200
 # Ten years: beyond it a duration is a typo, and datetime arithmetic would overflow.
@@ -245,7 +247,7 @@ class Registry:
             raise InvalidJobError(
                 str(job_id) if printable else repr(job_id),
                 "id must be 1 to 200 characters of A-Z, a-z, 0-9, '_', '.', ':' or '-', "
-                "so the admin page, its API and the CLI can address it",
+                "not dots alone, so the admin page, its API and the CLI can address it",
             )
         if job_id in self.jobs or job_id in self.services:
             raise InvalidJobError(

@@ -98,7 +98,19 @@ def test_registration_returns_the_function_unchanged() -> None:
 
 @pytest.mark.parametrize(
     "job_id",
-    ["nul\x00byte", "tab\tid", "new\nline", "space id", "slash/id", "ü-umlaut", "x" * 201, ""],
+    [
+        "nul\x00byte",
+        "tab\tid",
+        "new\nline",
+        "space id",
+        "slash/id",
+        "ü-umlaut",
+        "x" * 201,
+        "",
+        # A browser resolves a path segment of dots ("%2E%2E" too): no URL reaches it.
+        ".",
+        "..",
+    ],
 )
 def test_an_id_the_admin_cannot_address_is_refused(job_id: str) -> None:
     with pytest.raises(InvalidJobError, match="id must be"):

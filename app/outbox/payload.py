@@ -83,26 +83,34 @@ def dump_payload(outbox: str, payload: Any) -> str:
         if problem is not None:
             raise PayloadError(f"outbox {outbox!r}: {problem}")
     if "e+" in text:  # a float jsonb would give back as an int, or text that says e+
-        text = _positional_floats(text)
+        written = _positional_floats(text, MAX_PAYLOAD_BYTES)
+        if written is None:
+            raise _too_large(outbox, f"more than {MAX_PAYLOAD_BYTES:,}")
+        text = written
     # A character is at most four bytes: only a long text is encoded to be measured.
     if len(text) * 4 > MAX_PAYLOAD_BYTES and len(text.encode()) > MAX_PAYLOAD_BYTES:
-        raise PayloadError(
-            f"outbox {outbox!r}: payload is {len(text.encode()):,} bytes of JSON, past"
-            f" MAX_PAYLOAD_BYTES ({MAX_PAYLOAD_BYTES:,}); store the content elsewhere"
-            " and enqueue its address"
-        )
+        raise _too_large(outbox, f"{len(text.encode()):,}")
     return text
 
 
-def _positional_floats(text: str) -> str:
+def _too_large(outbox: str, size: str) -> PayloadError:
+    return PayloadError(
+        f"outbox {outbox!r}: payload is {size} bytes of JSON, past MAX_PAYLOAD_BYTES"
+        f" ({MAX_PAYLOAD_BYTES:,}); store the content elsewhere and enqueue its address"
+    )
+
+
+def _positional_floats(text: str, limit: int) -> str | None:
     """``text`` (json.dumps output) with each float written with a positive exponent
     rewritten in positional form with a ``.0``, which jsonb's numeric keeps as written
-    and json.loads reads back as the same float; the text itself when it has none."""
+    and json.loads reads back as the same float; the text itself when it has none.
+    None as soon as the text written would pass ``limit`` characters (each ``1e+308``
+    grows by 300), before it is built."""
     # The text with its escaped backslashes and quotes masked, each by as many
     # characters: every " left opens or closes a string, at the text's own positions.
     masked = text.replace("\\\\", "__").replace('\\"', "__")
     pieces: list[str] = []
-    written = counted = quotes = 0
+    written = counted = quotes = grown = 0
     for exponent in _POSITIVE_EXPONENT.finditer(masked):  # found from its literal "e+"
         at = exponent.start()
         quotes += masked.count('"', counted, at)
@@ -113,7 +121,11 @@ def _positional_floats(text: str) -> str:
         if mantissa is None:  # not json.dumps output: left as it is
             continue
         start = mantissa.start()
-        pieces += (text[written:start], _positional(text[start : exponent.end()]))
+        positional = _positional(text[start : exponent.end()])
+        grown += len(positional) - (exponent.end() - start)
+        if len(text) + grown > limit:
+            return None
+        pieces += (text[written:start], positional)
         written = exponent.end()
     if not pieces:
         return text

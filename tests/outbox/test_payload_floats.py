@@ -10,6 +10,7 @@ import json
 import random
 import struct
 import sys
+import tracemalloc
 from typing import Any
 
 import httpx
@@ -169,3 +170,17 @@ _VALUES = st.recursive(
 @given(_VALUES)
 def test_floats_are_rewritten_and_strings_left_as_they_were(value: Any) -> None:
     assert _typed(json.loads(dump_payload("floats", value))) == _typed(value)
+
+
+def test_a_payload_too_large_once_its_floats_are_written_out_is_refused_unbuilt() -> None:
+    # 3.2 MB of JSON text; stored, each 1e+308 is 309 digits and ".0": 125 MB.
+    payload = [1e308] * 400_000
+    text_size = len(json.dumps(payload))
+    tracemalloc.start()
+    try:
+        with pytest.raises(PayloadError, match="MAX_PAYLOAD_BYTES"):
+            dump_payload("big", payload)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 * text_size

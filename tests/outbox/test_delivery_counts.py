@@ -193,3 +193,35 @@ def _wait_for_a_backend_waiting_on_a_lock(
                 return
             watch.execute("SELECT pg_sleep(0.02)")
     migrating.result()
+
+
+def test_a_delivery_committed_while_the_counts_migration_is_undone_is_counted(
+    empty_database_url: str,
+) -> None:
+    # A rollback of a release: a drain of the newer one delivers a second row in a
+    # minute its backend already counted one in, its transaction still open, while the
+    # release before migrates down past 0028.
+    migrate(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        for key in ("x", "y"):
+            conn.execute(
+                "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
+                " next_attempt_at, created_at, updated_at)"
+                " VALUES ('live', %s, '{}', 'pending', 0, now(), now(), now())",
+                (key,),
+            )
+    deliver = "UPDATE outbox_messages SET status = 'delivered', delivered_at = now() WHERE key = %s"
+    with psycopg.connect(empty_database_url) as drain:
+        drain.execute(deliver, ("x",))
+        drain.commit()
+        drain.execute(deliver, ("y",))
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            undoing = pool.submit(command.downgrade, alembic_config(empty_database_url), "0027")
+            _wait_for_a_backend_waiting_on_a_lock(empty_database_url, undoing)
+            drain.commit()
+            undoing.result(timeout=60)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        [counted] = conn.execute(
+            "SELECT sum(delivered) FROM outbox_delivered_minutes WHERE outbox = 'live'"
+        ).fetchone() or [None]
+    assert counted == 2

@@ -59,6 +59,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Waits out the transactions writing outbox_messages (a drain of this release, its
+    # delivery counted but not committed) and holds new ones off until this commits, so
+    # the fold below reads every count.
+    op.execute("LOCK TABLE outbox_messages IN SHARE ROW EXCLUSIVE MODE")
     _count_per(_SIXTEEN, was=_PER_BACKEND)
     # Each pid's counts folded into the sixteen shards 0027 keeps, to fit its smallint.
     op.execute(

@@ -87,7 +87,8 @@ def _to_sign_in(request: Request) -> Response:
 async def sign_in_page(request: Request) -> Response:
     """The sign-in form (a session's page is under its own path, and its cookie is
     never sent here)."""
-    return login_form(request, _key(request), None)
+    now = await lease_clock_now(engine_of(request), lease_now_of(request))
+    return login_form(request, _key(request), now, None)
 
 
 @router.get("/s/{sid}/", response_class=HTMLResponse)
@@ -132,11 +133,14 @@ async def login(
     path, or say no (401; 429 with Retry-After while this client must wait after
     repeated wrong tokens)."""
     key = _key(request)
-    if not session.login_csrf_matches(request, key, csrf):
+    engine = engine_of(request)
+    now = await lease_clock_now(engine, lease_now_of(request))
+    if not session.sign_in_form_value_is_current(key, csrf, now):
         return login_form(
             request,
             key,
-            "The form's CSRF value is missing or wrong; reload the page and sign in again.",
+            now,
+            "The form's CSRF value is missing, wrong or too old; sign in again on this form.",
             status_code=403,
         )
     if not token_matches(key, token):
@@ -145,14 +149,14 @@ async def login(
             response = login_form(
                 request,
                 key,
+                now,
                 f"Too many wrong tokens from this address; wait {wait} s before the next try.",
                 status_code=429,
             )
             response.headers["Retry-After"] = str(wait)
             return response
-        return login_form(request, key, "That is not the admin token.", status_code=401)
-    engine = engine_of(request)
-    cookie = session.issue(key, await lease_clock_now(engine, lease_now_of(request)))
+        return login_form(request, key, now, "That is not the admin token.", status_code=401)
+    cookie = session.issue(key, now)
     base = session.session_path(request, session.sid_for(key, cookie))
     response = RedirectResponse(f"{base}/", status_code=303)
     session.set_cookie(

@@ -11,6 +11,7 @@ clock, which the times shown are on. The routes that serve them are page.py's.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -213,20 +214,14 @@ async def job_screen(
     return _templates.TemplateResponse(request, "job.html", context)
 
 
-def login_form(request: Request, key: bytes, error: str | None, status_code: int = 200) -> Response:
-    """The sign-in form, ``error`` told above it, with its CSRF value and the cookie it
-    is derived from (set anew unless the browser sent one we made)."""
-    sent = session.cookie_values(request, session.LOGIN_COOKIE)
-    nonce = session.login_nonce(sent)
+def login_form(
+    request: Request, key: bytes, now: datetime, error: str | None, status_code: int = 200
+) -> Response:
+    """The sign-in form served at ``now`` (on the lease clock), ``error`` told above it,
+    with its CSRF value (session.sign_in_form_value)."""
     context = {
         "error": error,
         "admin": session.admin_path(request),
-        "csrf": session.login_csrf_for(key, nonce),
+        "csrf": session.sign_in_form_value(key, now),
     }
-    response = _templates.TemplateResponse(request, "login.html", context, status_code=status_code)
-    if nonce in sent:
-        return response
-    session.set_cookie(
-        response, request, session.LOGIN_COOKIE, nonce, path=session.admin_path(request)
-    )
-    return response
+    return _templates.TemplateResponse(request, "login.html", context, status_code=status_code)

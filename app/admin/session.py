@@ -1,11 +1,14 @@
 """Admin page sessions: a signed cookie carrying its issue time, revoked by a "not
 before" kept in the database.
 
-The sign-in form is guarded the same way before there is a session: the form's page
-sets a random ``regent_login`` cookie (HttpOnly, SameSite=Strict) and carries a CSRF
-value derived from it, and a sign-in without both is refused before its token is read:
-a form posted from another site carries neither, so it can neither sign the admin in as
-someone else nor spend the admin's address's wrong tokens (throttle.py).
+The sign-in form carries a CSRF value of its own, ``<issued>.<HMAC of that>`` (as the
+cookie below, for another purpose), current for SIGN_IN_FORM_MAX_AGE; a sign-in without
+a current one is refused before its token is read. Another site cannot read the form,
+so a form it posts from the admin's browser has none: it can neither sign the admin in
+nor spend the admin's address's wrong tokens (throttle.py). The value rides in the
+form alone, tied to no cookie: a cookie can be set over by any server of the host (a
+browser scopes cookies by host, not port), and one tossed in would refuse the admin's
+right token; nothing the form needs can be changed from outside the page.
 
 The cookie is ``<issued, microseconds since the epoch>.<HMAC of that, keyed by the
 admin token>``; it never contains the token. It is current while it is younger than
@@ -26,11 +29,10 @@ signed-in page therefore lives under a path of its session's own, ``/admin/s/<si
 (``sid_for``): the cookie is set with that Path, so the browser sends it there only, on
 any port, and it is honoured there only (``session_cookie``). Another server is sent it
 only at a path it cannot compute without the token, and a cookie it got some other way
-opens nothing elsewhere. The sign-in form and its cookie stay at ``/admin``. Such a
-server can also set cookies of these names for the whole host, which the browser then
-sends beside ours: every value sent is looked at (``cookie_values``), so one tossed in
-neither opens a session nor hides the form's own (it would otherwise lock the admin out
-of signing in).
+opens nothing elsewhere. The sign-in form stays at ``/admin``. Such a server can also
+set a cookie of this name for the whole host, which the browser then sends beside ours:
+every value sent is looked at (``_cookie_values``), so one tossed in neither opens a
+session nor hides the right one.
 """
 
 from __future__ import annotations
@@ -38,8 +40,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import re
-import secrets
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
@@ -51,31 +51,29 @@ from app.scheduler.clock import LEASE_NOW_SQL
 
 __all__ = [
     "COOKIE",
-    "LOGIN_COOKIE",
     "SESSION_MAX_AGE",
+    "SIGN_IN_FORM_MAX_AGE",
     "admin_path",
-    "cookie_values",
     "csrf_for",
     "is_current",
     "issue",
     "issued_at",
-    "login_csrf_for",
-    "login_csrf_matches",
-    "login_nonce",
     "revoke",
     "session_cookie",
     "session_path",
     "set_cookie",
     "sid_for",
+    "sign_in_form_value",
+    "sign_in_form_value_is_current",
 ]
 
 COOKIE = "regent_admin"
-LOGIN_COOKIE = "regent_login"
 SESSION_MAX_AGE = timedelta(hours=12)
+# As long as a session: a form left open as long can still sign in.
+SIGN_IN_FORM_MAX_AGE = SESSION_MAX_AGE
 # Bytes of the HMAC a sid keeps: 128 bits, 22 URL-safe characters.
 _SID_BYTES = 16
 
-_URL_SAFE = re.compile(r"[A-Za-z0-9_-]+")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LONGEST_COOKIE = 100
 
@@ -96,24 +94,45 @@ def _sign(key: bytes, purpose: str, value: str) -> str:
     return hmac.new(key, f"{purpose}:{value}".encode(), hashlib.sha256).hexdigest()
 
 
-def issue(key: bytes, now: datetime) -> str:
-    """A new session cookie value, issued at ``now`` (on the lease clock:
-    reading.lease_clock_now)."""
+def _signed_time(key: bytes, purpose: str, now: datetime) -> str:
     micros = str((now - _EPOCH) // timedelta(microseconds=1))
-    return f"{micros}.{_sign(key, 'session', micros)}"
+    return f"{micros}.{_sign(key, purpose, micros)}"
 
 
-def issued_at(key: bytes, cookie: str | None) -> datetime | None:
-    """When a correctly signed cookie was issued; None for anything else."""
-    if not cookie or len(cookie) > _LONGEST_COOKIE:
+def _time_signed(key: bytes, purpose: str, value: str | None) -> datetime | None:
+    """The time in ``value`` when _signed_time made it for ``purpose``; else None."""
+    if not value or len(value) > _LONGEST_COOKIE:
         return None
-    micros, _, signature = cookie.partition(".")
-    expected = _sign(key, "session", micros)
+    micros, _, signature = value.partition(".")
+    expected = _sign(key, purpose, micros)
     if not micros.isascii() or not micros.isdigit():
         return None
     if not hmac.compare_digest(signature.encode("utf-8", "replace"), expected.encode()):
         return None
     return _EPOCH + timedelta(microseconds=int(micros))
+
+
+def issue(key: bytes, now: datetime) -> str:
+    """A new session cookie value, issued at ``now`` (on the lease clock:
+    reading.lease_clock_now)."""
+    return _signed_time(key, "session", now)
+
+
+def issued_at(key: bytes, cookie: str | None) -> datetime | None:
+    """When a correctly signed cookie was issued; None for anything else."""
+    return _time_signed(key, "session", cookie)
+
+
+def sign_in_form_value(key: bytes, now: datetime) -> str:
+    """The CSRF value of a sign-in form served at ``now`` (on the lease clock)."""
+    return _signed_time(key, "login", now)
+
+
+def sign_in_form_value_is_current(key: bytes, value: str, now: datetime) -> bool:
+    """Whether ``value`` is a sign-in form's CSRF value (sign_in_form_value) served
+    less than SIGN_IN_FORM_MAX_AGE before ``now``, on the lease clock."""
+    served = _time_signed(key, "login", value)
+    return served is not None and timedelta(0) <= now - served < SIGN_IN_FORM_MAX_AGE
 
 
 async def is_current(
@@ -168,13 +187,13 @@ def session_cookie(request: Request, key: bytes, sid: str) -> str | None:
     also sends one set for a wider path, /admin by an older release or by another
     server of the host), and only one made for this path counts."""
     wanted = sid.encode("utf-8", "replace")
-    for value in cookie_values(request, COOKIE):
+    for value in _cookie_values(request, COOKIE):
         if hmac.compare_digest(sid_for(key, value).encode(), wanted):
             return value
     return None
 
 
-def cookie_values(request: Request, name: str) -> list[str]:
+def _cookie_values(request: Request, name: str) -> list[str]:
     """Every non-empty value of the cookie ``name`` in the request's Cookie headers, in
     the order sent (a browser sends the one set for the longest path first). A browser
     keeps one cookie jar per host, not per port: a server on another port of the host
@@ -188,31 +207,6 @@ def cookie_values(request: Request, name: str) -> list[str]:
             if cookie.strip() == name and value and len(value) <= _LONGEST_COOKIE:
                 values.append(value)
     return values
-
-
-def login_nonce(sent: list[str]) -> str:
-    """The sign-in form's cookie value: the first the browser sent that is one we make
-    (a long URL-safe random), else a new one."""
-    for cookie in sent:
-        if 32 <= len(cookie) <= 64 and _URL_SAFE.fullmatch(cookie):
-            return cookie
-    return secrets.token_urlsafe(32)
-
-
-def login_csrf_matches(request: Request, key: bytes, csrf: str) -> bool:
-    """Whether ``csrf`` is the sign-in form's CSRF value for one of the sign-in cookies
-    the request carries (every one sent is looked at: one tossed by another server of
-    the host for a wider path neither passes nor hides the form's own)."""
-    given = csrf.encode("utf-8", "replace")
-    return any(
-        hmac.compare_digest(given, login_csrf_for(key, nonce).encode())
-        for nonce in cookie_values(request, LOGIN_COOKIE)
-    )
-
-
-def login_csrf_for(key: bytes, nonce: str) -> str:
-    """The CSRF value of the sign-in form served with the cookie ``nonce``."""
-    return _sign(key, "login", nonce)
 
 
 def set_cookie(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -14,8 +15,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.admin.auth import admin_key
+from app.admin.session import SIGN_IN_FORM_MAX_AGE, sign_in_form_value
 from app.admin.throttle import FORGET_AFTER, FREE_FAILURES
-from app.settings import SettingsError, load_settings
+from app.settings import Settings, SettingsError, load_settings
 
 from ..conftest import admin_sign_in as sign_in
 from .conftest import ADMIN, ADMIN_TOKEN, API, Open, serve_python_m_app
@@ -127,6 +130,20 @@ async def test_a_sign_in_without_the_forms_csrf_value_is_refused(open_app: Open)
         answer = await client.post("/admin/login", data={"token": ADMIN_TOKEN})
     assert answer.status_code == 403, answer.text
     assert "regent_admin" not in answer.cookies
+
+
+@pytest.mark.parametrize(
+    "served_ago", [SIGN_IN_FORM_MAX_AGE + timedelta(minutes=1), -timedelta(minutes=5)]
+)
+async def test_a_sign_in_forms_value_past_its_age_or_from_the_future_is_refused(
+    open_app: Open, security_settings: Settings, served_ago: timedelta
+) -> None:
+    key = admin_key(security_settings)
+    assert key is not None
+    stale = sign_in_form_value(key, datetime.now(UTC) - served_ago)
+    async with open_app() as client:
+        answer = await client.post("/admin/login", data={"token": ADMIN_TOKEN, "csrf": stale})
+    assert answer.status_code == 403, answer.text
 
 
 async def test_cross_site_sign_ins_with_wrong_tokens_count_for_nothing(open_app: Open) -> None:

@@ -85,7 +85,7 @@ def pooler(server: TestServer, database_url: str) -> Iterator[str]:
         f"* = host=127.0.0.1 port={upstream.port}\n"
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
-        f"auth_type = trust\nauth_file = {tmp_path / 'users.txt'}\n"
+        f"auth_type = scram-sha-256\nauth_file = {tmp_path / 'users.txt'}\n"
         "pool_mode = transaction\nserver_round_robin = 1\ndefault_pool_size = 4\n"
         "ignore_startup_parameters = idle_session_timeout,idle_in_transaction_session_timeout,"
         "lock_timeout,statement_timeout\n"
@@ -97,12 +97,9 @@ def pooler(server: TestServer, database_url: str) -> Iterator[str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    # pgbouncer lets its clients in without a password (auth_type = trust).
-    url = (
-        upstream.set(port=port)
-        .difference_update_query(["require_auth"])
-        .render_as_string(hide_password=False)
-    )
+    # Asks for SCRAM as the server's URL does: the port is free_port()'s a moment before
+    # pgbouncer binds it, and another user's process could take it meanwhile.
+    url = upstream.set(port=port).render_as_string(hide_password=False)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -123,7 +120,8 @@ def pooler(server: TestServer, database_url: str) -> Iterator[str]:
             thread.join()
         for client in clients:
             client.close()
-        yield url
+        # For asyncpg, which knows no require_auth; pgbouncer holds the port by now.
+        yield make_url(url).difference_update_query(["require_auth"]).render_as_string(False)
     finally:
         process.terminate()
         process.wait(10)

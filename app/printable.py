@@ -14,10 +14,11 @@ escaping.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
-__all__ = ["printable", "printable_text"]
+__all__ = ["printable", "printable_name", "printable_text"]
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # Controls (Cc: C0, DEL, C1), format characters (Cf: the bidirectional controls,
@@ -28,24 +29,41 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
 # Default-ignorable code points of other categories, which a font draws as nothing: the
 # combining grapheme joiner, Hangul fillers, Khmer inherent vowels, Mongolian free
-# variation selectors, variation selectors.
-_IGNORABLE = re.compile(
-    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]"
-)
-# What may need an escape: anything but printable ASCII. The rest of ASCII is shown as it
-# is, so most text is matched by nothing.
-_CANDIDATE = re.compile("[^\x20-\x7e]")
+# variation selectors, variation selectors; and symbols drawn as a blank cell a letter
+# wide (the braille pattern blank, the musical null notehead).
+_IGNORABLE = frozenset(
+    "\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180e\u180f\u2800\u3164\uffa0\U0001d159"
+) | frozenset(map(chr, [*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)]))
 
 
 def _hidden(char: str) -> bool:
     category = unicodedata.category(char)
     # A space other than U+0020 (no-break, en, em, thin, ideographic...) looks like one.
-    return (
-        category in _HIDDEN_CATEGORIES or category == "Zs" or _IGNORABLE.fullmatch(char) is not None
-    )
+    space = category == "Zs" and char != " "
+    return category in _HIDDEN_CATEGORIES or space or char in _IGNORABLE
 
 
-def _escape(char: str) -> str:
+@functools.cache
+def _maybe_hidden() -> re.Pattern[str]:
+    """One character class of every hidden code point of the Basic Multilingual Plane,
+    and every code point above it (rare in text; _escape decides each), so that text is
+    searched at the regular expression engine's speed, not a call per character. Built
+    on first use from this Python's Unicode tables (some 50 ms)."""
+    ranges: list[str] = []
+    start: int | None = None
+    for code in range(0x10001):
+        if code < 0x10000 and _hidden(chr(code)):
+            start = code if start is None else start
+        elif start is not None:
+            ranges.append(f"\\u{start:04x}-\\u{code - 1:04x}")
+            start = None
+    return re.compile("[" + "".join(ranges) + "\\U00010000-\\U0010ffff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if not _hidden(char):  # above the BMP, and shown as it is
+        return char
     if char in _NAMED:
         return _NAMED[char]
     code = ord(char)
@@ -54,21 +72,18 @@ def _escape(char: str) -> str:
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-def _shown(match: re.Match[str]) -> str:
+def _escape_in_text(match: re.Match[str]) -> str:
     char = match.group()
-    return _escape(char) if _hidden(char) else char
-
-
-def _shown_in_text(match: re.Match[str]) -> str:
-    char = match.group()
-    return char if char in _NAMED or not _hidden(char) else _escape(char)
+    return char if char in _NAMED else _escape(match)
 
 
 def printable_text(value: str) -> str:
     """``value`` as ``printable`` writes it, but for its line breaks (LF, CR) and tabs,
     which a page lays out as text: for an error's text on the admin page, where U+202E
     would otherwise reverse what follows it on screen."""
-    return _CANDIDATE.sub(_shown_in_text, value)
+    if value.isascii() and value.isprintable():
+        return value
+    return _maybe_hidden().sub(_escape_in_text, value)
 
 
 def printable(value: str) -> str:
@@ -78,4 +93,22 @@ def printable(value: str) -> str:
     unassigned code point written as a backslash escape (``\\x1b``, ``\\n``, ``\\xa0``,
     ``\\u202e``, ``\\U000e0041``): one line that moves no cursor and hides nothing. Other
     text, accents included, is kept."""
-    return _CANDIDATE.sub(_shown, value)
+    if value.isascii() and value.isprintable():
+        return value
+    return _maybe_hidden().sub(_escape, value)
+
+
+# Spaces a table or a page does not show as they are: at either end of a value (a
+# column's padding, an HTML cell), or two and more in a row (laid out as one in HTML).
+_UNSEEN_SPACES = re.compile(r"^ +| +$| {2,}")
+
+
+def printable_name(value: str) -> str:
+    """``value`` as ``printable`` writes it, and its spaces at either end or two and
+    more in a row as ``\\x20``: for who something is (a key, an id, a name, a host),
+    shown in a table's cell or a page's, so that two that differ look different by
+    their spaces too (``"invoice-42 "`` is not ``"invoice-42"``)."""
+    shown = printable(value)
+    if not (shown.startswith(" ") or shown.endswith(" ") or "  " in shown):
+        return shown
+    return _UNSEEN_SPACES.sub(lambda spaces: "\\x20" * len(spaces.group()), shown)

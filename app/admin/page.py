@@ -128,13 +128,25 @@ async def job_page(
 async def login(
     request: Request, token: Annotated[str, Form()], csrf: Annotated[str, Form()] = ""
 ) -> Response:
-    """Check the form's CSRF value (403 without it: a form posted from another site),
-    then the token: set a new session cookie and go to the page under its session's
-    path, or say no (401; 429 with Retry-After while this client must wait after
-    repeated wrong tokens)."""
+    """Check where the post came from (403 from another site's page, as the browser
+    tells it) and the form's CSRF value (403 without a current one), then the token:
+    set a new session cookie and go to the page under its session's path, or say no
+    (401; 429 with Retry-After while this client must wait after repeated wrong
+    tokens)."""
     key = _key(request)
     engine = engine_of(request)
     now = await lease_clock_now(engine, lease_now_of(request))
+    # A browser says where a post comes from (Fetch Metadata): another site's page, or
+    # another port of this host ("same-site"), may hold a form value it read here.
+    fetched_from = request.headers.get("sec-fetch-site", "same-origin")
+    if fetched_from not in ("same-origin", "none"):
+        return login_form(
+            request,
+            key,
+            now,
+            "This sign-in was posted from another site's page; sign in on this form.",
+            status_code=403,
+        )
     if not session.sign_in_form_value_is_current(key, csrf, now):
         return login_form(
             request,

@@ -29,7 +29,7 @@ from ..operations.outboxes import list_outboxes
 from ..operations.reading import lease_clock_now
 from ..operations.run_status import RUN_STATUSES
 from ..operations.runs import job_runs
-from ..printable import printable, printable_text
+from ..printable import printable, printable_name, printable_text
 from . import chart, session
 from .api import engine_of, lease_now_of, schedule_name
 from .params import path_segment
@@ -58,15 +58,9 @@ def _shown(value: object) -> object:
     return value
 
 
-# Spaces HTML would not show as they are: at either end of a value, or two and more in a
-# row (laid out as one).
-_UNSEEN_SPACES = re.compile(r"^ +| +$| {2,}")
-
-
 def _identifier(value: object) -> str:
-    # A key, an id, a name, a host: who something is, so two that differ look different,
-    # by their spaces too ("invoice-42  for alice" is not "invoice-42 for alice").
-    return _UNSEEN_SPACES.sub(lambda spaces: "\\x20" * len(spaces.group()), printable(str(value)))
+    # A key, an id, a name, a host: who something is, so two that differ look different.
+    return printable_name(str(value))
 
 
 def _lines(value: object) -> Markup:

@@ -76,6 +76,8 @@ _SID_BYTES = 16
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _LONGEST_COOKIE = 100
+# Microseconds since the epoch to 9999-12-31 have 18 digits.
+_LONGEST_MICROS = 18
 
 _NOW_AND_NOT_BEFORE = text(
     f"SELECT {LEASE_NOW_SQL} AS now,"
@@ -104,9 +106,11 @@ def _time_signed(key: bytes, purpose: str, value: str | None) -> datetime | None
     if not value or len(value) > _LONGEST_COOKIE:
         return None
     micros, _, signature = value.partition(".")
-    expected = _sign(key, purpose, micros)
-    if not micros.isascii() or not micros.isdigit():
+    # Digits of a time datetime can hold, checked before anything is signed or encoded
+    # (a form field can hold a lone surrogate).
+    if not micros.isascii() or not micros.isdigit() or len(micros) > _LONGEST_MICROS:
         return None
+    expected = _sign(key, purpose, micros)
     if not hmac.compare_digest(signature.encode("utf-8", "replace"), expected.encode()):
         return None
     return _EPOCH + timedelta(microseconds=int(micros))

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from ..operations import display
-from ..printable import printable
+from ..printable import printable, printable_name
 
 __all__ = ["block", "print_output", "table", "to_json"]
 
@@ -28,9 +28,10 @@ def _cell(value: Any) -> str:
         return display.yes_no(value)
     if isinstance(value, dict | list):
         return printable(json.dumps(value, default=str)[:60])
-    # A key, id or name is shown whole (its line breaks escaped): two that differ must
-    # look different. A stored error is summed up by its caller (display.error_summary).
-    return "" if value is None else printable(str(value))
+    # A key, id or name is shown whole (its line breaks, and the spaces a column's
+    # padding would hide, escaped): two that differ must look different. A stored error
+    # is summed up by its caller (display.error_summary).
+    return "" if value is None else printable_name(str(value))
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:

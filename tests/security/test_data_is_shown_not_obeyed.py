@@ -20,6 +20,7 @@ import psycopg
 import pytest
 import uvicorn.config
 
+from app.cli.output import table
 from app.db import Database, asyncpg_dsn
 from app.logging import configure_logging
 from app.outbox import HttpTransport, Outbox
@@ -242,6 +243,9 @@ _INVISIBLE = [
     ("\u180e", "\\u180e"),
     ("\u00a0", "\\xa0"),
     ("\ue000", "\\ue000"),
+    # Drawn as a blank cell a letter wide.
+    ("\u2800", "\\u2800"),
+    ("\U0001d159", "\\U0001d159"),
 ]
 
 
@@ -438,3 +442,10 @@ async def test_an_encoded_job_id_in_a_button_reaches_its_job(
     with psycopg.connect(database_url) as conn:
         row = conn.execute("SELECT paused FROM scheduler_jobs WHERE id = 'report.eu:nightly'")
         assert row.fetchone() == (True,)
+
+
+def test_keys_that_differ_by_a_space_at_either_end_look_different_in_a_cli_table() -> None:
+    rows = [{"id": 1, "key": "invoice-42"}, {"id": 1, "key": "invoice-42 "}]
+    for columns in (["id", "key"], ["key", "id"]):
+        first, second = table(rows, columns).splitlines()[1:]
+        assert first != second, columns

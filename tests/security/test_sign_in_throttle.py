@@ -21,6 +21,7 @@ from app.admin.throttle import FORGET_AFTER, FREE_FAILURES
 from app.settings import Settings, SettingsError, load_settings
 
 from ..conftest import admin_sign_in as sign_in
+from ..conftest import sign_in_fields
 from .conftest import ADMIN, ADMIN_TOKEN, API, Open, serve_python_m_app
 
 WRONG = {"Authorization": "Bearer wrong-token-0123456789abcdef0123456789"}
@@ -144,6 +145,42 @@ async def test_a_sign_in_forms_value_past_its_age_or_from_the_future_is_refused(
     async with open_app() as client:
         answer = await client.post("/admin/login", data={"token": ADMIN_TOKEN, "csrf": stale})
     assert answer.status_code == 403, answer.text
+
+
+@pytest.mark.parametrize("fetched_from", ["cross-site", "same-site"])
+async def test_a_sign_in_posted_from_another_sites_page_spends_no_wrong_token(
+    open_app: Open, fetched_from: str
+) -> None:
+    # Anyone who can load the form holds a current value; another site's page (or
+    # another port of this host: same-site) posts it from the admin's browser.
+    async with open_app() as client:
+        form = (await client.get("/admin")).text
+        answers = [
+            await client.post(
+                "/admin/login",
+                data=sign_in_fields(form, f"wrong-{n}-0123456789abcdef0123456789"),
+                headers={"Sec-Fetch-Site": fetched_from},
+            )
+            for n in range(FREE_FAILURES + 1)
+        ]
+        typo = await client.post(
+            "/admin/login", data=sign_in_fields(form, "typo-of-the-admin-0123456789abcdef0123")
+        )
+    assert {answer.status_code for answer in answers} == {403}
+    assert typo.status_code == 401, typo.text
+
+
+async def test_a_sign_in_value_no_text_can_hold_is_refused_not_a_500(open_app: Open) -> None:
+    # A multipart body names its own charset, which Starlette honours: this one decodes
+    # the field to a lone surrogate.
+    body = (
+        b'--b\r\nContent-Disposition: form-data; name="csrf"\r\n\r\n\\ud800.abc\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="token"\r\n\r\nwrong\r\n--b--\r\n'
+    )
+    headers = {"Content-Type": "multipart/form-data; boundary=b; charset=unicode_escape"}
+    async with open_app() as client:
+        answer = await client.post("/admin/login", content=body, headers=headers)
+    assert answer.status_code == 403, answer.text[:200]
 
 
 async def test_cross_site_sign_ins_with_wrong_tokens_count_for_nothing(open_app: Open) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import psycopg
@@ -159,40 +161,11 @@ def test_a_delivery_committed_while_the_counts_migration_runs_is_counted(
     # still open, while the new release migrates past 0027.
     migrate(empty_database_url)
     command.downgrade(alembic_config(empty_database_url), "0026")
-    with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
-            " next_attempt_at, created_at, updated_at)"
-            " VALUES ('live', 'x', '{}', 'pending', 0, now(), now(), now())"
-        )
+    _pending(empty_database_url, "x")
     with psycopg.connect(empty_database_url) as drain:
-        drain.execute(
-            "UPDATE outbox_messages SET status = 'delivered', delivered_at = now() WHERE key = 'x'"
-        )
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            migrating = pool.submit(migrate, empty_database_url)
-            _wait_for_a_backend_waiting_on_a_lock(empty_database_url, migrating)
-            drain.commit()
-            migrating.result(timeout=60)
-    with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        [counted] = conn.execute(
-            "SELECT sum(delivered) FROM outbox_delivered_minutes WHERE outbox = 'live'"
-        ).fetchone() or [None]
-    assert counted == 1
-
-
-def _wait_for_a_backend_waiting_on_a_lock(
-    url: str, migrating: concurrent.futures.Future[None]
-) -> None:
-    with psycopg.connect(url, autocommit=True) as watch:
-        while not migrating.done():
-            waiting = watch.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            ).fetchone()
-            if waiting and waiting[0]:
-                return
-            watch.execute("SELECT pg_sleep(0.02)")
-    migrating.result()
+        drain.execute(_DELIVER, ("x",))
+        _commit_while(empty_database_url, drain, lambda: migrate(empty_database_url))
+    assert _counted_live(empty_database_url) == 1
 
 
 def test_a_delivery_committed_while_the_counts_migration_is_undone_is_counted(
@@ -202,26 +175,50 @@ def test_a_delivery_committed_while_the_counts_migration_is_undone_is_counted(
     # minute its backend already counted one in, its transaction still open, while the
     # release before migrates down past 0028.
     migrate(empty_database_url)
-    with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        for key in ("x", "y"):
+    _pending(empty_database_url, "x", "y")
+    config = alembic_config(empty_database_url)
+    with psycopg.connect(empty_database_url) as drain:
+        drain.execute(_DELIVER, ("x",))
+        drain.commit()
+        drain.execute(_DELIVER, ("y",))
+        _commit_while(empty_database_url, drain, lambda: command.downgrade(config, "0027"))
+    assert _counted_live(empty_database_url) == 2
+
+
+_DELIVER = "UPDATE outbox_messages SET status = 'delivered', delivered_at = now() WHERE key = %s"
+
+
+def _pending(url: str, *keys: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for key in keys:
             conn.execute(
                 "INSERT INTO outbox_messages (outbox, key, payload, status, attempts,"
                 " next_attempt_at, created_at, updated_at)"
                 " VALUES ('live', %s, '{}', 'pending', 0, now(), now(), now())",
                 (key,),
             )
-    deliver = "UPDATE outbox_messages SET status = 'delivered', delivered_at = now() WHERE key = %s"
-    with psycopg.connect(empty_database_url) as drain:
-        drain.execute(deliver, ("x",))
-        drain.commit()
-        drain.execute(deliver, ("y",))
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            undoing = pool.submit(command.downgrade, alembic_config(empty_database_url), "0027")
-            _wait_for_a_backend_waiting_on_a_lock(empty_database_url, undoing)
-            drain.commit()
-            undoing.result(timeout=60)
-    with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        [counted] = conn.execute(
+
+
+def _counted_live(url: str) -> int | None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
             "SELECT sum(delivered) FROM outbox_delivered_minutes WHERE outbox = 'live'"
-        ).fetchone() or [None]
-    assert counted == 2
+        ).fetchone()
+    return None if row is None else row[0]
+
+
+def _commit_while(url: str, drain: psycopg.Connection[Any], migration: Callable[[], None]) -> None:
+    """Run ``migration`` in a thread and commit ``drain``'s open transaction once a
+    backend waits on a lock (the migration, on the drain's), then wait for it."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        migrating = pool.submit(migration)
+        with psycopg.connect(url, autocommit=True) as watch:
+            while not migrating.done():
+                waiting = watch.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                ).fetchone()
+                if waiting and waiting[0]:
+                    break
+                watch.execute("SELECT pg_sleep(0.02)")
+        drain.commit()
+        migrating.result(timeout=60)

@@ -5,11 +5,12 @@ carry control characters (ESC sequences that retitle or clear a terminal, BEL, C
 LF that start a forged line, U+202E that reverses what follows) and invisible ones (a
 zero-width space, a soft hyphen, a BOM, tag characters that hide text): "invoice-42"
 and "invoice-\\u200b42" are two keys that would look alike. ``printable`` writes each
-as a visible escape, so what data carries is shown, never obeyed, and two values never
-look the same. The CLI (app/cli/, app/__main__.py) and the log formatter
-(app/logging.py) print through it; the admin page's templates show every value through
-it, or through ``printable_text`` (line breaks kept) for an error's text, then HTML
-escaping.
+as a visible escape, so what data carries is shown, never obeyed; ``printable_name``
+also tells apart names that differ by their spaces, a spelled escape or Unicode's
+composition (letters of other scripts drawn alike stay alike). The CLI (app/cli/,
+app/__main__.py) and the log formatter (app/logging.py) print through it; the admin
+page's templates show every value through it, or through ``printable_text`` (line
+breaks kept) for an error's text, then HTML escaping.
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ def _escape(match: re.Match[str]) -> str:
     char = match.group()
     if not _hidden(char):  # above the BMP, and shown as it is
         return char
-    if char in _NAMED:
-        return _NAMED[char]
+    return _NAMED.get(char) or _code(char)
+
+
+def _code(char: str) -> str:
     code = ord(char)
     if code < 0x100:
         return f"\\x{code:02x}"
@@ -101,14 +104,21 @@ def printable(value: str) -> str:
 # Spaces a table or a page does not show as they are: at either end of a value (a
 # column's padding, an HTML cell), or two and more in a row (laid out as one in HTML).
 _UNSEEN_SPACES = re.compile(r"^ +| +$| {2,}")
+_PAST_ASCII = re.compile(r"[^\x00-\x7f]")
 
 
 def printable_name(value: str) -> str:
-    """``value`` as ``printable`` writes it, and its spaces at either end or two and
-    more in a row as ``\\x20``: for who something is (a key, an id, a name, a host),
-    shown in a table's cell or a page's, so that two that differ look different by
-    their spaces too (``"invoice-42 "`` is not ``"invoice-42"``)."""
-    shown = printable(value)
+    """``value`` as ``printable`` writes it, for who something is (a key, an id, a
+    name, a host), shown in a table's cell or a page's, so that two that differ look
+    different: its spaces at either end or two and more in a row as ``\\x20``
+    (``"invoice-42 "`` is not ``"invoice-42"``), a backslash as ``\\\\`` (text that spells
+    an escape is not the character), and, when it is not in Unicode's composed form
+    (NFC: ``"cafe\\u0301"`` is drawn as ``"café"`` is), every character past ASCII as
+    its escape."""
+    spelled = value.replace("\\", "\\\\")
+    if not unicodedata.is_normalized("NFC", value):
+        spelled = _PAST_ASCII.sub(lambda char: _code(char.group()), spelled)
+    shown = printable(spelled)
     if not (shown.startswith(" ") or shown.endswith(" ") or "  " in shown):
         return shown
     return _UNSEEN_SPACES.sub(lambda spaces: "\\x20" * len(spaces.group()), shown)

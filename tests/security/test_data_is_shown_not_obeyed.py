@@ -12,6 +12,7 @@ import os
 import re
 import socket
 import subprocess
+import unicodedata
 from pathlib import Path
 from urllib.parse import quote, unquote, urljoin, urlsplit
 
@@ -24,7 +25,7 @@ from app.cli.output import table
 from app.db import Database, asyncpg_dsn
 from app.logging import configure_logging
 from app.outbox import HttpTransport, Outbox
-from app.printable import printable, printable_text
+from app.printable import printable, printable_name, printable_text
 from tests.forked_cli import run_app
 
 from ..conftest import admin_session
@@ -449,3 +450,27 @@ def test_keys_that_differ_by_a_space_at_either_end_look_different_in_a_cli_table
     for columns in (["id", "key"], ["key", "id"]):
         first, second = table(rows, columns).splitlines()[1:]
         assert first != second, columns
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("café", "cafe\u0301"),  # composed, and a letter with a combining accent
+        ("\ud55c", "\u1112\u1161\u11ab"),  # a Hangul syllable, and its letters
+        ("\u00c5", "\u212b"),  # A with ring, and the angstrom sign
+        ("invoice-42 ", "invoice-42\\x20"),  # a space, and text that spells its escape
+        ("invoice-\u200b42", "invoice-\\u200b42"),
+    ],
+    ids=["combining", "hangul", "angstrom", "spelled-space", "spelled-zero-width"],
+)
+def test_two_keys_unicode_or_an_escape_would_spell_alike_look_different(
+    one: str, other: str
+) -> None:
+    # Text that normalizes to one form is drawn alike.
+    def drawn(shown: str) -> str:
+        return unicodedata.normalize("NFC", shown)
+
+    assert drawn(printable_name(one)) != drawn(printable_name(other))
+    rows = [{"key": one, "id": 1}, {"key": other, "id": 1}]
+    first, second = table(rows, ["key", "id"]).splitlines()[1:]
+    assert drawn(first) != drawn(second)

@@ -30,6 +30,10 @@ async def _parked(world: World, key: str) -> bool:
     return world.receiver.calls[key] == 1 and not world.receiver.busy[key]
 
 
+async def _settled(world: World) -> bool:
+    return await world._in_flight() == []
+
+
 async def _ended(world: World, key: str) -> bool:
     return key in world.receiver.ended
 
@@ -41,6 +45,7 @@ async def _in_flight_when_a_call_ends_during_the_read(url: str) -> list[str]:
     async with open_world(_ONE_WORKER, url, None) as world:
         # One delivery done: from now on the world reads the claims to judge outcomes.
         await world.play(Step("enqueue", advance=0.0, detail=("fast",)))
+        await eventually(lambda: _settled(world), what="k0's delivery and its outcome")
         read = world._fetch
         holder: list[asyncpg.Connection] = []
 
